@@ -1,0 +1,42 @@
+# muser — the two commands. CMake + ctest do the work underneath.
+#   make run    install missing Debian packages, build, generate text from the default model
+#   make test   build and run the whole suite through ctest
+BUILD ?= build
+JOBS  ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build run test test-asan fuzz bench clean
+
+all: build
+
+deps:
+	@./scripts/deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	@$(MAKE) --no-print-directory deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+configure: $(BUILD)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	./$(BUILD)/muser run -n 120 -p "$(or $(PROMPT),The Lord is my shepherd;)"
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 1800
+
+# ASan + UBSan build of the whole suite (CUDA off).
+test-asan:
+	@$(MAKE) --no-print-directory deps
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMUSER_SANITIZE=ON -DMUSER_CUDA=OFF
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && MUSER_SANITIZED=1 ctest --output-on-failure -j $(JOBS) --timeout 3600
+
+# A long libFuzzer run of the GGUF reader (clang); the short one is part of `make test`.
+fuzz:
+	./scripts/fuzz.sh --long
+
+clean:
+	rm -rf $(BUILD) build-asan

@@ -1,0 +1,39 @@
+/* sampler.h — turn a logit row into a token: penalties -> temperature -> top-k -> top-p ->
+ * min-p -> draw, or greedy. Seeded RNG (xoshiro256** seeded through splitmix64): the same seed
+ * gives the same tokens. Works on the full vocabulary row without allocating per token. */
+#ifndef MUSER_SAMPLER_H
+#define MUSER_SAMPLER_H
+
+#include "muser.h"
+
+typedef struct muser_sampler_params {
+    float temperature;        /* 0 = greedy */
+    uint32_t top_k;           /* 0 = off */
+    float top_p;              /* 1 = off */
+    float min_p;              /* 0 = off */
+    float repeat_penalty;     /* 1 = off; applied over the last repeat_last_n tokens */
+    float presence_penalty;   /* 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    uint32_t repeat_last_n;   /* 64 by default */
+    uint64_t seed;
+    uint32_t n_logprobs;      /* top-N alternatives to report (<= 20) */
+} muser_sampler_params;
+
+void muser_sampler_params_default(muser_sampler_params *p);
+
+typedef struct muser_logprob { int32_t id; float logprob; } muser_logprob;
+
+typedef struct muser_sampler muser_sampler;
+
+int muser_sampler_new(muser_sampler **out, uint32_t n_vocab, const muser_sampler_params *p,
+                      muser_error *err);
+void muser_sampler_free(muser_sampler *s);
+/* Tell the sampler about a token in the context (prompt or generated), for penalties. */
+void muser_sampler_accept(muser_sampler *s, int32_t id);
+void muser_sampler_reset(muser_sampler *s);
+/* Choose a token from logits[n_vocab] (not modified). chosen_logprob / top (n_logprobs entries)
+ * may be NULL; log-probabilities are of the unpenalised, untempered distribution. */
+int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chosen_logprob,
+                             muser_logprob *top);
+
+#endif

@@ -1,0 +1,37 @@
+/* cli.h — what the sub-commands of tools/muser.c share: usage errors exit 2, a missing or corrupt
+ * model is a one-line error and exit 1. Each sub-command lives in tools/cmd_<name>.c and has
+ * --help. */
+#ifndef MUSER_CLI_H
+#define MUSER_CLI_H
+
+#include "muser.h"
+
+#include <stdio.h>
+
+#define CLI_EXIT_USAGE 2
+
+typedef struct cli_command {
+    const char *name;
+    const char *summary;
+    int (*main)(int argc, char **argv); /* argv[0] is the sub-command name */
+} cli_command;
+
+int cmd_inspect(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_parity(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+
+/* Print "muser <cmd>: <message>" and the hint to stderr; return CLI_EXIT_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* True if argv has -h or --help. */
+int cli_wants_help(int argc, char **argv);
+/* The model path: -m value, else $MUSER_MODEL, else the embedded default (models/default.gguf). */
+const char *cli_default_model(void);
+
+#endif

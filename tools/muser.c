@@ -1,0 +1,81 @@
+/* muser.c — the command-line tool: one binary, one sub-command per job, each with --help. */
+#include "cli.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const cli_command commands[] = {
+    {"run", "generate text from a prompt, streaming", cmd_run},
+    {"chat", "interactive chat with the model's template", cmd_chat},
+    {"tokenize", "print the token ids of a text", cmd_tokenize},
+    {"detokenize", "print the text of token ids", cmd_detokenize},
+    {"inspect", "describe a GGUF: hyper-parameters, tokenizer, tensors", cmd_inspect},
+    {"quantize", "convert a GGUF's matrices to f16/q8_0/q4_k/q6_k/mix", cmd_quantize},
+    {"synth", "write a deterministic random model (tiny/small/glimmer presets)", cmd_synth},
+    {"eval", "teacher-forced logits for a token list", cmd_eval},
+    {"parity", "compare a fast backend with the oracle (SPEC §4)", cmd_parity},
+    {"bench", "prefill and decode speed", cmd_bench},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f)
+{
+    fprintf(f, "muser %s — inference engine for the Muse Glimmer model family\n\n"
+               "usage: muser <command> [options]    (muser <command> --help for details)\n\n"
+               "commands:\n",
+            MUSER_VERSION);
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\noptions:\n  -h, --help     this help\n  --version      print the version\n");
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "muser %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see: muser %s --help)\n", cmd);
+    va_end(ap);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help"))
+            return 1;
+    return 0;
+}
+
+const char *cli_default_model(void)
+{
+    const char *env = getenv("MUSER_MODEL");
+    if (env && *env)
+        return env;
+    return MUSER_DEFAULT_MODEL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("muser %s\n", MUSER_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].main(argc - 1, argv + 1);
+    fprintf(stderr, "muser: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return CLI_EXIT_USAGE;
+}
