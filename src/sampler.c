@@ -1,1 +1,495 @@
-/* sampler.c — placeholder */
+/* sampler.c — turn one logit row into one token.
+ *
+ * The chain, in order (llama.cpp semantics, so settings carry over):
+ *   1. penalties over the last repeat_last_n accepted tokens, each distinct token once:
+ *        repeat:    l > 0 ? l / r : l * r
+ *        presence:  l -= presence            (if the token occurs at all)
+ *        frequency: l -= frequency * count
+ *   2. temperature 0 -> greedy: argmax of the penalised row, ties to the lowest id. Otherwise
+ *      l / T, then
+ *   3. top-k (k largest, ties to the lowest id), 4. top-p (smallest prefix of the sorted
+ *      candidates whose probability reaches p), 5. min-p (drop p_i < min_p * p_max), 6. draw.
+ *
+ * Cost per token on a V-wide row: one copy and one scan of the row. With top-k the k best come
+ * from a size-k min-heap (O(V log k)) and only k exponentials are taken. Without top-k, min-p is a
+ * threshold in logit space (no exponentials), and top-p sorts lazily: quickselect brings the next
+ * chunk of largest candidates to the front, only that chunk is sorted, and the chunk doubles until
+ * the cumulative mass reaches p. top-p and min-p both keep a prefix of the candidates sorted by
+ * probability, so applying min-p's cheap filter first gives the same set as the documented order,
+ * provided top-p is measured against the mass of all candidates after top-k (it is).
+ *
+ * RNG: xoshiro256** (Blackman & Vigna), its 256-bit state filled by four successive outputs of
+ * splitmix64 started at the seed. A uniform double in [0,1) is (next() >> 11) * 2^-53; one draw
+ * per sampled token (greedy draws none).
+ *
+ * Non-finite logits: NaN or +Inf anywhere in the row, or a row that is -Inf everywhere, fails
+ * closed: muser_sampler_sample returns MUSER_E_NUMERIC (negative) and picks nothing. -Inf alone is
+ * a legitimate mask.
+ *
+ * Log-probabilities are of log_softmax(raw logits): before penalties, temperature and truncation,
+ * so they describe what the model said, not what the sampler did. They cost one extra pass
+ * (V exponentials) and are skipped when neither output is asked for.
+ *
+ * All buffers are sized at muser_sampler_new; nothing is allocated per token. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SAMPLER_MAX_LOGPROBS 20
+/* First chunk the lazy top-p sort brings to the front; doubled until the mass reaches p. */
+#define TOP_P_FIRST_CHUNK 256
+
+struct muser_sampler {
+    muser_sampler_params p;
+    uint32_t n_vocab;
+    float *work;       /* [V] penalised logits (a copy; the caller's row is never written) */
+    int32_t *idx;      /* [V] candidate ids */
+    float *val;        /* [V] candidate values, parallel to idx */
+    int32_t *counts;   /* [V] occurrences of each id in the penalty window */
+    int32_t *history;  /* [repeat_last_n] ring of the last accepted ids */
+    uint32_t hist_len, hist_head;
+    uint64_t rng[4];
+};
+
+/* ---- RNG ---- */
+
+static uint64_t splitmix64_next(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(uint64_t s[4])
+{
+    uint64_t result = rotl64(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl64(s[3], 45);
+    return result;
+}
+
+static void rng_seed(uint64_t s[4], uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        s[i] = splitmix64_next(&x);
+}
+
+static double rng_uniform(uint64_t s[4])
+{
+    return (double)(xoshiro_next(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* ---- params and lifetime ---- */
+
+void muser_sampler_params_default(muser_sampler_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->temperature = 0.8f;
+    p->top_k = 40;
+    p->top_p = 0.95f;
+    p->min_p = 0.05f;
+    p->repeat_penalty = 1.0f;
+    p->presence_penalty = 0.0f;
+    p->frequency_penalty = 0.0f;
+    p->repeat_last_n = 64;
+    p->seed = 0;
+    p->n_logprobs = 0;
+}
+
+static int check_params(const muser_sampler_params *p, muser_error *err)
+{
+    if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
+        return muser_errorf(err, MUSER_E_ARG, "sampler: temperature %g must be finite and >= 0",
+                            (double)p->temperature);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return muser_errorf(err, MUSER_E_ARG, "sampler: top_p %g must be in (0, 1]",
+                            (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return muser_errorf(err, MUSER_E_ARG, "sampler: min_p %g must be in [0, 1]",
+                            (double)p->min_p);
+    if (!(p->repeat_penalty > 0.0f) || !isfinite(p->repeat_penalty))
+        return muser_errorf(err, MUSER_E_ARG, "sampler: repeat_penalty %g must be finite and > 0",
+                            (double)p->repeat_penalty);
+    if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+        return muser_errorf(err, MUSER_E_ARG, "sampler: presence/frequency penalty must be finite");
+    if (p->n_logprobs > SAMPLER_MAX_LOGPROBS)
+        return muser_errorf(err, MUSER_E_ARG, "sampler: n_logprobs %u exceeds %d", p->n_logprobs,
+                            SAMPLER_MAX_LOGPROBS);
+    return MUSER_OK;
+}
+
+int muser_sampler_new(muser_sampler **out, uint32_t n_vocab, const muser_sampler_params *p,
+                      muser_error *err)
+{
+    *out = NULL;
+    if (n_vocab == 0 || n_vocab > (uint32_t)INT32_MAX)
+        return muser_errorf(err, MUSER_E_ARG, "sampler: n_vocab %u out of range", n_vocab);
+    int rc = check_params(p, err);
+    if (rc)
+        return rc;
+    muser_sampler *s = calloc(1, sizeof *s);
+    if (!s)
+        return muser_errorf(err, MUSER_E_NOMEM, "sampler: out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->work = malloc((size_t)n_vocab * sizeof *s->work);
+    s->idx = malloc((size_t)n_vocab * sizeof *s->idx);
+    s->val = malloc((size_t)n_vocab * sizeof *s->val);
+    s->counts = calloc(n_vocab, sizeof *s->counts);
+    s->history = malloc((size_t)(p->repeat_last_n ? p->repeat_last_n : 1) * sizeof *s->history);
+    if (!s->work || !s->idx || !s->val || !s->counts || !s->history) {
+        muser_sampler_free(s);
+        return muser_errorf(err, MUSER_E_NOMEM, "sampler: out of memory for %u-entry buffers",
+                            n_vocab);
+    }
+    rng_seed(s->rng, p->seed);
+    *out = s;
+    return MUSER_OK;
+}
+
+void muser_sampler_free(muser_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->work);
+    free(s->idx);
+    free(s->val);
+    free(s->counts);
+    free(s->history);
+    free(s);
+}
+
+/* Forget the penalty window and restart the RNG from the seed: a reset sampler repeats itself. */
+void muser_sampler_reset(muser_sampler *s)
+{
+    /* Until the ring wraps, slots [0, hist_len) are the filled ones; after, all of them. */
+    for (uint32_t i = 0; i < s->hist_len; i++)
+        s->counts[s->history[i]] = 0;
+    s->hist_len = 0;
+    s->hist_head = 0;
+    rng_seed(s->rng, s->p.seed);
+}
+
+/* Ids outside [0, V) cannot be penalised and are ignored. */
+void muser_sampler_accept(muser_sampler *s, int32_t id)
+{
+    uint32_t n = s->p.repeat_last_n;
+    if (n == 0 || id < 0 || (uint32_t)id >= s->n_vocab)
+        return;
+    if (s->hist_len == n)
+        s->counts[s->history[s->hist_head]]--; /* the oldest leaves the window */
+    else
+        s->hist_len++;
+    s->history[s->hist_head] = id;
+    s->counts[id]++;
+    s->hist_head = (s->hist_head + 1) % n;
+}
+
+static bool penalties_active(const muser_sampler_params *p)
+{
+    return p->repeat_last_n > 0 &&
+           (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f ||
+            p->frequency_penalty != 0.0f);
+}
+
+/* Penalise each distinct id in the window once. counts[id] is negated while an id is done and
+ * restored in a second pass, so no extra marker array is needed. */
+static void apply_penalties(muser_sampler *s)
+{
+    const muser_sampler_params *p = &s->p;
+    for (uint32_t i = 0; i < s->hist_len; i++) {
+        int32_t id = s->history[i];
+        int32_t c = s->counts[id];
+        if (c <= 0)
+            continue;
+        float l = s->work[id];
+        l = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+        l -= p->presence_penalty + p->frequency_penalty * (float)c;
+        s->work[id] = l;
+        s->counts[id] = -c;
+    }
+    for (uint32_t i = 0; i < s->hist_len; i++) {
+        int32_t id = s->history[i];
+        if (s->counts[id] < 0)
+            s->counts[id] = -s->counts[id];
+    }
+}
+
+/* ---- ordering helpers: "a before b" means larger value, then lower id ---- */
+
+static inline bool ranks_before(float va, int32_t ia, float vb, int32_t ib)
+{
+    return va > vb || (va == vb && ia < ib);
+}
+
+/* Min-heap (the worst candidate at the root) over parallel idx/val arrays. */
+static void heap_sift_down(int32_t *idx, float *val, uint32_t n, uint32_t i)
+{
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && ranks_before(val[w], idx[w], val[l], idx[l]))
+            w = l;
+        if (r < n && ranks_before(val[w], idx[w], val[r], idx[r]))
+            w = r;
+        if (w == i)
+            return;
+        int32_t ti = idx[i];
+        float tv = val[i];
+        idx[i] = idx[w];
+        val[i] = val[w];
+        idx[w] = ti;
+        val[w] = tv;
+        i = w;
+    }
+}
+
+static void swap_cand(int32_t *idx, float *val, uint32_t a, uint32_t b)
+{
+    int32_t ti = idx[a];
+    float tv = val[a];
+    idx[a] = idx[b];
+    val[a] = val[b];
+    idx[b] = ti;
+    val[b] = tv;
+}
+
+/* Insertion sort for short runs, heap sort otherwise: deterministic, no allocation. */
+static void sort_cands(int32_t *idx, float *val, uint32_t n)
+{
+    if (n <= 32) {
+        for (uint32_t i = 1; i < n; i++) {
+            int32_t ci = idx[i];
+            float cv = val[i];
+            uint32_t j = i;
+            while (j > 0 && ranks_before(cv, ci, val[j - 1], idx[j - 1])) {
+                idx[j] = idx[j - 1];
+                val[j] = val[j - 1];
+                j--;
+            }
+            idx[j] = ci;
+            val[j] = cv;
+        }
+        return;
+    }
+    /* Heap sort with the min-heap: pop the worst to the end; the array ends best-first. */
+    for (uint32_t i = n / 2; i-- > 0;)
+        heap_sift_down(idx, val, n, i);
+    for (uint32_t end = n - 1; end > 0; end--) {
+        swap_cand(idx, val, 0, end);
+        heap_sift_down(idx, val, end, 0);
+    }
+    /* Min-heap pops put the worst at the end first, so idx[0] is now the best. */
+}
+
+/* Quickselect: rearrange idx/val[lo, hi) so that its m best (m <= hi-lo) come first, in any
+ * order. Median-of-three pivots; iterative. */
+static void select_best(int32_t *idx, float *val, uint32_t lo, uint32_t hi, uint32_t m)
+{
+    uint32_t target = lo + m; /* positions [lo, target) must hold the best */
+    while (hi - lo > 1 && target > lo && target < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        /* median of three into position hi-1 as the pivot */
+        if (ranks_before(val[mid], idx[mid], val[lo], idx[lo]))
+            swap_cand(idx, val, mid, lo);
+        if (ranks_before(val[hi - 1], idx[hi - 1], val[lo], idx[lo]))
+            swap_cand(idx, val, hi - 1, lo);
+        if (ranks_before(val[mid], idx[mid], val[hi - 1], idx[hi - 1]))
+            swap_cand(idx, val, mid, hi - 1);
+        float pv = val[hi - 1];
+        int32_t pi = idx[hi - 1];
+        uint32_t store = lo;
+        for (uint32_t i = lo; i < hi - 1; i++)
+            if (ranks_before(val[i], idx[i], pv, pi))
+                swap_cand(idx, val, i, store++);
+        swap_cand(idx, val, store, hi - 1); /* pivot at its final rank */
+        if (store == target || store + 1 == target)
+            return;
+        if (store > target)
+            hi = store;
+        else
+            lo = store + 1;
+    }
+}
+
+/* ---- the chain ---- */
+
+static int32_t argmax_lowest(const float *x, uint32_t n)
+{
+    int32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = (int32_t)i;
+    return best;
+}
+
+/* Log-probabilities of the raw row: log_softmax(logits)[chosen] and the top-N entries. */
+static void raw_logprobs(const muser_sampler *s, const float *logits, int32_t chosen,
+                         float *chosen_logprob, muser_logprob *top)
+{
+    uint32_t V = s->n_vocab;
+    float mx = logits[argmax_lowest(logits, V)];
+    double sum = 0.0;
+    for (uint32_t i = 0; i < V; i++)
+        sum += exp((double)logits[i] - (double)mx);
+    double lse = (double)mx + log(sum);
+    if (chosen_logprob)
+        *chosen_logprob = (float)((double)logits[chosen] - lse);
+    if (!top)
+        return;
+    uint32_t n = s->p.n_logprobs, have = 0;
+    for (uint32_t i = 0; i < V && n > 0; i++) {
+        float v = logits[i];
+        if (have == n && !ranks_before(v, (int32_t)i, top[n - 1].logprob, top[n - 1].id))
+            continue;
+        uint32_t j = have < n ? have++ : n - 1;
+        while (j > 0 && ranks_before(v, (int32_t)i, top[j - 1].logprob, top[j - 1].id)) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j].id = (int32_t)i;
+        top[j].logprob = v;
+    }
+    for (uint32_t j = 0; j < have; j++)
+        top[j].logprob = (float)((double)top[j].logprob - lse);
+    for (uint32_t j = have; j < n; j++) {
+        top[j].id = -1;
+        top[j].logprob = -INFINITY;
+    }
+}
+
+/* Steps 3-6 on s->work (penalised, at least one finite entry): returns the drawn id. */
+static int32_t sample_truncated(muser_sampler *s)
+{
+    const muser_sampler_params *p = &s->p;
+    const uint32_t V = s->n_vocab;
+
+    /* Candidates: the top-k (sorted), or every id with a finite logit (unsorted). */
+    uint32_t n = 0;
+    bool sorted = false;
+    if (p->top_k > 0 && p->top_k < V) {
+        uint32_t k = p->top_k;
+        for (uint32_t i = 0; i < V; i++) {
+            float v = s->work[i];
+            if (v == -INFINITY)
+                continue;
+            if (n < k) {
+                s->idx[n] = (int32_t)i;
+                s->val[n] = v;
+                n++;
+                if (n == k)
+                    for (uint32_t j = k / 2; j-- > 0;)
+                        heap_sift_down(s->idx, s->val, k, j);
+            } else if (ranks_before(v, (int32_t)i, s->val[0], s->idx[0])) {
+                s->idx[0] = (int32_t)i;
+                s->val[0] = v;
+                heap_sift_down(s->idx, s->val, k, 0);
+            }
+        }
+        sort_cands(s->idx, s->val, n);
+        sorted = true;
+    } else {
+        for (uint32_t i = 0; i < V; i++) {
+            if (s->work[i] == -INFINITY)
+                continue;
+            s->idx[n] = (int32_t)i;
+            s->val[n] = s->work[i];
+            n++;
+        }
+    }
+
+    /* Temperature, then weights: val becomes exp((l - l_max) / T), so the best weighs 1 and a
+     * tiny T sends the rest to 0 (never inf * 0 = NaN). Only these n exponentials are taken. */
+    float raw_max = -INFINITY;
+    for (uint32_t i = 0; i < n; i++)
+        if (s->val[i] > raw_max)
+            raw_max = s->val[i];
+    double z = 0.0; /* mass of all candidates: the denominator top-p measures against */
+    for (uint32_t i = 0; i < n; i++) {
+        s->val[i] = (float)exp(((double)s->val[i] - (double)raw_max) / (double)p->temperature);
+        z += (double)s->val[i];
+    }
+    double mass = z;
+
+    /* min-p: p_i >= min_p * p_max, and p_max weighs 1. */
+    if (p->min_p > 0.0f) {
+        uint32_t kept = 0;
+        mass = 0.0;
+        for (uint32_t i = 0; i < n; i++)
+            if (s->val[i] >= p->min_p) {
+                s->idx[kept] = s->idx[i];
+                s->val[kept] = s->val[i];
+                mass += (double)s->val[i];
+                kept++;
+            }
+        n = kept; /* order preserved, so a sorted list stays sorted */
+    }
+
+    /* top-p: the shortest best-first prefix whose weight reaches top_p * z. */
+    if (p->top_p < 1.0f && n > 1 && mass >= (double)p->top_p * z) {
+        double need = (double)p->top_p * z, cum = 0.0;
+        uint32_t sorted_to = sorted ? n : 0;
+        uint32_t chunk = TOP_P_FIRST_CHUNK;
+        for (uint32_t i = 0; i < n; i++) {
+            if (i == sorted_to) {
+                uint32_t m = n - i < chunk ? n - i : chunk;
+                select_best(s->idx, s->val, i, n, m);
+                sort_cands(s->idx + i, s->val + i, m);
+                sorted_to = i + m;
+                chunk *= 2;
+            }
+            cum += (double)s->val[i];
+            if (cum >= need) {
+                n = i + 1;
+                mass = cum;
+                break;
+            }
+        }
+    }
+
+    /* Draw over what is left, in list order. */
+    double u = rng_uniform(s->rng) * mass, acc = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        acc += (double)s->val[i];
+        if (u < acc)
+            return s->idx[i];
+    }
+    return s->idx[n - 1]; /* rounding can leave u just past the last step */
+}
+
+int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chosen_logprob,
+                             muser_logprob *top)
+{
+    const muser_sampler_params *p = &s->p;
+    const uint32_t V = s->n_vocab;
+
+    /* Copy and validate in one pass. */
+    bool any_finite = false;
+    for (uint32_t i = 0; i < V; i++) {
+        float l = logits[i];
+        if (isnan(l) || l == INFINITY)
+            return MUSER_E_NUMERIC;
+        any_finite |= (l != -INFINITY);
+        s->work[i] = l;
+    }
+    if (!any_finite)
+        return MUSER_E_NUMERIC;
+    if (penalties_active(p))
+        apply_penalties(s);
+
+    int32_t chosen = (p->temperature == 0.0f || p->top_k == 1) ? argmax_lowest(s->work, V)
+                                                                : sample_truncated(s);
+    if (chosen_logprob || (top && p->n_logprobs > 0))
+        raw_logprobs(s, logits, chosen, chosen_logprob, p->n_logprobs ? top : NULL);
+    return chosen;
+}
