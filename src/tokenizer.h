@@ -31,6 +31,8 @@ bool muser_token_is_eog(const muser_tokenizer *t, int32_t id); /* EOS, EOT or ot
 int32_t muser_token_find(const muser_tokenizer *t, const char *text); /* exact vocab text or -1 */
 const char *muser_tokenizer_model(const muser_tokenizer *t); /* "gpt2" / "llama" */
 const char *muser_tokenizer_pre(const muser_tokenizer *t);
+/* tokenizer.ggml.add_bos_token (SentencePiece default true, gpt2 false; false without a BOS). */
+bool muser_tokenizer_add_bos(const muser_tokenizer *t);
 
 /* Streaming detokenizer: feed ids, get back only complete UTF-8 (never half a character). */
 typedef struct muser_detok_stream {
@@ -44,5 +46,8 @@ void muser_detok_stream_init(muser_detok_stream *s, const muser_tokenizer *t);
 size_t muser_detok_stream_push(muser_detok_stream *s, int32_t id, char *out, size_t cap);
 /* Flush what is left (invalid trailing bytes become U+FFFD). */
 size_t muser_detok_stream_flush(muser_detok_stream *s, char *out, size_t cap);
+/* A cap that always holds one push or flush whole (longest token, every byte invalid -> U+FFFD);
+ * with less, a push stops at a character boundary and drops the rest. */
+size_t muser_detok_stream_min_cap(const muser_tokenizer *t);
 
 #endif
