@@ -31,7 +31,24 @@ enum ggml_type {
     GGML_TYPE_Q5_K = 13,
     GGML_TYPE_Q6_K = 14,
     GGML_TYPE_Q8_K = 15,
+    GGML_TYPE_IQ2_XXS = 16,
+    GGML_TYPE_IQ2_XS = 17,
+    GGML_TYPE_IQ3_XXS = 18,
+    GGML_TYPE_IQ1_S = 19,
+    GGML_TYPE_IQ4_NL = 20,
+    GGML_TYPE_IQ3_S = 21,
+    GGML_TYPE_IQ2_S = 22,
+    GGML_TYPE_IQ4_XS = 23,
+    GGML_TYPE_I8 = 24,
+    GGML_TYPE_I16 = 25,
+    GGML_TYPE_I32 = 26,
+    GGML_TYPE_I64 = 27,
+    GGML_TYPE_F64 = 28,
+    GGML_TYPE_IQ1_M = 29,
     GGML_TYPE_BF16 = 30,
+    GGML_TYPE_TQ1_0 = 34,
+    GGML_TYPE_TQ2_0 = 35,
+    GGML_TYPE_MXFP4 = 39,
     GGML_TYPE_COUNT = 40,
 };
 
@@ -60,7 +77,8 @@ uint64_t quant_row_bytes(uint32_t type, uint64_t n);
 int quant_dequantize_row(uint32_t type, const void *src, float *dst, uint64_t n);
 int quant_quantize_row(uint32_t type, const float *src, void *dst, uint64_t n);
 
-/* Dot of a quantized row with f32 x (n elements). Uses AVX2/FMA when enabled and available. */
+/* Dot of a quantized row with f32 x (n elements). Uses AVX2/FMA when enabled and available.
+ * The three dots return NaN for an unsupported type or an n that is not a multiple of the block. */
 float quant_dot(uint32_t type, const void *row, const float *x, uint64_t n);
 /* The plain scalar path (the reference for the SIMD one). */
 float quant_dot_scalar(uint32_t type, const void *row, const float *x, uint64_t n);
@@ -69,6 +87,33 @@ double quant_dot_f64(uint32_t type, const void *row, const float *x, uint64_t n)
 
 /* f32 dot product, AVX2 when enabled. */
 float quant_dot_f32(const float *a, const float *b, uint64_t n);
+
+/* ---- batched dots (additions; the single-row calls above stay the reference) ----
+ *
+ * quant_dot_rows: out[r] = dot(row r of W, x) for n_rows rows of row_bytes each (row r starts at
+ * W + r*row_bytes). Work that depends only on x is done once per call, not once per row: for
+ * Q4_K the sum of x over every 32-element sub-block (the dmin*m term of each sub-block is
+ * dmin*m*sum(x), so rows never touch x for it). Call it on a range of rows per thread.
+ *
+ * quant_dot_rows_multi: out[i*ldo] = dot(row, x + i*ldx) for i < m. The weight row is unpacked
+ * once per 256-element block into f32 and that block is reused against all m activation rows
+ * (the prefill shape: one weight tile, many token rows). x rows are f32; nothing is quantized.
+ *
+ * Both return MUSER_E_ARG / MUSER_E_UNSUPPORTED like the row calls, and allocate nothing. */
+int quant_dot_rows(uint32_t type, const void *w, uint64_t row_bytes, uint64_t n_rows,
+                   const float *x, uint64_t n, float *out);
+int quant_dot_rows_multi(uint32_t type, const void *row, uint64_t n, const float *x, uint64_t ldx,
+                         uint64_t m, float *out, uint64_t ldo);
+
+/* ---- the release mix (docs/quant.md) ----
+ * Type for a tensor under the release mix: Q6_K for output.weight, and for blk.N.ffn_down.weight
+ * and blk.N.attn_v.weight when layer N is one of the "more bits" layers
+ *     N < n/8  ||  N >= 7n/8  ||  (N - n/8) % 3 == 2        (n = n_layer, integer division)
+ * default_type (normally Q4_K) for every other 2-D weight. Callers still apply
+ * quant_fallback_type for rows that do not fit the block. */
+uint32_t quant_mix_type(const char *tensor_name, uint32_t n_layer, uint32_t default_type);
+/* type itself when ne0 is a multiple of its block; else Q8_0 when ne0 % 32 == 0; else F16. */
+uint32_t quant_fallback_type(uint32_t type, uint64_t ne0);
 
 /* Run-time SIMD selection: on by default when the CPU has AVX2+FMA; MUSER_SIMD=0 disables. */
 bool quant_simd_available(void);
