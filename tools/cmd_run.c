@@ -1,10 +1,129 @@
-/* cmd_run.c — placeholder until its module lands (replaced by the module's owner). */
-#include "cli.h"
+/* cmd_run.c — `muser run`: generate text from a prompt and stream it to stdout.
+ *
+ * Load (progress on stderr) -> tokenize -> prefill through the batch route -> sample/print/forward
+ * until EOS/EOT, -n tokens, a full context or Ctrl-C -> speeds on stderr. stdout carries only the
+ * generated text (the prompt too with --echo), so the output can be piped. */
+#include "generate.h"
+
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void run_help(FILE *f)
+{
+    fprintf(f, "usage: muser run [-m MODEL] -p PROMPT [options]\n\n"
+               "Generate text from PROMPT and stream it to stdout; progress, the seed and speeds\n"
+               "go to stderr. Stops at an end-of-generation token, after -n tokens, when the\n"
+               "context is full, or on Ctrl-C.\n\n"
+               "options:\n"
+               "  -p, --prompt TEXT       the prompt (required)\n"
+               "  --special               parse special-token texts (e.g. <|end|>) in the prompt\n"
+               "  --no-bos                do not prepend the BOS token\n"
+               "  --echo                  print the prompt before the generation\n");
+    gen_print_option_help(f);
+    fprintf(f, "  -h, --help              this help\n\n"
+               "Defaults: -n 256; context: the model's limit capped at max(4096, prompt + n).\n");
+}
 
 int cmd_run(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "muser run: not built in this tree yet\n");
-    return 1;
+    if (cli_wants_help(argc, argv)) {
+        run_help(stdout);
+        return 0;
+    }
+    gen_opts o;
+    gen_opts_default(&o, 256);
+    const char *prompt = NULL;
+    bool special = false, no_bos = false, echo = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int rc = gen_parse_option("run", argc, argv, &i, &o);
+        if (rc < 0)
+            return CLI_EXIT_USAGE;
+        if (rc > 0)
+            continue;
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (i + 1 >= argc)
+                return cli_usage_error("run", "%s needs a text", a);
+            prompt = argv[++i];
+        } else if (!strcmp(a, "--special")) {
+            special = true;
+        } else if (!strcmp(a, "--no-bos")) {
+            no_bos = true;
+        } else if (!strcmp(a, "--echo")) {
+            echo = true;
+        } else {
+            return cli_usage_error("run", "unknown option '%s'", a);
+        }
+    }
+    if (!prompt)
+        return cli_usage_error("run", "a prompt is required (-p TEXT)");
+
+    gen_ctx g;
+    if (gen_open(&g, "run", &o))
+        return 1;
+    int status = 1;
+    muser_error err = {0};
+    int32_t *toks = NULL;
+    size_t n_toks = 0, cap = 0;
+    if (gen_tokenize_append(&g, prompt, !no_bos, special, &toks, &n_toks, &cap, &err)) {
+        fprintf(stderr, "muser run: cannot tokenize the prompt: %s\n", err.msg);
+        goto out;
+    }
+    if (n_toks == 0) {
+        fprintf(stderr, "muser run: the prompt is empty and the vocabulary has no BOS token\n");
+        goto out;
+    }
+    uint64_t n_train = g.model->hp.n_ctx_train ? g.model->hp.n_ctx_train : 4096;
+    uint64_t n_ctx = o.sess.n_ctx;
+    if (!n_ctx) {
+        n_ctx = n_toks + o.n_predict;
+        if (n_ctx < 4096)
+            n_ctx = 4096;
+        if (n_ctx > n_train)
+            n_ctx = n_train;
+    }
+    if (n_toks >= n_ctx) {
+        fprintf(stderr, "muser run: the prompt is %zu tokens; the context holds %llu\n", n_toks,
+                (unsigned long long)n_ctx);
+        goto out;
+    }
+    if (gen_start_session(&g, &o, n_ctx))
+        goto out;
+
+    gen_interrupted = 0;
+    gen_catch_sigint(true);
+    double t0 = muser_now_s();
+    if (gen_prefill(&g, toks, n_toks, &err)) {
+        fprintf(stderr, "muser run: prefill failed: %s\n", err.msg);
+        goto out_sig;
+    }
+    double t_prompt = muser_now_s() - t0;
+    if (echo) {
+        fputs(prompt, stdout);
+        fflush(stdout);
+    }
+    gen_reply r;
+    int rc = gen_generate(&g, o.n_predict, -1, stdout, &gen_interrupted, &r, &err);
+    if (r.n_tokens || echo)
+        fputc('\n', stdout);
+    fflush(stdout);
+    static const char *why[] = {"limit", "end token", "interrupted", "context full"};
+    fprintf(stderr,
+            "muser run: prompt %zu tokens in %.3f s (%.1f tok/s); generated %u tokens in %.3f s "
+            "(%.1f tok/s); stop: %s\n",
+            n_toks, t_prompt, t_prompt > 0 ? (double)n_toks / t_prompt : 0.0, r.n_tokens,
+            r.seconds, r.seconds > 0 ? (double)r.n_tokens / r.seconds : 0.0, why[r.stop]);
+    if (rc) {
+        fprintf(stderr, "muser run: %s\n", err.msg);
+        goto out_sig;
+    }
+    status = r.stop == GEN_STOP_INTERRUPT ? 130 : 0;
+out_sig:
+    gen_catch_sigint(false);
+out:
+    free(toks);
+    gen_close(&g);
+    return status;
 }

@@ -1,0 +1,360 @@
+/* generate.c — the generation plumbing shared by `muser run` and `muser chat`: option parsing for
+ * sampling and the engine, opening everything with progress, chunked prefill, and the sample ->
+ * print -> forward loop. See generate.h for the pending-token invariant. */
+#include "generate.h"
+
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+volatile sig_atomic_t gen_interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    gen_interrupted = 1;
+}
+
+void gen_catch_sigint(bool on)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on ? on_sigint : SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0; /* no SA_RESTART: a blocking read is interrupted */
+    sigaction(SIGINT, &sa, NULL);
+}
+
+void gen_opts_default(gen_opts *o, uint32_t n_predict)
+{
+    memset(o, 0, sizeof *o);
+    o->sess.backend = MUSER_BACKEND_CPU;
+    muser_sampler_params_default(&o->sp);
+    o->n_predict = n_predict;
+}
+
+void gen_print_option_help(FILE *f)
+{
+    fprintf(f,
+            "  -m, --model PATH        GGUF model (default: $MUSER_MODEL, else %s)\n"
+            "  -n, --n-predict N       tokens to generate (per reply in chat)\n"
+            "  --temp T                temperature; 0 = greedy (default 0.8)\n"
+            "  --top-k K               keep the K most likely; 0 = off (default 40)\n"
+            "  --top-p P               keep the smallest set with mass >= P; 1 = off (default 0.95)\n"
+            "  --min-p M               drop p < M * p_max; 0 = off (default 0.05)\n"
+            "  --repeat-penalty R      penalise recent tokens; 1 = off (default 1)\n"
+            "  --repeat-last-n N       window for the penalties (default 64)\n"
+            "  --presence-penalty P    subtract P from recent tokens (default 0)\n"
+            "  --frequency-penalty F   subtract F x count from recent tokens (default 0)\n"
+            "  --seed S                RNG seed (default: random, printed on stderr)\n"
+            "  --backend NAME          cpu | cuda | oracle (default cpu)\n"
+            "  --threads N             CPU threads; 0 = all cores (default 0)\n"
+            "  --ctx N                 context limit in tokens (default: see docs/cli.md)\n",
+            cli_default_model());
+}
+
+static int parse_u32(const char *cmd, const char *opt, const char *v, uint32_t *out)
+{
+    uint64_t x;
+    if (!v || !muser_parse_u64(v, &x) || x > UINT32_MAX)
+        return cli_usage_error(cmd, "%s needs a non-negative integer, got '%s'", opt,
+                               v ? v : "(nothing)"),
+               -1;
+    *out = (uint32_t)x;
+    return 1;
+}
+
+static int parse_float(const char *cmd, const char *opt, const char *v, float lo, float hi,
+                       float *out)
+{
+    double x;
+    if (!v || !muser_parse_f64(v, &x) || !(x >= lo && x <= hi))
+        return cli_usage_error(cmd, "%s needs a number in [%g, %g], got '%s'", opt, (double)lo,
+                               (double)hi, v ? v : "(nothing)"),
+               -1;
+    *out = (float)x;
+    return 1;
+}
+
+int gen_parse_option(const char *cmd, int argc, char **argv, int *i, gen_opts *o)
+{
+    const char *a = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int rc;
+    uint32_t u;
+#define TAKES_VALUE() (*i)++
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        if (!v)
+            return cli_usage_error(cmd, "%s needs a path", a), -1;
+        o->model_path = v;
+        TAKES_VALUE();
+        return 1;
+    }
+    if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+        rc = parse_u32(cmd, a, v, &o->n_predict);
+    } else if (!strcmp(a, "--temp")) {
+        rc = parse_float(cmd, a, v, 0.0f, 1e6f, &o->sp.temperature);
+    } else if (!strcmp(a, "--top-k")) {
+        rc = parse_u32(cmd, a, v, &o->sp.top_k);
+    } else if (!strcmp(a, "--top-p")) {
+        rc = parse_float(cmd, a, v, 1e-6f, 1.0f, &o->sp.top_p);
+    } else if (!strcmp(a, "--min-p")) {
+        rc = parse_float(cmd, a, v, 0.0f, 1.0f, &o->sp.min_p);
+    } else if (!strcmp(a, "--repeat-penalty")) {
+        rc = parse_float(cmd, a, v, 1e-3f, 1e3f, &o->sp.repeat_penalty);
+    } else if (!strcmp(a, "--repeat-last-n")) {
+        rc = parse_u32(cmd, a, v, &o->sp.repeat_last_n);
+    } else if (!strcmp(a, "--presence-penalty")) {
+        rc = parse_float(cmd, a, v, -1e3f, 1e3f, &o->sp.presence_penalty);
+    } else if (!strcmp(a, "--frequency-penalty")) {
+        rc = parse_float(cmd, a, v, -1e3f, 1e3f, &o->sp.frequency_penalty);
+    } else if (!strcmp(a, "--seed")) {
+        if (!v || !muser_parse_u64(v, &o->sp.seed))
+            return cli_usage_error(cmd, "--seed needs an unsigned 64-bit integer, got '%s'",
+                                   v ? v : "(nothing)"),
+                   -1;
+        o->seed_given = true;
+        rc = 1;
+    } else if (!strcmp(a, "--backend")) {
+        int b = v ? muser_backend_from_name(v) : -1;
+        if (b < 0)
+            return cli_usage_error(cmd, "--backend must be cpu, cuda or oracle, got '%s'",
+                                   v ? v : "(nothing)"),
+                   -1;
+        o->sess.backend = (muser_backend_kind)b;
+        rc = 1;
+    } else if (!strcmp(a, "--threads")) {
+        rc = parse_u32(cmd, a, v, &o->sess.n_threads);
+    } else if (!strcmp(a, "--ctx")) {
+        rc = parse_u32(cmd, a, v, &u);
+        o->sess.n_ctx = u;
+    } else {
+        return 0;
+    }
+    if (rc == 1)
+        TAKES_VALUE();
+#undef TAKES_VALUE
+    return rc;
+}
+
+/* A seed nobody chose: the kernel's randomness, else the clock and pid. */
+static uint64_t random_seed(void)
+{
+    uint64_t s = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t got = read(fd, &s, sizeof s);
+        close(fd);
+        if (got == (ssize_t)sizeof s)
+            return s;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((uint64_t)ts.tv_sec * 1000000007ULL) ^ (uint64_t)ts.tv_nsec ^
+           ((uint64_t)getpid() << 32);
+}
+
+/* Touch every page of the mapped weights so the load shows progress here instead of stalling the
+ * first token; on a warm page cache this is a quick pass. */
+static void page_in(const muser_model *m)
+{
+    const gguf_file *f = m->gguf;
+    if (!f || !f->map || f->size <= f->data_offset)
+        return;
+    const uint64_t page = 4096, step = 64ull << 20;
+    const volatile uint8_t *p = f->map;
+    uint64_t total = f->size - f->data_offset;
+    muser_progress pr;
+    muser_progress_begin(&pr, "loading", total);
+    uint8_t sink = 0;
+    for (uint64_t off = 0; off < total; off += page) {
+        sink ^= p[f->data_offset + off];
+        if (off % step == 0)
+            muser_progress_update(&pr, off);
+    }
+    muser_progress_update(&pr, total);
+    muser_progress_finish(&pr);
+    (void)sink;
+}
+
+int gen_open(gen_ctx *g, const char *cmd, gen_opts *o)
+{
+    memset(g, 0, sizeof *g);
+    g->cmd = cmd;
+    muser_error err = {0};
+    const char *path = o->model_path ? o->model_path : cli_default_model();
+    if (!o->model_path && access(path, F_OK) != 0) {
+        fprintf(stderr, "muser %s: no model given (-m) and the default model %s does not exist\n",
+                cmd, path);
+        return 1;
+    }
+    double t0 = muser_now_s();
+    int rc = muser_model_load(&g->model, path, &err);
+    if (rc) {
+        fprintf(stderr, "muser %s: cannot load model: %s\n", cmd, err.msg);
+        return 1;
+    }
+    if (o->sess.backend != MUSER_BACKEND_CUDA)
+        page_in(g->model);
+    rc = muser_tokenizer_load(&g->tok, g->model->gguf, &err);
+    if (rc) {
+        fprintf(stderr, "muser %s: cannot load the tokenizer of %s: %s\n", cmd, path, err.msg);
+        gen_close(g);
+        return 1;
+    }
+    const muser_hparams *hp = &g->model->hp;
+    g->n_vocab = hp->n_vocab;
+    fprintf(stderr, "muser %s: %s: %s, %u layers, E %u, V %u, %.2f GB, loaded in %.2f s\n", cmd,
+            path, muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_vocab,
+            (double)g->model->weight_bytes / 1e9, muser_now_s() - t0);
+
+    if (!o->seed_given)
+        o->sp.seed = random_seed();
+    fprintf(stderr, "muser %s: seed %llu (--seed %llu reproduces this run)\n", cmd,
+            (unsigned long long)o->sp.seed, (unsigned long long)o->sp.seed);
+    rc = muser_sampler_new(&g->smp, g->n_vocab, &o->sp, &err);
+    if (rc) {
+        fprintf(stderr, "muser %s: %s\n", cmd, err.msg);
+        gen_close(g);
+        return 1;
+    }
+    g->logits = malloc((size_t)g->n_vocab * sizeof *g->logits);
+    if (!g->logits) {
+        fprintf(stderr, "muser %s: out of memory for the logit row\n", cmd);
+        gen_close(g);
+        return 1;
+    }
+    return 0;
+}
+
+int gen_start_session(gen_ctx *g, gen_opts *o, uint64_t n_ctx)
+{
+    muser_error err = {0};
+    muser_session_opts so = o->sess;
+    so.n_ctx = n_ctx;
+    double t0 = muser_now_s();
+    int rc = muser_session_new(&g->sess, g->model, &so, &err);
+    if (rc) {
+        fprintf(stderr, "muser %s: cannot start a %s session: %s\n", g->cmd,
+                muser_backend_name(so.backend), err.msg);
+        return 1;
+    }
+    g->max_batch = g->sess->opts.max_batch ? g->sess->opts.max_batch : 512;
+    fprintf(stderr, "muser %s: %s backend, context %llu tokens, ready in %.2f s\n", g->cmd,
+            g->sess->be && g->sess->be->name ? g->sess->be->name : muser_backend_name(so.backend),
+            (unsigned long long)g->sess->opts.n_ctx, muser_now_s() - t0);
+    return 0;
+}
+
+void gen_close(gen_ctx *g)
+{
+    muser_session_free(g->sess);
+    muser_sampler_free(g->smp);
+    muser_tokenizer_free(g->tok);
+    muser_model_free(g->model);
+    free(g->logits);
+    memset(g, 0, sizeof *g);
+}
+
+int gen_prefill(gen_ctx *g, const int32_t *toks, size_t n, muser_error *err)
+{
+    uint64_t n_ctx = g->sess->opts.n_ctx;
+    if (g->sess->n_past + n > n_ctx)
+        return muser_errorf(err, MUSER_E_CONTEXT_FULL,
+                            "%zu tokens do not fit: %llu of %llu context positions are used", n,
+                            (unsigned long long)g->sess->n_past, (unsigned long long)n_ctx);
+    for (size_t i = 0; i < n; i += g->max_batch) {
+        uint32_t m = (uint32_t)(n - i < g->max_batch ? n - i : g->max_batch);
+        bool last = i + m == n;
+        int rc = muser_session_forward(g->sess, toks + i, m, last ? g->logits : NULL, false, err);
+        if (rc)
+            return rc;
+    }
+    for (size_t i = 0; i < n; i++)
+        muser_sampler_accept(g->smp, toks[i]);
+    return MUSER_OK;
+}
+
+int gen_tokenize_append(gen_ctx *g, const char *text, bool add_bos, bool parse_special,
+                        int32_t **vec, size_t *n, size_t *cap, muser_error *err)
+{
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc = muser_tokenize(g->tok, text, strlen(text), add_bos, parse_special, &ids, &n_ids, err);
+    if (rc)
+        return rc;
+    if (*n + n_ids > *cap) {
+        size_t want = (*n + n_ids) * 2 + 16;
+        int32_t *grown = realloc(*vec, want * sizeof *grown);
+        if (!grown) {
+            free(ids);
+            return muser_errorf(err, MUSER_E_NOMEM, "out of memory for %zu tokens", want);
+        }
+        *vec = grown;
+        *cap = want;
+    }
+    if (n_ids)
+        memcpy(*vec + *n, ids, n_ids * sizeof *ids);
+    *n += n_ids;
+    free(ids);
+    return MUSER_OK;
+}
+
+int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
+                 volatile sig_atomic_t *interrupt, gen_reply *r, muser_error *err)
+{
+    memset(r, 0, sizeof *r);
+    r->pending = -1;
+    r->stop = GEN_STOP_LIMIT;
+    muser_detok_stream ds;
+    muser_detok_stream_init(&ds, g->tok);
+    char text[256];
+    int rc = MUSER_OK;
+    double t0 = muser_now_s();
+    while (r->n_tokens < max_tokens) {
+        if (interrupt && *interrupt) {
+            r->stop = GEN_STOP_INTERRUPT;
+            break;
+        }
+        int32_t id = muser_sampler_sample(g->smp, g->logits, NULL, NULL);
+        if (id < 0) {
+            rc = muser_errorf(err, (muser_status)id,
+                              "the logits at position %llu hold NaN or Inf; stopping",
+                              (unsigned long long)g->sess->n_past);
+            break;
+        }
+        r->n_tokens++;
+        r->pending = id;
+        if (id == stop_id || muser_token_is_eog(g->tok, id)) {
+            r->stop = GEN_STOP_END;
+            break;
+        }
+        size_t k = muser_detok_stream_push(&ds, id, text, sizeof text);
+        if (k) {
+            fwrite(text, 1, k, out);
+            fflush(out);
+        }
+        if (r->n_tokens == max_tokens)
+            break;
+        if (g->sess->n_past >= g->sess->opts.n_ctx) {
+            r->stop = GEN_STOP_CONTEXT; /* no position left for it */
+            break;
+        }
+        rc = muser_session_forward(g->sess, &id, 1, g->logits, false, err);
+        if (rc)
+            break;
+        muser_sampler_accept(g->smp, id); /* in the context now, so it counts for penalties */
+        r->pending = -1;
+    }
+    size_t k = muser_detok_stream_flush(&ds, text, sizeof text);
+    if (k)
+        fwrite(text, 1, k, out);
+    fflush(out);
+    r->seconds = muser_now_s() - t0;
+    return rc;
+}

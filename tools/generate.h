@@ -1,0 +1,84 @@
+/* generate.h — what `muser run` and `muser chat` share: the sampling and engine options, opening
+ * model + tokenizer + session + sampler, chunked prefill, and the streaming token loop.
+ *
+ * The loop keeps one invariant that lets chat keep its history in the KV cache: the last sampled
+ * token is never forwarded by the loop itself (nor counted by the sampler's penalties). It is left
+ * in gen_reply.pending, and whoever continues the sequence (the next chat turn) prefills it
+ * first. */
+#ifndef MUSER_TOOLS_GENERATE_H
+#define MUSER_TOOLS_GENERATE_H
+
+#include "cli.h"
+#include "sampler.h"
+#include "session.h"
+#include "tokenizer.h"
+
+#include <signal.h>
+
+typedef struct gen_opts {
+    const char *model_path;      /* NULL: cli_default_model() */
+    muser_session_opts sess;     /* n_ctx 0: the command's default */
+    muser_sampler_params sp;
+    bool seed_given;
+    uint32_t n_predict;          /* tokens per reply */
+} gen_opts;
+
+/* Defaults: temp 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat penalty 1 (off), CPU backend. */
+void gen_opts_default(gen_opts *o, uint32_t n_predict);
+/* If argv[*i] is a shared option, consume it (and its value) and return 1; return 0 if it is not
+ * one; on a bad value print a usage error and return -1. */
+int gen_parse_option(const char *cmd, int argc, char **argv, int *i, gen_opts *o);
+/* The shared options' help text. */
+void gen_print_option_help(FILE *f);
+
+typedef struct gen_ctx {
+    const char *cmd;
+    muser_model *model;
+    muser_tokenizer *tok;
+    muser_session *sess;
+    muser_sampler *smp;
+    float *logits;               /* [n_vocab]: the distribution for the next token */
+    uint32_t n_vocab;            /* the model's logit row width */
+    uint32_t max_batch;          /* rows per prefill call */
+} gen_ctx;
+
+/* Load the model (progress on stderr), its tokenizer, then the sampler; the session comes later
+ * (gen_start_session) so run can size the context from the prompt. Errors are printed as one line;
+ * returns 0 or 1 (the exit code). */
+int gen_open(gen_ctx *g, const char *cmd, gen_opts *o);
+int gen_start_session(gen_ctx *g, gen_opts *o, uint64_t n_ctx);
+void gen_close(gen_ctx *g);
+
+/* Forward toks through the batch route in max_batch chunks (logits of the last row kept) and tell
+ * the sampler about them. Refuses (MUSER_E_CONTEXT_FULL) without running anything if they do not
+ * fit. */
+int gen_prefill(gen_ctx *g, const int32_t *toks, size_t n, muser_error *err);
+/* Tokenize and append to a growing malloc'ed vector. */
+int gen_tokenize_append(gen_ctx *g, const char *text, bool add_bos, bool parse_special,
+                        int32_t **vec, size_t *n, size_t *cap, muser_error *err);
+
+typedef enum {
+    GEN_STOP_LIMIT = 0,       /* n_predict tokens */
+    GEN_STOP_END = 1,         /* an end-of-generation token (not printed) */
+    GEN_STOP_INTERRUPT = 2,   /* *interrupt was set */
+    GEN_STOP_CONTEXT = 3,     /* the context is full */
+} gen_stop;
+
+typedef struct gen_reply {
+    uint32_t n_tokens;        /* sampled, including an end token */
+    int32_t pending;          /* last sampled token, not yet forwarded; -1 if none */
+    gen_stop stop;
+    double seconds;
+} gen_reply;
+
+/* Sample up to max_tokens from g->logits onward, streaming text to out (fflush per token).
+ * stop_id (>= 0) ends the reply like an EOG token. Returns MUSER_OK or an error (NaN logits,
+ * backend failure) with err filled. */
+int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
+                 volatile sig_atomic_t *interrupt, gen_reply *r, muser_error *err);
+
+/* SIGINT sets the flag while installed (no SA_RESTART, so a blocking read returns EINTR). */
+extern volatile sig_atomic_t gen_interrupted;
+void gen_catch_sigint(bool on);
+
+#endif
