@@ -17,6 +17,7 @@
  * the bytes it stands for in text; an open-addressing table maps text -> id and another maps
  * (left id, right id) -> (merge rank, result id). Nothing points into the GGUF map after load. */
 #include "tokenizer.h"
+#include "vocab.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -201,14 +202,24 @@ static bool byte_is_printable(unsigned b)
     return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
 }
 
+/* The 68 others, in byte order: 0x00-0x20 (33), 0x7F-0xA0 (34), 0xAD (1). */
 static uint32_t byte_to_cp(unsigned b)
 {
     if (byte_is_printable(b))
         return b;
-    uint32_t n = 0;
-    for (unsigned x = 0; x < b; x++)
-        n += !byte_is_printable(x);
-    return 256 + n;
+    if (b <= 0x20)
+        return 256 + b;
+    if (b <= 0xA0)
+        return 256 + 33 + (b - 0x7F);
+    return 256 + 67; /* 0xAD */
+}
+
+size_t muser_byte_level_encode(const uint8_t *bytes, size_t n, char *out)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)utf8_encode(byte_to_cp(bytes[i]), (uint8_t *)out + o);
+    return o;
 }
 
 /* Inverse: byte for a codepoint, -1 if the codepoint is not in the map. */
@@ -216,13 +227,12 @@ static int cp_to_byte(uint32_t cp)
 {
     if (cp < 256)
         return byte_is_printable(cp) ? (int)cp : -1;
-    if (cp >= 256 + 68)
-        return -1;
     uint32_t n = cp - 256;
-    for (unsigned x = 0; x < 256; x++)
-        if (!byte_is_printable(x) && n-- == 0)
-            return (int)x;
-    return -1;
+    if (n < 33)
+        return (int)n;
+    if (n < 67)
+        return (int)(0x7F + n - 33);
+    return n == 67 ? 0xAD : -1;
 }
 
 /* ---------------------------------------------------------------- hashing */
@@ -862,9 +872,7 @@ static int gpt2_word(const muser_tokenizer *t, scratch *s, const uint8_t *w, siz
     if (t->ignore_merges) {
         if (!grow_to((void **)&s->buf, &s->buf_cap, n * 2 + 1, 1))
             return oom(err);
-        size_t o = 0;
-        for (size_t i = 0; i < n; i++)
-            o += (size_t)utf8_encode(byte_to_cp(w[i]), (uint8_t *)s->buf + o);
+        size_t o = muser_byte_level_encode(w, n, s->buf);
         int32_t id = text_lookup_mergeable(t, s->buf, o);
         if (id >= 0)
             return emit(s, id) ? MUSER_OK : oom(err);
