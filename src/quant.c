@@ -688,6 +688,13 @@ SIMD_FN static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+SIMD_FN static inline float f16_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
 /* 8 bytes -> 8 int32 lanes */
 SIMD_FN static inline __m256i load8_u8(const uint8_t *p)
 {
@@ -764,50 +771,73 @@ SIMD_FN static float dot_q8_0_avx2(const uint8_t *r, const float *x, uint64_t nb
         __m256 s23 = _mm256_mul_ps(w2, _mm256_loadu_ps(x + 16));
         s01 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + 8), s01);
         s23 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x + 24), s23);
-        acc = _mm256_fmadd_ps(_mm256_add_ps(s01, s23), _mm256_set1_ps(rd_f16(r)), acc);
+        acc = _mm256_fmadd_ps(_mm256_add_ps(s01, s23), _mm256_set1_ps(f16_at(r)), acc);
     }
     return hsum8(acc);
 }
 
+/* Q4_K scale bytes -> d*sc[0..7] and dmin*m[0..7] as 8 lanes each. The 12 bytes read as three
+ * little-endian words: word 0 holds sc[0..3] (low 6 bits of each byte) and the top bits of
+ * sc[4..7]; word 1 the same for the mins; word 2 the low nibbles of sc[4..7] and m[4..7]. */
+SIMD_FN static inline void q4k_scales_avx2(const uint8_t *s, float d, float dmin, __m256 *dsc,
+                                           __m256 *dmn)
+{
+    uint32_t w[3];
+    memcpy(w, s, 12);
+    uint32_t sc_lo = w[0] & 0x3f3f3f3fu, mn_lo = w[1] & 0x3f3f3f3fu;
+    uint32_t sc_hi = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);
+    uint32_t mn_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);
+    __m128i sc8 = _mm_cvtsi64_si128((long long)((uint64_t)sc_hi << 32 | sc_lo));
+    __m128i mn8 = _mm_cvtsi64_si128((long long)((uint64_t)mn_hi << 32 | mn_lo));
+    *dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc8)), _mm256_set1_ps(d));
+    *dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn8)), _mm256_set1_ps(dmin));
+}
+
 /* Q4_K. xsum32 (may be NULL) holds sum(x) over each 32-element sub-block of the whole row, so
- * the min term costs one multiply-add per sub-block instead of touching x again. */
+ * the min term is one multiply-add of 8 lanes per block instead of touching x again. */
 SIMD_FN static float dot_q4_k_avx2(const uint8_t *r, const float *x, uint64_t nb,
                                    const float *xsum32)
 {
     const __m256i m4 = _mm256_set1_epi32(0x0f);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    float mins = 0.0f;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    float dsc[8] __attribute__((aligned(32)));
     for (uint64_t b = 0; b < nb; b++, r += Q4_K_BLOCK_BYTES, x += QK_K) {
-        float d = rd_f16(r), dmin = rd_f16(r + 2);
-        uint8_t sc[8], mn[8];
-        q4k_unpack_scales(r + 4, sc, mn);
+        __m256 vdsc, vdmn;
+        q4k_scales_avx2(r + 4, f16_at(r), f16_at(r + 2), &vdsc, &vdmn);
+        _mm256_store_ps(dsc, vdsc);
         const uint8_t *qs = r + 16;
+        float dmn[8] __attribute__((aligned(32)));
+        if (xsum32)
+            accm = _mm256_fmadd_ps(vdmn, _mm256_loadu_ps(xsum32 + 8 * b), accm);
+        else
+            _mm256_store_ps(dmn, vdmn);
         for (int c = 0; c < 4; c++) {
             const float *xl = x + 64 * c, *xh = xl + 32;
-            __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-            __m256 slo = _mm256_setzero_ps(), shi = _mm256_setzero_ps();
-            for (int k = 0; k < 4; k++) {
-                __m256i v = load8_u8(qs + 32 * c + 8 * k);
-                __m256 xa = _mm256_loadu_ps(xl + 8 * k), xb = _mm256_loadu_ps(xh + 8 * k);
-                lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m4)), xa, lo);
-                hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), xb, hi);
-                if (!xsum32) {
-                    slo = _mm256_add_ps(slo, xa);
-                    shi = _mm256_add_ps(shi, xb);
-                }
-            }
-            acc = _mm256_fmadd_ps(lo, _mm256_set1_ps(d * (float)sc[2 * c]), acc);
-            acc = _mm256_fmadd_ps(hi, _mm256_set1_ps(d * (float)sc[2 * c + 1]), acc);
-            if (xsum32) {
-                mins += dmin * ((float)mn[2 * c] * xsum32[8 * b + 2 * c] +
-                                (float)mn[2 * c + 1] * xsum32[8 * b + 2 * c + 1]);
-            } else {
-                accm = _mm256_fmadd_ps(slo, _mm256_set1_ps(dmin * (float)mn[2 * c]), accm);
-                accm = _mm256_fmadd_ps(shi, _mm256_set1_ps(dmin * (float)mn[2 * c + 1]), accm);
+            const uint8_t *q = qs + 32 * c;
+            __m256 xl0 = _mm256_loadu_ps(xl), xl1 = _mm256_loadu_ps(xl + 8);
+            __m256 xl2 = _mm256_loadu_ps(xl + 16), xl3 = _mm256_loadu_ps(xl + 24);
+            __m256 xh0 = _mm256_loadu_ps(xh), xh1 = _mm256_loadu_ps(xh + 8);
+            __m256 xh2 = _mm256_loadu_ps(xh + 16), xh3 = _mm256_loadu_ps(xh + 24);
+            __m256i v0 = load8_u8(q), v1 = load8_u8(q + 8), v2 = load8_u8(q + 16), v3 = load8_u8(q + 24);
+            __m256 lo0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m4)), xl0);
+            __m256 lo1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m4)), xl1);
+            __m256 hi0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), xh0);
+            __m256 hi1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), xh1);
+            lo0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v2, m4)), xl2, lo0);
+            lo1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v3, m4)), xl3, lo1);
+            hi0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v2, 4)), xh2, hi0);
+            hi1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v3, 4)), xh3, hi1);
+            acc0 = _mm256_fmadd_ps(_mm256_add_ps(lo0, lo1), _mm256_broadcast_ss(dsc + 2 * c), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_add_ps(hi0, hi1), _mm256_broadcast_ss(dsc + 2 * c + 1), acc1);
+            if (!xsum32) {
+                __m256 sl = _mm256_add_ps(_mm256_add_ps(xl0, xl1), _mm256_add_ps(xl2, xl3));
+                __m256 sh = _mm256_add_ps(_mm256_add_ps(xh0, xh1), _mm256_add_ps(xh2, xh3));
+                accm = _mm256_fmadd_ps(sl, _mm256_broadcast_ss(dmn + 2 * c), accm);
+                accm = _mm256_fmadd_ps(sh, _mm256_broadcast_ss(dmn + 2 * c + 1), accm);
             }
         }
     }
-    return hsum8(acc) - hsum8(accm) - mins;
+    return hsum8(_mm256_add_ps(acc0, acc1)) - hsum8(accm);
 }
 
 SIMD_FN static void sums32_avx2(const float *x, uint64_t n, float *out)
@@ -825,12 +855,17 @@ SIMD_FN static float dot_q6_k_avx2(const uint8_t *r, const float *x, uint64_t nb
     const __m256i m4 = _mm256_set1_epi32(0x0f), m30 = _mm256_set1_epi32(0x30);
     const __m256i k32 = _mm256_set1_epi32(32);
     __m256 acc = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps();
+    float dsc[16] __attribute__((aligned(32)));
     for (uint64_t b = 0; b < nb; b++, r += Q6_K_BLOCK_BYTES, x += QK_K) {
-        const int8_t *sc = (const int8_t *)(r + 192);
-        float d = rd_f16(r + 208);
+        __m256 vd = _mm256_set1_ps(f16_at(r + 208));
+        __m128i sc16 = _mm_loadu_si128((const __m128i *)(r + 192));
+        _mm256_store_ps(dsc, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc16))));
+        _mm256_store_ps(dsc + 8, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                       _mm_unpackhi_epi64(sc16, sc16)))));
         for (int h = 0; h < 2; h++) {
             const uint8_t *L = r + 64 * h, *H = r + 128 + 32 * h;
-            const int8_t *S = sc + 8 * h;
+            const float *S = dsc + 8 * h;
             const float *X = x + 128 * h;
             for (int g = 0; g < 2; g++) {
                 __m256 a1 = _mm256_setzero_ps(), a2 = a1, a3 = a1, a4 = a1;
@@ -853,28 +888,144 @@ SIMD_FN static float dot_q6_k_avx2(const uint8_t *r, const float *x, uint64_t nb
                     a4 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q4, k32)),
                                          _mm256_loadu_ps(X + l + 96), a4);
                 }
-                acc = _mm256_fmadd_ps(a1, _mm256_set1_ps(d * (float)S[g]), acc);
-                acc = _mm256_fmadd_ps(a2, _mm256_set1_ps(d * (float)S[g + 2]), acc);
-                acc = _mm256_fmadd_ps(a3, _mm256_set1_ps(d * (float)S[g + 4]), acc);
-                acc = _mm256_fmadd_ps(a4, _mm256_set1_ps(d * (float)S[g + 6]), acc);
+                acc = _mm256_fmadd_ps(a1, _mm256_broadcast_ss(S + g), acc);
+                acc2 = _mm256_fmadd_ps(a2, _mm256_broadcast_ss(S + g + 2), acc2);
+                acc = _mm256_fmadd_ps(a3, _mm256_broadcast_ss(S + g + 4), acc);
+                acc2 = _mm256_fmadd_ps(a4, _mm256_broadcast_ss(S + g + 6), acc2);
             }
         }
     }
-    return hsum8(acc);
+    return hsum8(_mm256_add_ps(acc, acc2));
 }
 
-/* acc[0..7] += w[0..len) * x[0..len) lane-wise (len a multiple of 8); the multi-row kernel. */
-SIMD_FN static void fma_lanes_avx2(const float *w, const float *x, uint64_t len, float *acc8)
+/* ---- AVX2 dequantize of one block, for the multi-row kernel ---- */
+
+SIMD_FN static void deq_q4_k_avx2(const uint8_t *b, float *y)
 {
-    __m256 a0 = _mm256_loadu_ps(acc8), a1 = _mm256_setzero_ps();
-    uint64_t i = 0;
-    for (; i + 16 <= len; i += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    const __m256i m4 = _mm256_set1_epi32(0x0f);
+    __m256 vdsc, vdmn;
+    float dsc[8] __attribute__((aligned(32))), dmn[8] __attribute__((aligned(32)));
+    q4k_scales_avx2(b + 4, f16_at(b), f16_at(b + 2), &vdsc, &vdmn);
+    _mm256_store_ps(dsc, vdsc);
+    _mm256_store_ps(dmn, vdmn);
+    for (int c = 0; c < 4; c++) {
+        __m256 s1 = _mm256_broadcast_ss(dsc + 2 * c), m1 = _mm256_broadcast_ss(dmn + 2 * c);
+        __m256 s2 = _mm256_broadcast_ss(dsc + 2 * c + 1), m2 = _mm256_broadcast_ss(dmn + 2 * c + 1);
+        for (int k = 0; k < 4; k++) {
+            __m256i v = load8_u8(b + 16 + 32 * c + 8 * k);
+            _mm256_storeu_ps(y + 64 * c + 8 * k,
+                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m4)), s1, m1));
+            _mm256_storeu_ps(y + 64 * c + 32 + 8 * k,
+                             _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), s2, m2));
+        }
     }
-    for (; i + 8 <= len; i += 8)
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-    _mm256_storeu_ps(acc8, _mm256_add_ps(a0, a1));
+}
+
+SIMD_FN static void deq_q6_k_avx2(const uint8_t *b, float *y)
+{
+    const __m256i m4 = _mm256_set1_epi32(0x0f), m30 = _mm256_set1_epi32(0x30);
+    const __m256i k32 = _mm256_set1_epi32(32);
+    float dsc[16] __attribute__((aligned(32)));
+    __m256 vd = _mm256_set1_ps(f16_at(b + 208));
+    __m128i sc16 = _mm_loadu_si128((const __m128i *)(b + 192));
+    _mm256_store_ps(dsc, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc16))));
+    _mm256_store_ps(dsc + 8, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                   _mm_unpackhi_epi64(sc16, sc16)))));
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *L = b + 64 * h, *H = b + 128 + 32 * h;
+        const float *S = dsc + 8 * h;
+        float *Y = y + 128 * h;
+        for (int l = 0; l < 32; l += 8) {
+            int g = l / 16;
+            __m256i l0 = load8_u8(L + l), l1 = load8_u8(L + 32 + l), hb = load8_u8(H + l);
+            __m256i q1 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                         _mm256_and_si256(_mm256_slli_epi32(hb, 4), m30));
+            __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                         _mm256_and_si256(_mm256_slli_epi32(hb, 2), m30));
+            __m256i q3 = _mm256_or_si256(_mm256_srli_epi32(l0, 4), _mm256_and_si256(hb, m30));
+            __m256i q4 = _mm256_or_si256(_mm256_srli_epi32(l1, 4),
+                                         _mm256_and_si256(_mm256_srli_epi32(hb, 2), m30));
+            _mm256_storeu_ps(Y + l, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q1, k32)),
+                                                  _mm256_broadcast_ss(S + g)));
+            _mm256_storeu_ps(Y + l + 32, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q2, k32)),
+                                                       _mm256_broadcast_ss(S + g + 2)));
+            _mm256_storeu_ps(Y + l + 64, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q3, k32)),
+                                                       _mm256_broadcast_ss(S + g + 4)));
+            _mm256_storeu_ps(Y + l + 96, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q4, k32)),
+                                                       _mm256_broadcast_ss(S + g + 6)));
+        }
+    }
+}
+
+/* Elements [first, first+len) of a row as f32 into y (first a block boundary), AVX2 where the
+ * format has a kernel; same values as deq_range (the same f32 products). */
+SIMD_FN static void deq_range_avx2(uint32_t type, const void *row, uint64_t first, uint64_t len,
+                                   float *y)
+{
+    const uint8_t *r = row;
+    if (type == GGML_TYPE_Q4_K) {
+        for (uint64_t b = 0; b < len / QK_K; b++)
+            deq_q4_k_avx2(r + (first / QK_K + b) * Q4_K_BLOCK_BYTES, y + b * QK_K);
+    } else if (type == GGML_TYPE_Q6_K) {
+        for (uint64_t b = 0; b < len / QK_K; b++)
+            deq_q6_k_avx2(r + (first / QK_K + b) * Q6_K_BLOCK_BYTES, y + b * QK_K);
+    } else if (type == GGML_TYPE_Q8_0) {
+        for (uint64_t b = 0; b < len / QK8_0; b++) {
+            const uint8_t *blk = r + (first / QK8_0 + b) * Q8_0_BLOCK_BYTES;
+            __m256 d = _mm256_set1_ps(f16_at(blk));
+            for (int k = 0; k < 4; k++)
+                _mm256_storeu_ps(y + b * QK8_0 + 8 * k,
+                                 _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                   _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * k)))),
+                                               d));
+        }
+    } else if (type == GGML_TYPE_F16) {
+        uint64_t i = 0;
+        for (; i + 8 <= len; i += 8)
+            _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 2 * (first + i)))));
+        for (; i < len; i++)
+            y[i] = f16_at(r + 2 * (first + i));
+    } else {
+        deq_range(type, row, first, len, y);
+    }
+}
+
+/* The multi-row kernel: one weight row against m x rows. Per 256-element chunk the row is
+ * dequantized once into w, then swept against 4 x rows at a time (one w load feeds 4 FMAs). */
+SIMD_FN static void dot_multi_avx2(uint32_t type, const void *row, uint64_t n, const float *x,
+                                   uint64_t ldx, uint64_t m, float *out, uint64_t ldo)
+{
+    float w[QK_K] __attribute__((aligned(32)));
+    for (uint64_t i0 = 0; i0 < m; i0 += 4) {
+        uint64_t cnt = m - i0 < 4 ? m - i0 : 4;
+        const float *xr[4];
+        for (uint64_t i = 0; i < 4; i++)
+            xr[i] = x + (i0 + (i < cnt ? i : 0)) * ldx; /* pad with row i0: computed, not stored */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        float tail[4] = {0, 0, 0, 0};
+        for (uint64_t off = 0; off < n; off += QK_K) {
+            uint64_t len = n - off < QK_K ? n - off : QK_K;
+            const float *wp = w;
+            if (type == GGML_TYPE_F32)
+                wp = (const float *)row + off;
+            else
+                deq_range_avx2(type, row, off, len, w);
+            uint64_t e = 0;
+            for (; e + 8 <= len; e += 8) {
+                __m256 wv = _mm256_loadu_ps(wp + e);
+                a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[0] + off + e), a0);
+                a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[1] + off + e), a1);
+                a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[2] + off + e), a2);
+                a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xr[3] + off + e), a3);
+            }
+            for (; e < len; e++)
+                for (int i = 0; i < 4; i++)
+                    tail[i] += wp[e] * xr[i][off + e];
+        }
+        __m256 av[4] = {a0, a1, a2, a3};
+        for (uint64_t i = 0; i < cnt; i++)
+            out[(i0 + i) * ldo] = hsum8(av[i]) + tail[i];
+    }
 }
 #endif /* QUANT_X86 */
 
@@ -965,7 +1116,7 @@ int quant_dot_rows(uint32_t type, const void *w, uint64_t row_bytes, uint64_t n_
     return MUSER_OK;
 }
 
-/* x rows handled per pass: their 8-lane accumulators live on the stack (2 KB). */
+/* Scalar multi-row path: x rows per pass, their 8 partial sums on the stack (2 KB). */
 #define MULTI_PASS 64
 
 int quant_dot_rows_multi(uint32_t type, const void *row, uint64_t n, const float *x, uint64_t ldx,
@@ -974,7 +1125,12 @@ int quant_dot_rows_multi(uint32_t type, const void *row, uint64_t n, const float
     int rc = row_check(type, n);
     if (rc)
         return rc;
-    bool simd = simd_on();
+#ifdef QUANT_X86
+    if (simd_on()) {
+        dot_multi_avx2(type, row, n, x, ldx, m, out, ldo);
+        return MUSER_OK;
+    }
+#endif
     float wbuf[QK_K];
     float acc[MULTI_PASS][8];
     for (uint64_t i0 = 0; i0 < m; i0 += MULTI_PASS) {
@@ -987,17 +1143,9 @@ int quant_dot_rows_multi(uint32_t type, const void *row, uint64_t n, const float
                 wp = (const float *)row + off;
             else
                 deq_range(type, row, off, len, wbuf); /* once, reused by cnt rows */
-            uint64_t len8 = len & ~(uint64_t)7;
             for (uint64_t i = 0; i < cnt; i++) {
                 const float *xi = x + (i0 + i) * ldx + off;
-#ifdef QUANT_X86
-                if (simd)
-                    fma_lanes_avx2(wp, xi, len8, acc[i]);
-                else
-#endif
-                    for (uint64_t e = 0; e < len8; e++)
-                        acc[i][e & 7] += wp[e] * xi[e];
-                for (uint64_t e = len8; e < len; e++)
+                for (uint64_t e = 0; e < len; e++)
                     acc[i][e & 7] += wp[e] * xi[e];
             }
         }
@@ -1008,7 +1156,6 @@ int quant_dot_rows_multi(uint32_t type, const void *row, uint64_t n, const float
             out[(i0 + i) * ldo] = s;
         }
     }
-    (void)simd;
     return MUSER_OK;
 }
 
