@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static uint64_t rng_state = 0x853c49e6748fea9bull;
 static uint64_t rng_u64(void)
@@ -142,12 +143,16 @@ int main(int argc, char **argv)
         src[i] = 0.05f * rng_f();
     uint32_t qtypes[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
     for (int t = 0; t < 3; t++) {
+        struct timespec c0, c1;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
         double t0 = muser_now_s();
         for (uint64_t off = 0; off < qn; off += 4096)
             quant_quantize_row(qtypes[t], src + off, dst + quant_row_bytes(qtypes[t], off), 4096);
         double dt = muser_now_s() - t0;
-        printf("quantize %-5s %8.1f MB/s of f32 input (one thread)\n", quant_info(qtypes[t])->name,
-               (double)qn * 4 / dt / 1e6);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+        double cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9;
+        printf("quantize %-5s %8.1f MB/s of f32 input per thread (%.1f MB/s wall)\n",
+               quant_info(qtypes[t])->name, (double)qn * 4 / cpu / 1e6, (double)qn * 4 / dt / 1e6);
     }
     free(src);
     free(dst);

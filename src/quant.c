@@ -134,10 +134,25 @@ static inline void wr_f16(uint8_t *p, float f)
 /* The value an f32 takes once stored as f16 (scales are stored that way). */
 static inline float f16_round(float f) { return muser_f16_to_f32(muser_f32_to_f16(f)); }
 
+/* min/max without libm calls (fminf/fmaxf are not inlined under strict IEEE semantics); the
+ * first argument wins on NaN, and no caller passes one where it matters. */
+static inline float minf(float a, float b) { return b < a ? b : a; }
+static inline float maxf(float a, float b) { return b > a ? b : a; }
+
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-/* Round to nearest (ties to even, the default FP environment). */
-static inline int nearest_int(float f) { return (int)lrintf(f); }
+/* Nearest integer to f clamped to [lo, hi] (|lo|, |hi| < 2^22), ties to even like lrintf:
+ * clamp in float (NaN becomes lo), then add 1.5*2^23 so the integer lands in the low mantissa
+ * bits. Inline and branch-free: the quantizers call it for every element of every candidate. */
+static inline int round_clamp(float f, int lo, int hi)
+{
+    f = f >= (float)lo ? f : (float)lo;
+    f = f <= (float)hi ? f : (float)hi;
+    float t = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &t, 4);
+    return i - 0x4B400000;
+}
 
 /* Q4_K: 12 packed bytes -> eight 6-bit scales and mins. */
 static inline void q4k_unpack_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8])
@@ -265,7 +280,7 @@ static void quant_q8_0_block(const float *x, uint8_t *out)
 {
     float amax = 0.0f;
     for (int i = 0; i < QK8_0; i++)
-        amax = fmaxf(amax, fabsf(x[i]));
+        amax = maxf(amax, fabsf(x[i]));
     int8_t *qs = (int8_t *)(out + 2);
     if (!(amax > 0.0f) || !isfinite(amax)) {
         wr_f16(out, 0.0f);
@@ -277,7 +292,7 @@ static void quant_q8_0_block(const float *x, uint8_t *out)
         float iscale = (127.0f - 0.5f * (float)k) / amax;
         float sxq = 0.0f, sqq = 0.0f;
         for (int i = 0; i < QK8_0; i++) {
-            float q = (float)clampi(nearest_int(x[i] * iscale), -127, 127);
+            float q = (float)round_clamp(x[i] * iscale, -127, 127);
             sxq += x[i] * q;
             sqq += q * q;
         }
@@ -288,7 +303,7 @@ static void quant_q8_0_block(const float *x, uint8_t *out)
                 continue;
             float id = 1.0f / d, err = 0.0f;
             for (int i = 0; i < QK8_0; i++) {
-                float e = d * (float)clampi(nearest_int(x[i] * id), -127, 127) - x[i];
+                float e = d * (float)round_clamp(x[i] * id, -127, 127) - x[i];
                 err += e * e;
             }
             if (err < best_err) {
@@ -300,7 +315,7 @@ static void quant_q8_0_block(const float *x, uint8_t *out)
     wr_f16(out, best_d);
     float id = best_d > 0.0f ? 1.0f / best_d : 0.0f;
     for (int i = 0; i < QK8_0; i++)
-        qs[i] = (int8_t)clampi(nearest_int(x[i] * id), -127, 127);
+        qs[i] = (int8_t)round_clamp(x[i] * id, -127, 127);
 }
 
 /* Squared error of a Q4_K sub-block of 32 under w = s*q - m, q = nearest in [0, 15]. */
@@ -310,7 +325,7 @@ static float q4_sub_err(const float *x, float s, float m)
     if (s > 0.0f) {
         float is = 1.0f / s;
         for (int i = 0; i < 32; i++) {
-            int q = clampi(nearest_int((x[i] + m) * is), 0, 15);
+            int q = round_clamp((x[i] + m) * is, 0, 15);
             float e = s * (float)q - m - x[i];
             err += e * e;
         }
@@ -326,8 +341,8 @@ static void q4_fit_sub(const float *x, float *s_out, float *m_out)
 {
     float xmin = x[0], xmax = x[0];
     for (int i = 1; i < 32; i++) {
-        xmin = fminf(xmin, x[i]);
-        xmax = fmaxf(xmax, x[i]);
+        xmin = minf(xmin, x[i]);
+        xmax = maxf(xmax, x[i]);
     }
     if (xmin > 0.0f)
         xmin = 0.0f; /* the min term only subtracts */
@@ -342,7 +357,7 @@ static void q4_fit_sub(const float *x, float *s_out, float *m_out)
         float iscale = (15.0f + 0.25f * (float)k) / (xmax - xmin);
         float sq = 0.0f, sqq = 0.0f, sx = 0.0f, sxq = 0.0f;
         for (int i = 0; i < 32; i++) {
-            float q = (float)clampi(nearest_int((x[i] - xmin) * iscale), 0, 15);
+            float q = (float)round_clamp((x[i] - xmin) * iscale, 0, 15);
             sq += q;
             sqq += q * q;
             sx += x[i];
@@ -376,15 +391,15 @@ static void quant_q4_k_block(const float *x, uint8_t *out)
     float s[8], m[8], maxs = 0.0f, maxm = 0.0f;
     for (int j = 0; j < 8; j++) {
         q4_fit_sub(x + 32 * j, &s[j], &m[j]);
-        maxs = fmaxf(maxs, s[j]);
-        maxm = fmaxf(maxm, m[j]);
+        maxs = maxf(maxs, s[j]);
+        maxm = maxf(maxm, m[j]);
     }
-    float d = f16_round(fminf(maxs / 63.0f, 65504.0f));
-    float dmin = f16_round(fminf(maxm / 63.0f, 65504.0f));
+    float d = f16_round(minf(maxs / 63.0f, 65504.0f));
+    float dmin = f16_round(minf(maxm / 63.0f, 65504.0f));
     uint8_t sc[8], mn[8];
     for (int j = 0; j < 8; j++) {
-        int isc = d > 0.0f ? clampi(nearest_int(s[j] / d), 0, 63) : 0;
-        int imn = dmin > 0.0f ? clampi(nearest_int(m[j] / dmin), 0, 63) : 0;
+        int isc = d > 0.0f ? round_clamp(s[j] / d, 0, 63) : 0;
+        int imn = dmin > 0.0f ? round_clamp(m[j] / dmin, 0, 63) : 0;
         /* the 6-bit rounding moved (s, m): try the neighbours with the elements requantized */
         int bsc = isc, bmn = imn;
         float best = INFINITY;
@@ -412,7 +427,7 @@ static void quant_q4_k_block(const float *x, uint8_t *out)
         float es = d * (float)sc[j], em = dmin * (float)mn[j];
         float is = es > 0.0f ? 1.0f / es : 0.0f;
         for (int i = 0; i < 32; i++)
-            q[32 * j + i] = es > 0.0f ? (uint8_t)clampi(nearest_int((x[32 * j + i] + em) * is), 0, 15)
+            q[32 * j + i] = es > 0.0f ? (uint8_t)round_clamp((x[32 * j + i] + em) * is, 0, 15)
                                       : 0;
     }
     uint8_t *qs = out + 16;
@@ -428,7 +443,7 @@ static float q6_sub_err(const float *x, float s)
     if (s != 0.0f) {
         float is = 1.0f / s;
         for (int i = 0; i < 16; i++) {
-            float e = s * (float)clampi(nearest_int(x[i] * is), -32, 31) - x[i];
+            float e = s * (float)round_clamp(x[i] * is, -32, 31) - x[i];
             err += e * e;
         }
     } else {
@@ -454,7 +469,7 @@ static float q6_fit_sub(const float *x)
         float t = k < 7 ? -32.5f + 0.5f * (float)k : 31.5f - 0.5f * (float)(k - 7);
         float iscale = t / v, sxq = 0.0f, sqq = 0.0f;
         for (int i = 0; i < 16; i++) {
-            float q = (float)clampi(nearest_int(x[i] * iscale), -32, 31);
+            float q = (float)round_clamp(x[i] * iscale, -32, 31);
             sxq += x[i] * q;
             sqq += q * q;
         }
@@ -474,12 +489,12 @@ static void quant_q6_k_block(const float *x, uint8_t *out)
     float s[16], maxs = 0.0f;
     for (int j = 0; j < 16; j++) {
         s[j] = q6_fit_sub(x + 16 * j);
-        maxs = fmaxf(maxs, fabsf(s[j]));
+        maxs = maxf(maxs, fabsf(s[j]));
     }
-    float d = f16_round(fminf(maxs / 127.0f, 65504.0f));
+    float d = f16_round(minf(maxs / 127.0f, 65504.0f));
     int8_t sc[16];
     for (int j = 0; j < 16; j++) {
-        int isc = d > 0.0f ? clampi(nearest_int(s[j] / d), -128, 127) : 0;
+        int isc = d > 0.0f ? round_clamp(s[j] / d, -128, 127) : 0;
         int bsc = isc;
         float best = INFINITY;
         for (int a = -1; a <= 1; a++) {
@@ -498,7 +513,7 @@ static void quant_q6_k_block(const float *x, uint8_t *out)
     for (int j = 0; j < 16; j++) {
         float es = d * (float)sc[j], is = es != 0.0f ? 1.0f / es : 0.0f;
         for (int i = 0; i < 16; i++)
-            q[16 * j + i] = (uint8_t)(clampi(nearest_int(x[16 * j + i] * is), -32, 31) + 32);
+            q[16 * j + i] = (uint8_t)(round_clamp(x[16 * j + i] * is, -32, 31) + 32);
     }
     uint8_t *ql = out, *qh = out + 128;
     for (int h = 0; h < 2; h++) {
