@@ -56,9 +56,9 @@ def rope(x, pos, theta):
 
 
 class Block(nn.Module):
-    def __init__(self, c: Config, layer: int):
+    def __init__(self, c: Config, layer: int, dropout: float = 0.0):
         super().__init__()
-        self.c, self.swa = c, c.is_swa(layer)
+        self.c, self.swa, self.dropout = c, c.is_swa(layer), dropout
         E, HD, KD = c.n_embd, c.n_head * c.head_dim, c.n_head_kv * c.head_dim
         self.attn_norm = nn.Parameter(torch.ones(E))
         self.attn_q = nn.Linear(E, HD, bias=False)
@@ -95,18 +95,20 @@ class Block(nn.Module):
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=mask, scale=1.0 / math.sqrt(c.head_dim))
         o = o.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(g)
-        h = h + rmsnorm(self.attn_output(o), self.post_attention_norm, c.post_eps)
+        # dropout is training-only regularisation; inference (eval) is exactly SPEC §1
+        drop = lambda t: F.dropout(t, self.dropout, self.training)  # noqa: E731
+        h = h + drop(rmsnorm(self.attn_output(o), self.post_attention_norm, c.post_eps))
         f = rmsnorm(h, self.ffn_norm, c.eps)
         y = self.ffn_down(F.silu(self.ffn_gate(f)) * self.ffn_up(f))
-        return h + rmsnorm(y, self.post_ffw_norm, c.post_eps)
+        return h + drop(rmsnorm(y, self.post_ffw_norm, c.post_eps))
 
 
 class Muse(nn.Module):
-    def __init__(self, c: Config):
+    def __init__(self, c: Config, dropout: float = 0.0):
         super().__init__()
         self.c = c
         self.token_embd = nn.Embedding(c.n_vocab, c.n_embd)
-        self.blocks = nn.ModuleList(Block(c, l) for l in range(c.n_layer))
+        self.blocks = nn.ModuleList(Block(c, l, dropout) for l in range(c.n_layer))
         self.output_norm = nn.Parameter(torch.ones(c.n_embd))
         self.output = nn.Linear(c.n_embd, c.n_vocab, bias=False)
         for m in self.modules():

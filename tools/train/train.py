@@ -115,7 +115,7 @@ def split_file(path, part_bytes=15 << 20):
 def train_model(c, data, val, args, label, seconds, steps, lr):
     torch.manual_seed(args.seed)
     dev = "cuda"
-    model = Muse(c).to(dev)
+    model = Muse(c, dropout=0.1).to(dev)
     nparam = sum(p.numel() for p in model.parameters())
     print(f"[{label}] {nparam/1e6:.2f}M parameters", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -190,9 +190,9 @@ def main():
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--steps", type=int, default=6000)
-    ap.add_argument("--minutes", type=float, default=4.0)
-    ap.add_argument("--draft-minutes", type=float, default=1.0)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--minutes", type=float, default=3.0)
+    ap.add_argument("--draft-minutes", type=float, default=0.5)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args()
@@ -211,14 +211,19 @@ def main():
     text = open(args.corpus, encoding="utf-8").read()
     docs = text.split("\n<|endoftext|>\n")
     eot = tok.token_to_id("<|endoftext|>")
-    ids = np.concatenate([np.array(e.ids + [eot], dtype=np.int32)
-                          for e in tok.encode_batch(docs, add_special_tokens=False)])
-    print(f"corpus: {len(text)/1e6:.2f} MB -> {len(ids)/1e6:.2f}M tokens", flush=True)
-    n_val = len(ids) // 50
-    data, val = ids[:-n_val], ids[-n_val:]
+    # Validation = a random 3% of the documents (every source is represented in both sets).
+    rng = random.Random(args.seed)
+    rng.shuffle(docs)
+    n_val_docs = max(1, len(docs) * 3 // 100)
+    enc = [np.array(e.ids + [eot], dtype=np.int32)
+           for e in tok.encode_batch(docs, add_special_tokens=False)]
+    val, data = np.concatenate(enc[:n_val_docs]), np.concatenate(enc[n_val_docs:])
+    print(f"corpus: {len(text)/1e6:.2f} MB -> {(len(val)+len(data))/1e6:.2f}M tokens "
+          f"({len(val)/1e3:.0f}k validation)", flush=True)
+    ids = np.concatenate([data, val])
 
     c = Config(n_vocab=len(tokens))
-    model, log, best = train_model(c, data, val, args, "main", args.minutes * 60, args.steps, 2e-3)
+    model, log, best = train_model(c, data, val, args, "main", args.minutes * 60, args.steps, 1.5e-3)
     with open(os.path.join(args.out, "loss.csv"), "w") as f:
         f.write("step,seconds,train_loss,val_loss\n")
         for r in log:
@@ -250,7 +255,7 @@ def main():
     d = Config(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64,
                n_vocab=len(tokens))
     draft, dlog, dbest = train_model(d, data, val, args, "draft", args.draft_minutes * 60,
-                                     args.steps, 3e-3)
+                                     args.steps, 2e-3)
     G.write(os.path.join(args.out, "draft-f16.gguf"),
             gguf_kvs(d, tokens, types, merges, "muse-glimmer-mini-draft"), draft.gguf_tensors())
     json.dump({"main_best_val": best, "draft_best_val": dbest, "main_steps": log[-1][0],
