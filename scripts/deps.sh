@@ -4,6 +4,9 @@
 set -eu
 PKGS="build-essential cmake pkg-config clang libclang-rt-dev libssl-dev libpcre2-dev \
 libcjson-dev libmicrohttpd-dev libedit-dev"
+# node + npm run the tiktoken comparison test (tests/cli_tiktoken.sh skips without them). A node
+# installed some other way (e.g. nodesource's nodejs, which conflicts with Debian's npm) is kept.
+command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
