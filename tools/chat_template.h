@@ -1,5 +1,5 @@
 /* chat_template.h — the built-in chat templates (chatml, llama3, muse) and how a model's
- * tokenizer.ggml.chat_template picks one. docs/chat-templates.md shows each template's text.
+ * chat template picks one. docs/chat-templates.md shows each template's text.
  *
  * A template is a handful of fixed strings around the messages. Template strings are tokenized
  * with special tokens parsed; message text is tokenized as plain text, so a user cannot type a
@@ -22,7 +22,7 @@ typedef struct chat_template {
 
 /* The built-in template of that name, or NULL. */
 const chat_template *chat_template_by_name(const char *name);
-/* Pick from the model's template text (may be NULL or empty): "<|start_header_id|>" -> llama3,
+/* Pick from a model's Jinja template text (may be NULL or empty): "<|start_header_id|>" -> llama3,
  * "<|im_start|>" -> chatml, "<|assistant|>" -> muse. Returns NULL when nothing matches. */
 const chat_template *chat_template_detect(const char *template_text, size_t len);
 /* Comma-separated names, for help and errors. */

@@ -40,13 +40,19 @@ static void chat_help(FILE *f)
 
 /* The template: asked for, else named by the model's metadata, else implied by its vocabulary,
  * else muse (its markers are then plain text). */
+/* The template: asked for, else named by the model's metadata (tokenizer.chat_template, the
+ * GGUF convention, or tokenizer.ggml.chat_template), else implied by its vocabulary, else muse
+ * (its markers are then plain text). */
 static const chat_template *choose_template(const gen_ctx *g, const char **why)
 {
-    const gguf_kv *kv = gguf_find_kv(g->model->gguf, "tokenizer.ggml.chat_template");
-    if (kv && kv->type == GGUF_TYPE_STRING) {
+    static const char *const keys[] = {"tokenizer.chat_template", "tokenizer.ggml.chat_template"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const gguf_kv *kv = gguf_find_kv(g->model->gguf, keys[i]);
+        if (!kv || kv->type != GGUF_TYPE_STRING)
+            continue;
         const chat_template *t = chat_template_detect(kv->str.ptr, kv->str.len);
         if (t) {
-            *why = "tokenizer.ggml.chat_template";
+            *why = keys[i];
             return t;
         }
     }
@@ -61,10 +67,34 @@ static const chat_template *choose_template(const gen_ctx *g, const char **why)
     return chat_template_by_name("muse");
 }
 
+/* The end-of-turn marker: the template's, if it is a token of this model; else the model's EOT
+ * token (a llama3-style model may name it differently); else the template's text, as plain text.
+ * Writes the text to buf and returns the token id, or -1. */
+static int32_t resolve_end_of_turn(const gen_ctx *g, const chat_template *t, char *buf,
+                                   size_t cap)
+{
+    snprintf(buf, cap, "%s", t->end_of_turn);
+    int32_t id = muser_token_find(g->tok, t->end_of_turn);
+    if (id >= 0)
+        return id;
+    int32_t eot = muser_token_eot(g->tok);
+    size_t len = 0;
+    const char *text = eot >= 0 ? muser_token_bytes(g->tok, eot, &len) : NULL;
+    if (text && len > 0 && len < cap) {
+        memcpy(buf, text, len);
+        buf[len] = '\0';
+        if (muser_token_find(g->tok, buf) == eot)
+            return eot;
+        snprintf(buf, cap, "%s", t->end_of_turn);
+    }
+    return -1;
+}
+
 typedef struct chat_state {
     gen_ctx *g;
     const chat_template *tpl;
     const char *system;
+    const char *end_of_turn; /* resolved for this model (resolve_end_of_turn) */
     int32_t *vec;          /* tokens of the turn being built */
     size_t n, cap;
     bool started;          /* BOS and system message are in the cache */
@@ -92,7 +122,7 @@ static int build_turn(chat_state *c, const char *msg, muser_error *err)
             if (!rc)
                 rc = add_text(c, c->system, false, false, err);
             if (!rc)
-                rc = add_text(c, t->end_of_turn, true, false, err);
+                rc = add_text(c, c->end_of_turn, true, false, err);
             if (!rc)
                 rc = add_text(c, t->after_end, true, false, err);
         }
@@ -108,7 +138,7 @@ static int build_turn(chat_state *c, const char *msg, muser_error *err)
             c->vec[c->n++] = c->pending;
         }
         if (!rc && !c->closed)
-            rc = add_text(c, t->end_of_turn, true, false, err);
+            rc = add_text(c, c->end_of_turn, true, false, err);
         if (!rc)
             rc = add_text(c, t->after_end, true, false, err);
     }
@@ -117,7 +147,7 @@ static int build_turn(chat_state *c, const char *msg, muser_error *err)
     if (!rc)
         rc = add_text(c, msg, false, false, err);
     if (!rc)
-        rc = add_text(c, t->end_of_turn, true, false, err);
+        rc = add_text(c, c->end_of_turn, true, false, err);
     if (!rc)
         rc = add_text(c, t->after_end, true, false, err);
     if (!rc)
@@ -192,9 +222,10 @@ int cmd_chat(int argc, char **argv)
         return 1;
     const char *why = "--template";
     const chat_template *tpl = forced ? forced : choose_template(&g, &why);
-    int32_t stop_id = muser_token_find(g.tok, tpl->end_of_turn);
-    fprintf(stderr, "muser chat: template %s (%s)%s\n", tpl->name, why,
-            stop_id < 0 ? "; its end-of-turn marker is not a token of this model" : "");
+    char end_text[64];
+    int32_t stop_id = resolve_end_of_turn(&g, tpl, end_text, sizeof end_text);
+    fprintf(stderr, "muser chat: template %s (%s), end of turn %s%s\n", tpl->name, why,
+            end_text, stop_id < 0 ? " (not a token of this model: plain text)" : "");
     uint64_t n_ctx = o.sess.n_ctx;
     if (!n_ctx) {
         n_ctx = g.model->hp.n_ctx_train ? g.model->hp.n_ctx_train : 8192;
@@ -206,13 +237,14 @@ int cmd_chat(int argc, char **argv)
         return 1;
     }
 
-    chat_state c = {.g = &g, .tpl = tpl, .system = system, .pending = -1};
+    chat_state c = {.g = &g, .tpl = tpl, .system = system, .end_of_turn = end_text,
+                    .pending = -1};
     bool interactive = isatty(STDIN_FILENO);
     char *line = NULL;
     size_t line_cap = 0;
     int status = 0;
-    uint64_t total_tokens = 0;
-    double total_s = 0.0;
+    uint64_t total_tokens = 0, prefill_tokens = 0;
+    double total_s = 0.0, prefill_s = 0.0;
     muser_error err = {0};
     for (;;) {
         char *msg = read_line(interactive, &line, &line_cap);
@@ -229,6 +261,8 @@ int cmd_chat(int argc, char **argv)
             fprintf(stderr, "muser chat: conversation reset\n");
             continue;
         }
+        double t0 = muser_now_s();
+        uint64_t past0 = g.sess->n_past;
         int rc = build_turn(&c, msg, &err);
         if (!rc) {
             rc = gen_prefill(&g, c.vec, c.n, &err);
@@ -254,6 +288,8 @@ int cmd_chat(int argc, char **argv)
             break;
         }
         c.started = true;
+        prefill_tokens += g.sess->n_past > past0 ? g.sess->n_past - past0 : g.sess->n_past;
+        prefill_s += muser_now_s() - t0;
         gen_interrupted = 0;
         gen_catch_sigint(true);
         gen_reply r;
@@ -275,7 +311,11 @@ int cmd_chat(int argc, char **argv)
         c.closed = r.stop == GEN_STOP_END && r.pending == stop_id;
         c.pending = r.stop == GEN_STOP_END && !c.closed ? -1 : r.pending;
     }
-    fprintf(stderr, "muser chat: %llu tokens generated in %.3f s (%.1f tok/s)\n",
+    fprintf(stderr,
+            "muser chat: prefilled %llu tokens in %.3f s (%.1f tok/s); %llu tokens generated in "
+            "%.3f s (%.1f tok/s)\n",
+            (unsigned long long)prefill_tokens, prefill_s,
+            prefill_s > 0 ? (double)prefill_tokens / prefill_s : 0.0,
             (unsigned long long)total_tokens, total_s,
             total_s > 0 ? (double)total_tokens / total_s : 0.0);
     free(line);

@@ -209,9 +209,11 @@ int gen_open(gen_ctx *g, const char *cmd, gen_opts *o)
     }
     const muser_hparams *hp = &g->model->hp;
     g->n_vocab = hp->n_vocab;
-    fprintf(stderr, "muser %s: %s: %s, %u layers, E %u, V %u, %.2f GB, loaded in %.2f s\n", cmd,
-            path, muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_vocab,
-            (double)g->model->weight_bytes / 1e9, muser_now_s() - t0);
+    double mb = (double)g->model->weight_bytes / 1e6;
+    fprintf(stderr, "muser %s: %s: %s, %u layers, E %u, V %u, %.*f %s of weights, loaded in %.2f s\n",
+            cmd, path, muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_vocab,
+            mb >= 1000 ? 2 : 1, mb >= 1000 ? mb / 1000 : mb, mb >= 1000 ? "GB" : "MB",
+            muser_now_s() - t0);
 
     if (!o->seed_given)
         o->sp.seed = random_seed();
