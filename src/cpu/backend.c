@@ -1,0 +1,796 @@
+/* backend.c — the fast CPU engine: muser_backend_cpu(), its per-session state and its
+ * implementation of the forward.h operations.
+ *
+ * State (cpu_state) is sized once at session creation for one pass of `pass_rows` rows
+ * (min(max_batch, CPU_PASS_ROWS)); a call with more tokens runs several passes. Nothing is
+ * allocated per token. Routes:
+ *   decode (n == 1): every matrix is a matvec straight over the packed blocks (kernels.h), rows
+ *                    handed out to the threads in blocks;
+ *   batch  (n > 1):  every matrix is a GEMM: the threads take panels of 16 weight rows, unpack
+ *                    each panel to f32 once and run it against all rows of the pass.
+ * Per-row work (norms, tails, RoPE, gates) runs on the caller for one row and across the threads
+ * for many. Each output element is computed by one thread with a fixed summation order, so the
+ * results do not depend on the thread count or on how a call is split into passes.
+ *
+ * Failure: positions are checked before anything runs; K/V are staged and committed only after
+ * a pass's logits were found finite; a call of several passes saves the ring rows and metadata
+ * its earlier passes overwrite and puts them back if a later pass fails. */
+#include "cpu/kernels.h"
+#include "cpu/pool.h"
+#include "forward.h"
+#include "quant.h"
+#include "session.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CPU_PASS_ROWS 128u /* rows per batch pass: bounds activation memory */
+
+typedef struct cpu_thread_scratch {
+    float *tmp;    /* [CPU_PANEL][kmax] unpacked weight rows */
+    float *panel;  /* [kmax][CPU_PANEL] the same, transposed */
+    float *scores; /* [group][n_ctx] attention probabilities */
+    float *o;      /* [group][D] attention accumulators */
+} cpu_thread_scratch;
+
+typedef struct cpu_state {
+    const muser_model *m;
+    muser_kv kv;
+    cpu_pool *pool;
+    cpu_kernels kn;
+    uint32_t pass_rows, n_threads;
+    uint64_t n_ctx;
+    uint32_t E, F, H, HKV, D, QD, KVD, V, group, kmax;
+
+    float *buf[FWD_BUF_COUNT];    /* [pass_rows][width] */
+    uint32_t width[FWD_BUF_COUNT];
+    uint16_t *stage_k, *stage_v;  /* [n_layer][pass_rows][KVD] f16: this pass's K/V */
+    float *rope_cos, *rope_sin;   /* [pass_rows][D/2] */
+    double *inv_freq;             /* [D/2] theta^(-2i/D) */
+    cpu_xsums xs;                 /* sums of a decode row's input: [kmax/16], [kmax/32] */
+    cpu_thread_scratch *ts;       /* [n_threads] */
+    float *logits;                /* [V] last-row logits of the call in flight */
+    float *out_logits;            /* where lm_head writes this pass: logits or the caller's */
+    float *commit_k, *commit_v;   /* [KVD] f32 rows for kv_plane_append */
+    uint64_t *pos;                /* [pass_rows] */
+
+    /* undo for calls of several passes */
+    kv_plane *undo_meta;          /* [n_layer] */
+    uint16_t **undo_k, **undo_v;  /* [n_layer] -> [capacity][KVD] for rings, NULL otherwise */
+    uint64_t undo_rows;
+} cpu_state;
+
+static float *row_of(cpu_state *st, fwd_buf b, uint32_t i)
+{
+    return st->buf[b] + (uint64_t)i * st->width[b];
+}
+
+static const float *norm_w(const muser_tensor *t)
+{
+    return t ? (const float *)t->data : NULL;
+}
+
+/* dst = x / sqrt(mean(x^2) + eps) * w (w NULL: weightless). Sum of squares in f64. */
+static void rms_row(const float *x, const float *w, float eps, float *dst, uint64_t n)
+{
+    double ss = 0.0;
+    for (uint64_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    const float inv = (float)(1.0 / sqrt(ss / (double)n + eps));
+    if (w)
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = x[i] * inv * w[i];
+    else
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = x[i] * inv;
+}
+
+/* ---- per-row jobs: run inline for one row, across the pool for many ---- */
+
+typedef struct row_job {
+    cpu_state *st;
+    const fwd_rows *r;
+    void (*fn)(struct row_job *j, uint32_t i);
+    atomic_uint_fast64_t next;
+    /* op arguments */
+    fwd_buf src, dst;
+    const float *w, *w2;
+    float eps, eps2;
+    uint32_t layer;
+    bool rope, neox, entry_norm;
+} row_job;
+
+static void row_job_main(void *arg, uint32_t t, uint32_t nt)
+{
+    (void)t;
+    (void)nt;
+    row_job *j = arg;
+    uint64_t lo, hi;
+    while (cpu_pool_grab(&j->next, j->r->n, 1, &lo, &hi))
+        for (uint64_t i = lo; i < hi; i++)
+            j->fn(j, (uint32_t)i);
+}
+
+static void run_rows(row_job *j)
+{
+    if (j->r->n == 1) {
+        j->fn(j, 0);
+        return;
+    }
+    atomic_init(&j->next, 0);
+    cpu_pool_run(j->st->pool, row_job_main, j);
+}
+
+/* ---- embed, rmsnorm, tail, gate, swiglu ---- */
+
+static void embed_row(row_job *j, uint32_t i)
+{
+    cpu_state *st = j->st;
+    const muser_tensor *t = &st->m->tok_embd;
+    float *h = row_of(st, FWD_H, i);
+    /* The token was range-checked by the session; the type was checked at bind. */
+    st->kn.dequant_row(t->type, muser_tensor_row(t, (uint64_t)j->r->tokens[i]), h, st->E);
+    if (j->entry_norm)
+        rms_row(h, NULL, j->eps, h, st->E);
+}
+
+static void op_embed(void *be, const fwd_rows *r, bool entry_norm, float eps)
+{
+    row_job j = {.st = be, .r = r, .fn = embed_row, .entry_norm = entry_norm, .eps = eps};
+    run_rows(&j);
+}
+
+static void norm_row(row_job *j, uint32_t i)
+{
+    cpu_state *st = j->st;
+    rms_row(row_of(st, j->src, i), j->w, j->eps, row_of(st, j->dst, i), st->width[j->src]);
+}
+
+static void op_rmsnorm(void *be, const fwd_rows *r, fwd_buf src, const muser_tensor *w, float eps,
+                       fwd_buf dst)
+{
+    row_job j = {.st = be, .r = r, .fn = norm_row, .src = src, .dst = dst, .w = norm_w(w),
+                 .eps = eps};
+    run_rows(&j);
+}
+
+static void tail_row(row_job *j, uint32_t i)
+{
+    cpu_state *st = j->st;
+    float *h = row_of(st, FWD_H, i), *sub = row_of(st, FWD_SUB, i);
+    const uint64_t E = st->E;
+    if (j->w) {
+        double ss = 0.0;
+        for (uint64_t k = 0; k < E; k++)
+            ss += (double)sub[k] * sub[k];
+        const float inv = (float)(1.0 / sqrt(ss / (double)E + j->eps));
+        for (uint64_t k = 0; k < E; k++)
+            h[k] += sub[k] * inv * j->w[k]; /* the post-normed value rounds to f32, then adds */
+    } else {
+        for (uint64_t k = 0; k < E; k++)
+            h[k] += sub[k];
+    }
+    rms_row(h, j->w2, j->eps2, row_of(st, j->dst, i), E);
+}
+
+static void op_tail(void *be, const fwd_rows *r, const muser_tensor *w_post, float eps_post,
+                    const muser_tensor *w_next, float eps_next, fwd_buf dst)
+{
+    row_job j = {.st = be, .r = r, .fn = tail_row, .w = norm_w(w_post), .eps = eps_post,
+                 .w2 = norm_w(w_next), .eps2 = eps_next, .dst = dst};
+    run_rows(&j);
+}
+
+static void gate_row(row_job *j, uint32_t i)
+{
+    cpu_state *st = j->st;
+    st->kn.sigmoid_gate(row_of(st, FWD_O, i), row_of(st, FWD_G, i), st->QD);
+}
+
+static void op_gate(void *be, const fwd_rows *r)
+{
+    row_job j = {.st = be, .r = r, .fn = gate_row};
+    run_rows(&j);
+}
+
+static void swiglu_row(row_job *j, uint32_t i)
+{
+    cpu_state *st = j->st;
+    st->kn.swiglu(row_of(st, FWD_FG, i), row_of(st, FWD_FU, i), st->F);
+}
+
+static void op_swiglu(void *be, const fwd_rows *r)
+{
+    row_job j = {.st = be, .r = r, .fn = swiglu_row};
+    run_rows(&j);
+}
+
+/* ---- QK-norm + RoPE + staging ---- */
+
+static void rope_head(float *x, const float *c, const float *s, uint32_t D, bool neox)
+{
+    for (uint32_t i = 0; i < D / 2; i++) {
+        const uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + D / 2 : 2 * i + 1;
+        const float x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * c[i] - x1 * s[i];
+        x[i1] = x0 * s[i] + x1 * c[i];
+    }
+}
+
+static void stage_row(row_job *j, uint32_t i)
+{
+    cpu_state *st = j->st;
+    const uint32_t D = st->D;
+    float *q = row_of(st, FWD_Q, i), *k = row_of(st, FWD_K, i), *v = row_of(st, FWD_V, i);
+    const float *c = st->rope_cos + (uint64_t)i * (D / 2), *s = st->rope_sin + (uint64_t)i * (D / 2);
+    for (uint32_t h = 0; h < st->H; h++) {
+        if (j->w)
+            rms_row(q + h * D, j->w, j->eps, q + h * D, D);
+        if (j->rope)
+            rope_head(q + h * D, c, s, D, j->neox);
+    }
+    for (uint32_t h = 0; h < st->HKV; h++) {
+        if (j->w2)
+            rms_row(k + h * D, j->w2, j->eps, k + h * D, D);
+        if (j->rope)
+            rope_head(k + h * D, c, s, D, j->neox);
+    }
+    const uint64_t off = ((uint64_t)j->layer * st->pass_rows + i) * st->KVD;
+    st->kn.f32_to_f16(k, st->stage_k + off, st->KVD);
+    st->kn.f32_to_f16(v, st->stage_v + off, st->KVD);
+}
+
+static void op_attn_stage(void *be, const fwd_rows *r, uint32_t l, const muser_tensor *q_norm,
+                          const muser_tensor *k_norm, float eps, bool rope, bool neox)
+{
+    row_job j = {.st = be, .r = r, .fn = stage_row, .w = norm_w(q_norm), .w2 = norm_w(k_norm),
+                 .eps = eps, .layer = l, .rope = rope, .neox = neox};
+    run_rows(&j);
+}
+
+/* ---- attention ---- */
+
+typedef struct attn_job {
+    cpu_state *st;
+    const fwd_rows *r;
+    uint32_t layer, window;
+    float scale;
+    atomic_uint_fast64_t next;
+} attn_job;
+
+/* K (or V) of kv head g at logical position j: stored plane rows below p0, staged rows from p0
+ * on. `phys` walks the ring (or the FULL plane) without a division per position. */
+typedef struct kv_cursor {
+    const uint16_t *base;   /* plane storage */
+    uint64_t phys, cap;     /* physical row of the current position, capacity */
+    bool ring;
+    uint32_t KVD, D, g;
+} kv_cursor;
+
+static inline const uint16_t *kv_cursor_at(const kv_cursor *c)
+{
+    return c->ring ? c->base + c->phys * c->KVD + (uint64_t)c->g * c->D
+                   : c->base + ((uint64_t)c->g * c->cap + c->phys) * c->D;
+}
+
+static inline void kv_cursor_next(kv_cursor *c)
+{
+    if (++c->phys == c->cap && c->ring)
+        c->phys = 0;
+}
+
+static void attend_item(attn_job *j, uint32_t t, uint64_t item)
+{
+    cpu_state *st = j->st;
+    const fwd_rows *r = j->r;
+    const cpu_kernels *kn = &st->kn;
+    const uint32_t i = (uint32_t)(item / st->HKV), g = (uint32_t)(item % st->HKV);
+    const uint32_t D = st->D, G = st->group, KVD = st->KVD;
+    const kv_plane *pl = &st->kv.planes[j->layer];
+    const uint64_t p = r->pos[i], p0 = r->pos[0];
+    uint64_t lo = 0;
+    if (j->window && p + 1 > j->window)
+        lo = p + 1 - j->window;
+    const uint64_t first = kv_plane_first_pos(pl);
+    if (lo < first && lo < p0) /* cannot happen on a consistent cache; never read outside it */
+        lo = first < p0 ? first : p0;
+    const uint64_t span = p - lo + 1, n_stored = lo < p0 ? p0 - lo : 0;
+    const float *q = row_of(st, FWD_Q, i) + (uint64_t)g * G * D;
+    float *sc = st->ts[t].scores, *o = st->ts[t].o;
+    const uint16_t *sk = st->stage_k + (uint64_t)j->layer * st->pass_rows * KVD;
+    const uint16_t *sv = st->stage_v + (uint64_t)j->layer * st->pass_rows * KVD;
+
+    /* scores, [G][span] */
+    kv_cursor ck = {.base = pl->k, .cap = pl->capacity, .ring = pl->ring, .KVD = KVD, .D = D, .g = g};
+    ck.phys = n_stored ? (pl->ring ? kv_plane_row(pl, lo) : lo) : 0;
+    for (uint64_t x = 0; x < span; x++) {
+        const uint16_t *kp;
+        if (x < n_stored) {
+            kp = kv_cursor_at(&ck);
+            kv_cursor_next(&ck);
+        } else {
+            kp = sk + (lo + x - p0) * KVD + (uint64_t)g * D;
+        }
+        for (uint32_t h = 0; h < G; h++)
+            sc[h * span + x] = kn->dot_f16(q + h * D, kp, D) * j->scale;
+    }
+    for (uint32_t h = 0; h < G; h++) {
+        float *s = sc + h * span, mx = -INFINITY;
+        for (uint64_t x = 0; x < span; x++)
+            mx = s[x] > mx ? s[x] : mx;
+        for (uint64_t x = 0; x < span; x++)
+            s[x] -= mx;
+        const float inv = 1.0f / kn->exp_sum(s, span);
+        for (uint64_t x = 0; x < span; x++)
+            s[x] *= inv;
+    }
+    /* o = sum_j p_j v_j */
+    memset(o, 0, (uint64_t)G * D * sizeof(float));
+    kv_cursor cv = ck;
+    cv.base = pl->v;
+    cv.phys = n_stored ? (pl->ring ? kv_plane_row(pl, lo) : lo) : 0;
+    for (uint64_t x = 0; x < span; x++) {
+        const uint16_t *vp;
+        if (x < n_stored) {
+            vp = kv_cursor_at(&cv);
+            kv_cursor_next(&cv);
+        } else {
+            vp = sv + (lo + x - p0) * KVD + (uint64_t)g * D;
+        }
+        for (uint32_t h = 0; h < G; h++)
+            kn->axpy_f16(o + h * D, sc[h * span + x], vp, D);
+    }
+    memcpy(row_of(st, FWD_O, i) + (uint64_t)g * G * D, o, (uint64_t)G * D * sizeof(float));
+}
+
+static void attn_main(void *arg, uint32_t t, uint32_t nt)
+{
+    (void)nt;
+    attn_job *j = arg;
+    const uint64_t total = (uint64_t)j->r->n * j->st->HKV;
+    uint64_t lo, hi;
+    while (cpu_pool_grab(&j->next, total, 1, &lo, &hi))
+        for (uint64_t it = lo; it < hi; it++)
+            attend_item(j, t, it);
+}
+
+static void op_attention(void *be, const fwd_rows *r, uint32_t l, uint32_t window, float scale)
+{
+    attn_job j = {.st = be, .r = r, .layer = l, .window = window, .scale = scale};
+    atomic_init(&j.next, 0);
+    cpu_pool_run(j.st->pool, attn_main, &j);
+}
+
+/* ---- matrices ---- */
+
+typedef struct mm_job {
+    cpu_state *st;
+    uint32_t n_mm, m;               /* matrices, activation rows */
+    const muser_tensor *w[FWD_MAX_GROUP];
+    float *dst[FWD_MAX_GROUP];
+    uint64_t ldd[FWD_MAX_GROUP];
+    uint64_t start[FWD_MAX_GROUP + 1]; /* cumulative rows (decode) or panels (batch) */
+    const float *x;
+    uint64_t ldx, cols, block;
+    atomic_uint_fast64_t next;
+} mm_job;
+
+static void matvec_main(void *arg, uint32_t t, uint32_t nt)
+{
+    (void)t;
+    (void)nt;
+    mm_job *j = arg;
+    const cpu_kernels *kn = &j->st->kn;
+    uint64_t lo, hi;
+    while (cpu_pool_grab(&j->next, j->start[j->n_mm], j->block, &lo, &hi)) {
+        uint32_t a = 0;
+        for (uint64_t g = lo; g < hi; g++) {
+            while (g >= j->start[a + 1])
+                a++;
+            const muser_tensor *w = j->w[a];
+            const uint64_t row = g - j->start[a];
+            j->dst[a][row] = kn->dot_row(w->type, muser_tensor_row(w, row), j->x, &j->st->xs, j->cols);
+        }
+    }
+}
+
+static void gemm_main(void *arg, uint32_t t, uint32_t nt)
+{
+    (void)nt;
+    mm_job *j = arg;
+    cpu_state *st = j->st;
+    const cpu_kernels *kn = &st->kn;
+    float *tmp = st->ts[t].tmp, *panel = st->ts[t].panel;
+    const uint64_t K = j->cols;
+    uint64_t lo, hi;
+    while (cpu_pool_grab(&j->next, j->start[j->n_mm], 1, &lo, &hi)) {
+        uint32_t a = 0;
+        while (lo >= j->start[a + 1])
+            a++;
+        const muser_tensor *w = j->w[a];
+        const uint64_t r0 = (lo - j->start[a]) * CPU_PANEL;
+        const uint32_t nc = (uint32_t)(w->rows - r0 < CPU_PANEL ? w->rows - r0 : CPU_PANEL);
+        for (uint32_t r = 0; r < CPU_PANEL; r++) {
+            float *dst = tmp + (uint64_t)r * K;
+            if (r < nc)
+                kn->dequant_row(w->type, muser_tensor_row(w, r0 + r), dst, K);
+            else
+                memset(dst, 0, K * sizeof(float));
+        }
+        kn->transpose_panel(tmp, panel, K);
+        kn->gemm_panel(j->x, j->ldx, j->m, panel, K, j->dst[a] + r0, j->ldd[a], nc);
+    }
+}
+
+/* out rows of each matrix for m activation rows at x (row stride ldx). */
+static void run_matmul(cpu_state *st, fwd_route route, const float *x, uint64_t ldx, uint32_t m,
+                       const muser_tensor *const *w, float *const *dst, const uint64_t *ldd,
+                       uint32_t n_mm)
+{
+    mm_job j = {.st = st, .n_mm = n_mm, .m = m, .x = x, .ldx = ldx, .cols = w[0]->cols};
+    j.start[0] = 0;
+    for (uint32_t a = 0; a < n_mm; a++) {
+        j.w[a] = w[a];
+        j.dst[a] = dst[a];
+        j.ldd[a] = ldd[a];
+        const uint64_t units =
+            route == FWD_ROUTE_DECODE ? w[a]->rows : (w[a]->rows + CPU_PANEL - 1) / CPU_PANEL;
+        j.start[a + 1] = j.start[a] + units;
+    }
+    atomic_init(&j.next, 0);
+    if (route == FWD_ROUTE_DECODE) {
+        st->kn.xsums(x, j.cols, &st->xs);
+        const uint64_t nt = cpu_pool_threads(st->pool);
+        j.block = (j.start[n_mm] + nt * 8 - 1) / (nt * 8);
+        if (j.block < 8)
+            j.block = 8;
+        cpu_pool_run(st->pool, matvec_main, &j);
+    } else {
+        cpu_pool_run(st->pool, gemm_main, &j);
+    }
+}
+
+static void op_matmul(void *be, const fwd_rows *r, fwd_buf src, const fwd_matmul *mm, uint32_t n_mm)
+{
+    cpu_state *st = be;
+    const muser_tensor *w[FWD_MAX_GROUP];
+    float *dst[FWD_MAX_GROUP];
+    uint64_t ldd[FWD_MAX_GROUP];
+    for (uint32_t a = 0; a < n_mm; a++) {
+        w[a] = mm[a].w;
+        dst[a] = st->buf[mm[a].dst];
+        ldd[a] = st->width[mm[a].dst];
+    }
+    run_matmul(st, r->route, st->buf[src], st->width[src], r->n, w, dst, ldd, n_mm);
+}
+
+static int op_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_tensor *w, float scale,
+                      float cap, bool all_rows, muser_error *err)
+{
+    cpu_state *st = be;
+    const uint32_t first = all_rows ? 0 : r->n - 1, m = r->n - first;
+    float *out = st->out_logits;
+    const uint64_t V = st->V;
+    run_matmul(st, r->route, row_of(st, src, first), st->width[src], m, &w, &out, &V, 1);
+    for (uint32_t i = 0; i < m; i++)
+        if (!st->kn.logit_finish(out + (uint64_t)i * V, V, scale, cap))
+            return muser_errorf(err, MUSER_E_NUMERIC,
+                                "cpu: non-finite logit at position %llu (fail closed: the "
+                                "session did not advance)",
+                                (unsigned long long)r->pos[first + i]);
+    return MUSER_OK;
+}
+
+static int op_kv_commit(void *be, const fwd_rows *r, muser_error *err)
+{
+    cpu_state *st = be;
+    for (uint32_t l = 0; l < st->kv.n_layer; l++)
+        for (uint32_t i = 0; i < r->n; i++) {
+            const uint64_t off = ((uint64_t)l * st->pass_rows + i) * st->KVD;
+            st->kn.f16_to_f32(st->stage_k + off, st->commit_k, st->KVD);
+            st->kn.f16_to_f32(st->stage_v + off, st->commit_v, st->KVD);
+            int rc = kv_plane_append(&st->kv.planes[l], r->pos[i], st->commit_k, st->commit_v, err);
+            if (rc)
+                return rc;
+        }
+    return MUSER_OK;
+}
+
+static const fwd_ops cpu_ops = {
+    .embed = op_embed,
+    .rmsnorm = op_rmsnorm,
+    .matmul = op_matmul,
+    .attn_stage = op_attn_stage,
+    .attention = op_attention,
+    .gate = op_gate,
+    .swiglu = op_swiglu,
+    .tail = op_tail,
+    .lm_head = op_lm_head,
+    .kv_commit = op_kv_commit,
+};
+
+/* ---- undo for calls of several passes ---- */
+
+static uint64_t ring_next_row(const kv_plane *pl, uint64_t i)
+{
+    return (pl->origin_physical + pl->len + i) % pl->capacity;
+}
+
+static void undo_save(cpu_state *st, uint64_t n)
+{
+    st->undo_rows = n;
+    for (uint32_t l = 0; l < st->kv.n_layer; l++) {
+        const kv_plane *pl = &st->kv.planes[l];
+        st->undo_meta[l] = *pl;
+        if (!pl->ring)
+            continue;
+        const uint64_t rows = n < pl->capacity ? n : pl->capacity;
+        for (uint64_t i = 0; i < rows; i++) {
+            const uint64_t ph = ring_next_row(pl, i);
+            memcpy(st->undo_k[l] + i * st->KVD, pl->k + ph * st->KVD, st->KVD * sizeof(uint16_t));
+            memcpy(st->undo_v[l] + i * st->KVD, pl->v + ph * st->KVD, st->KVD * sizeof(uint16_t));
+        }
+    }
+}
+
+static void undo_restore(cpu_state *st)
+{
+    for (uint32_t l = 0; l < st->kv.n_layer; l++) {
+        kv_plane *pl = &st->kv.planes[l];
+        const kv_plane *old = &st->undo_meta[l];
+        if (pl->ring) {
+            const uint64_t rows = st->undo_rows < pl->capacity ? st->undo_rows : pl->capacity;
+            for (uint64_t i = 0; i < rows; i++) {
+                const uint64_t ph = ring_next_row(old, i);
+                memcpy(pl->k + ph * st->KVD, st->undo_k[l] + i * st->KVD, st->KVD * sizeof(uint16_t));
+                memcpy(pl->v + ph * st->KVD, st->undo_v[l] + i * st->KVD, st->KVD * sizeof(uint16_t));
+            }
+        } else {
+            /* rows past the restored end go back to zero, as kv.c keeps them */
+            for (uint32_t g = 0; g < st->HKV; g++) {
+                const uint64_t at = ((uint64_t)g * pl->capacity + old->next_pos) * st->D;
+                const uint64_t cnt = (pl->next_pos - old->next_pos) * st->D;
+                memset(pl->k + at, 0, cnt * sizeof(uint16_t));
+                memset(pl->v + at, 0, cnt * sizeof(uint16_t));
+            }
+        }
+        pl->origin_logical = old->origin_logical;
+        pl->origin_physical = old->origin_physical;
+        pl->len = old->len;
+        pl->next_pos = old->next_pos;
+    }
+}
+
+/* ---- the vtable ---- */
+
+static void cpu_free(muser_session *s)
+{
+    cpu_state *st = s->be_state;
+    if (!st)
+        return;
+    cpu_pool_free(st->pool);
+    kv_free(&st->kv);
+    for (int b = 0; b < FWD_BUF_COUNT; b++)
+        muser_free_aligned(st->buf[b]);
+    muser_free_aligned(st->stage_k);
+    muser_free_aligned(st->stage_v);
+    free(st->rope_cos);
+    free(st->rope_sin);
+    free(st->inv_freq);
+    free(st->xs.s16);
+    free(st->xs.s32);
+    for (uint32_t t = 0; st->ts && t < st->n_threads; t++) {
+        muser_free_aligned(st->ts[t].tmp);
+        muser_free_aligned(st->ts[t].panel);
+        muser_free_aligned(st->ts[t].scores);
+        muser_free_aligned(st->ts[t].o);
+    }
+    free(st->ts);
+    free(st->logits);
+    free(st->commit_k);
+    free(st->commit_v);
+    free(st->pos);
+    if (st->undo_k)
+        for (uint32_t l = 0; l < st->m->hp.n_layer; l++) {
+            muser_free_aligned(st->undo_k[l]);
+            muser_free_aligned(st->undo_v[l]);
+        }
+    free(st->undo_k);
+    free(st->undo_v);
+    free(st->undo_meta);
+    free(st);
+    s->be_state = NULL;
+}
+
+static int cpu_init(muser_session *s, muser_error *err)
+{
+    const muser_model *m = s->model;
+    const muser_hparams *hp = &m->hp;
+    cpu_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for the session state");
+    s->be_state = st;
+    st->m = m;
+    st->n_ctx = s->opts.n_ctx;
+    st->E = hp->n_embd;
+    st->F = hp->n_ff;
+    st->H = hp->n_head;
+    st->HKV = hp->n_head_kv;
+    st->D = hp->head_dim;
+    st->QD = st->H * st->D;
+    st->KVD = st->HKV * st->D;
+    st->V = hp->n_vocab;
+    st->group = st->H / st->HKV;
+    st->kmax = st->E > st->F ? st->E : st->F;
+    if (st->QD > st->kmax)
+        st->kmax = st->QD;
+    st->pass_rows = s->opts.max_batch < CPU_PASS_ROWS ? s->opts.max_batch : CPU_PASS_ROWS;
+    if (st->pass_rows == 0)
+        st->pass_rows = CPU_PASS_ROWS;
+    cpu_kernels_init(&st->kn, false);
+
+    uint32_t nt = s->opts.n_threads;
+    if (nt == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        nt = online > 0 ? (uint32_t)online : 1;
+    }
+    int rc = kv_init(&st->kv, hp, st->n_ctx, true, err);
+    if (rc)
+        goto fail;
+    if ((rc = cpu_pool_new(&st->pool, nt, err)))
+        goto fail;
+
+    const uint32_t widths[FWD_BUF_COUNT] = {
+        [FWD_H] = st->E,  [FWD_X] = st->E,    [FWD_Q] = st->QD,   [FWD_K] = st->KVD,
+        [FWD_V] = st->KVD, [FWD_G] = st->QD,  [FWD_O] = st->QD,   [FWD_SUB] = st->E,
+        [FWD_FG] = st->F, [FWD_FU] = st->F,
+    };
+    const uint64_t R = st->pass_rows;
+    bool ok = true;
+    for (int b = 0; b < FWD_BUF_COUNT; b++) {
+        st->width[b] = widths[b];
+        ok &= (st->buf[b] = muser_alloc_aligned(R * widths[b] * sizeof(float))) != NULL;
+    }
+    const uint64_t stage = (uint64_t)hp->n_layer * R * st->KVD * sizeof(uint16_t);
+    ok &= (st->stage_k = muser_alloc_aligned(stage)) != NULL;
+    ok &= (st->stage_v = muser_alloc_aligned(stage)) != NULL;
+    ok &= (st->rope_cos = calloc(R * (st->D / 2 + 1), sizeof(float))) != NULL;
+    ok &= (st->rope_sin = calloc(R * (st->D / 2 + 1), sizeof(float))) != NULL;
+    ok &= (st->inv_freq = calloc(st->D / 2 + 1, sizeof(double))) != NULL;
+    ok &= (st->xs.s16 = calloc(st->kmax / 16 + 1, sizeof(float))) != NULL;
+    ok &= (st->xs.s32 = calloc(st->kmax / 32 + 1, sizeof(float))) != NULL;
+    ok &= (st->logits = calloc(st->V, sizeof(float))) != NULL;
+    ok &= (st->commit_k = calloc(st->KVD, sizeof(float))) != NULL;
+    ok &= (st->commit_v = calloc(st->KVD, sizeof(float))) != NULL;
+    ok &= (st->pos = calloc(R, sizeof(uint64_t))) != NULL;
+    ok &= (st->ts = calloc(nt, sizeof *st->ts)) != NULL;
+    st->n_threads = st->ts ? nt : 0;
+    for (uint32_t t = 0; ok && t < nt; t++) {
+        cpu_thread_scratch *ts = &st->ts[t];
+        ok &= (ts->tmp = muser_alloc_aligned((uint64_t)CPU_PANEL * st->kmax * sizeof(float))) != NULL;
+        ok &= (ts->panel = muser_alloc_aligned((uint64_t)CPU_PANEL * st->kmax * sizeof(float))) != NULL;
+        ok &= (ts->scores = muser_alloc_aligned((uint64_t)st->group * st->n_ctx * sizeof(float))) != NULL;
+        ok &= (ts->o = muser_alloc_aligned((uint64_t)st->group * st->D * sizeof(float))) != NULL;
+    }
+    ok &= (st->undo_meta = calloc(hp->n_layer, sizeof *st->undo_meta)) != NULL;
+    ok &= (st->undo_k = calloc(hp->n_layer, sizeof *st->undo_k)) != NULL;
+    ok &= (st->undo_v = calloc(hp->n_layer, sizeof *st->undo_v)) != NULL;
+    for (uint32_t l = 0; ok && l < hp->n_layer; l++) {
+        const kv_plane *pl = &st->kv.planes[l];
+        if (!pl->ring)
+            continue;
+        const uint64_t bytes = pl->capacity * st->KVD * sizeof(uint16_t);
+        ok &= (st->undo_k[l] = muser_alloc_aligned(bytes)) != NULL;
+        ok &= (st->undo_v[l] = muser_alloc_aligned(bytes)) != NULL;
+    }
+    if (!ok) {
+        rc = muser_errorf(err, MUSER_E_NOMEM,
+                          "cpu: out of memory for a pass of %u rows (E %u, F %u, context %llu)",
+                          st->pass_rows, st->E, st->F, (unsigned long long)st->n_ctx);
+        goto fail;
+    }
+    for (uint32_t i = 0; i < st->D / 2; i++)
+        st->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * (double)i / (double)st->D);
+    return MUSER_OK;
+fail:
+    cpu_free(s);
+    return rc;
+}
+
+static void set_rope(cpu_state *st, uint32_t n)
+{
+    const uint32_t half = st->D / 2;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < half; k++) {
+            const double a = (double)st->pos[i] * st->inv_freq[k];
+            st->rope_cos[(uint64_t)i * half + k] = (float)cos(a);
+            st->rope_sin[(uint64_t)i * half + k] = (float)sin(a);
+        }
+}
+
+static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
+                       bool all_logits, muser_error *err)
+{
+    cpu_state *st = s->be_state;
+    const uint64_t p0 = s->n_past;
+    for (uint32_t l = 0; l < st->kv.n_layer; l++)
+        if (st->kv.planes[l].next_pos != p0)
+            return muser_errorf(err, MUSER_E_CACHE_DISCONTINUITY,
+                                "cpu: forward at position %llu, but layer %u's cache accepts "
+                                "only position %llu",
+                                (unsigned long long)p0, l,
+                                (unsigned long long)st->kv.planes[l].next_pos);
+    if (p0 + n > st->n_ctx)
+        return muser_errorf(err, MUSER_E_CONTEXT_FULL,
+                            "cpu: %llu tokens held + %u new exceed the context of %llu",
+                            (unsigned long long)p0, n, (unsigned long long)st->n_ctx);
+    const fwd_route route = n == 1 ? FWD_ROUTE_DECODE : FWD_ROUTE_BATCH;
+    const bool several = n > st->pass_rows;
+    if (several)
+        undo_save(st, n);
+    for (uint32_t off = 0; off < n; off += st->pass_rows) {
+        const uint32_t c = n - off < st->pass_rows ? n - off : st->pass_rows;
+        for (uint32_t i = 0; i < c; i++)
+            st->pos[i] = p0 + off + i;
+        set_rope(st, c);
+        const fwd_rows rows = {.n = c, .tokens = tokens + off, .pos = st->pos, .route = route};
+        int want = 0;
+        if (logits && all_logits)
+            want = 2;
+        else if (logits && off + c == n)
+            want = 1;
+        st->out_logits = all_logits && logits ? logits + (uint64_t)off * st->V : st->logits;
+        int rc = fwd_run(&cpu_ops, st, st->m, &rows, want, err);
+        if (rc) {
+            if (several && off > 0)
+                undo_restore(st);
+            return rc;
+        }
+    }
+    if (logits && !all_logits)
+        memcpy(logits, st->logits, (uint64_t)st->V * sizeof(float));
+    return MUSER_OK;
+}
+
+static int cpu_checkpoint(muser_session *s, muser_error *err)
+{
+    cpu_state *st = s->be_state;
+    return kv_checkpoint(&st->kv, err);
+}
+
+static int cpu_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
+{
+    cpu_state *st = s->be_state;
+    return kv_rollback(&st->kv, n_keep, err);
+}
+
+static void cpu_commit(muser_session *s)
+{
+    cpu_state *st = s->be_state;
+    kv_commit(&st->kv);
+}
+
+static void cpu_reset(muser_session *s)
+{
+    cpu_state *st = s->be_state;
+    kv_reset(&st->kv);
+}
+
+static const muser_backend cpu_backend = {
+    .name = "cpu",
+    .init = cpu_init,
+    .free = cpu_free,
+    .forward = cpu_forward,
+    .checkpoint = cpu_checkpoint,
+    .rollback = cpu_rollback,
+    .commit = cpu_commit,
+    .reset = cpu_reset,
+};
+
+const muser_backend *muser_backend_cpu(void)
+{
+    return &cpu_backend;
+}

@@ -1,0 +1,682 @@
+/* kernels.c — the CPU engine's hot loops (see kernels.h for the shapes), AVX2 and scalar.
+ *
+ * Block layouts are the public ggml ones (quant.h):
+ *   Q4_K [144]: f16 d, f16 dmin, 12 bytes packed 6-bit (scale, min) x 8, 128 bytes of nibbles.
+ *               Byte i of the j-th 32-byte group holds element 64j+i (low nibble) and 64j+32+i
+ *               (high nibble); element value d*sc*q - dmin*m of its 32-element sub-block.
+ *   Q6_K [210]: ql[128], qh[64], int8 scales[16], f16 d. In each 128-element half n, for
+ *               l < 32: elements l, l+32, l+64, l+96 take ql[l] & 15, ql[l+32] & 15, ql[l] >> 4,
+ *               ql[l+32] >> 4 as low bits and qh[l] bits (0,1), (2,3), (4,5), (6,7) as high bits;
+ *               value d*sc*(q-32), one scale per 16 elements.
+ *   Q8_0 [34]:  f16 d, int8 q[32].
+ *
+ * The AVX2 decode dots pull each 8-byte group of quants into 8 dword lanes with one
+ * zero-extending load, take both nibbles from it, and convert to f32; the element order then
+ * equals x's order, so x is read directly. Sub-block scales are applied once per 32 (or 16)
+ * elements; constant terms use the precomputed sums of x. */
+#include "cpu/kernels.h"
+
+#include "quant.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CPU_HAVE_X86 1
+#include <immintrin.h>
+#endif
+
+/* ---- shared helpers ---- */
+
+static inline float load_f16(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return muser_f16_to_f32(h);
+}
+
+/* The 8 (scale, min) pairs of a Q4_K block from its 12 packed bytes. */
+static inline void q4k_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
+{
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+    }
+    for (int j = 4; j < 8; j++) {
+        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        mn[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* ---- scalar versions ---- */
+
+static void xsums_scalar(const float *x, uint64_t n, cpu_xsums *out)
+{
+    for (uint64_t g = 0; g < n / 16; g++) {
+        float s = 0.0f;
+        for (int i = 0; i < 16; i++)
+            s += x[g * 16 + i];
+        out->s16[g] = s;
+    }
+    for (uint64_t g = 0; g < n / 32; g++)
+        out->s32[g] = out->s16[2 * g] + out->s16[2 * g + 1];
+}
+
+static float dot_row_scalar(uint32_t type, const void *row, const float *x, const cpu_xsums *xs,
+                            uint64_t n)
+{
+    (void)xs;
+    return quant_dot_scalar(type, row, x, n);
+}
+
+static void transpose_panel_scalar(const float *tmp, float *panel, uint64_t K)
+{
+    for (uint64_t k = 0; k < K; k++)
+        for (int r = 0; r < CPU_PANEL; r++)
+            panel[k * CPU_PANEL + r] = tmp[(uint64_t)r * K + k];
+}
+
+static void gemm_panel_scalar(const float *X, uint64_t ldx, uint64_t m, const float *panel,
+                              uint64_t K, float *C, uint64_t ldc, uint32_t nc)
+{
+    for (uint64_t i = 0; i < m; i++) {
+        float acc[CPU_PANEL] = {0};
+        const float *x = X + i * ldx;
+        for (uint64_t k = 0; k < K; k++)
+            for (int r = 0; r < CPU_PANEL; r++)
+                acc[r] += x[k] * panel[k * CPU_PANEL + r];
+        memcpy(C + i * ldc, acc, nc * sizeof(float));
+    }
+}
+
+static float dot_f16_scalar(const float *q, const uint16_t *k, uint32_t n)
+{
+    float s = 0.0f;
+    for (uint32_t i = 0; i < n; i++)
+        s += q[i] * muser_f16_to_f32(k[i]);
+    return s;
+}
+
+static void axpy_f16_scalar(float *o, float p, const uint16_t *v, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        o[i] += p * muser_f16_to_f32(v[i]);
+}
+
+static void f16_to_f32_scalar(const uint16_t *src, float *dst, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        dst[i] = muser_f16_to_f32(src[i]);
+}
+
+static void f32_to_f16_scalar(const float *src, uint16_t *dst, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        dst[i] = muser_f32_to_f16(src[i]);
+}
+
+static float exp_sum_scalar(float *x, uint64_t n)
+{
+    float s = 0.0f;
+    for (uint64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i]);
+        s += x[i];
+    }
+    return s;
+}
+
+static void swiglu_scalar(float *g, const float *u, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void sigmoid_gate_scalar(float *o, const float *g, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        o[i] *= 1.0f / (1.0f + expf(-g[i]));
+}
+
+static bool logit_finish_scalar(float *y, uint64_t n, float scale, float cap)
+{
+    bool ok = true;
+    for (uint64_t i = 0; i < n; i++) {
+        float z = y[i] * scale;
+        if (cap > 0.0f)
+            z = cap * tanhf(z / cap);
+        y[i] = z;
+        ok &= isfinite(z) != 0;
+    }
+    return ok;
+}
+
+/* ---- AVX2 / FMA / F16C versions ---- */
+#ifdef CPU_HAVE_X86
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define TGT_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+static TGT_INLINE float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 8 bytes -> 8 zero-extended dword lanes. */
+static TGT_INLINE __m256i load8_u8(const uint8_t *p)
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+}
+
+/* exp of 8 lanes: x = n*ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial (rel. error ~1e-7),
+ * times 2^n built in the exponent field. Inputs are clamped to [-87.3, 88.7] (NaN -> clamped). */
+static TGT_INLINE __m256 exp256(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                         _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static TGT void xsums_avx2(const float *x, uint64_t n, cpu_xsums *out)
+{
+    for (uint64_t g = 0; g < n / 16; g++) {
+        const __m256 s = _mm256_add_ps(_mm256_loadu_ps(x + g * 16), _mm256_loadu_ps(x + g * 16 + 8));
+        out->s16[g] = hsum256(s);
+    }
+    for (uint64_t g = 0; g < n / 32; g++)
+        out->s32[g] = out->s16[2 * g] + out->s16[2 * g + 1];
+}
+
+static TGT float dot_q4k_avx2(const uint8_t *row, const float *x, const float *s32, uint64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi32(0xF);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
+        const float d = load_f16(blk), dmin = load_f16(blk + 2);
+        uint8_t sc[8], mn[8];
+        q4k_scales(blk + 4, sc, mn);
+        const uint8_t *qs = blk + 16;
+        const float *xb = x + b * QK_K;
+        for (int j = 0; j < 4; j++) {
+            __m256 lo_a = _mm256_setzero_ps(), lo_b = _mm256_setzero_ps();
+            __m256 hi_a = _mm256_setzero_ps(), hi_b = _mm256_setzero_ps();
+            for (int k = 0; k < 4; k += 2) {
+                const __m256i w0 = load8_u8(qs + 32 * j + 8 * k);
+                const __m256i w1 = load8_u8(qs + 32 * j + 8 * k + 8);
+                const float *xl = xb + 64 * j + 8 * k, *xh = xl + 32;
+                lo_a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(w0, m4)),
+                                       _mm256_loadu_ps(xl), lo_a);
+                hi_a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 4)),
+                                       _mm256_loadu_ps(xh), hi_a);
+                lo_b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(w1, m4)),
+                                       _mm256_loadu_ps(xl + 8), lo_b);
+                hi_b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w1, 4)),
+                                       _mm256_loadu_ps(xh + 8), hi_b);
+            }
+            acc0 = _mm256_fmadd_ps(_mm256_add_ps(lo_a, lo_b), _mm256_set1_ps(d * sc[2 * j]), acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_add_ps(hi_a, hi_b), _mm256_set1_ps(d * sc[2 * j + 1]),
+                                   acc1);
+        }
+        float ms = 0.0f;
+        for (int s = 0; s < 8; s++)
+            ms += (float)mn[s] * s32[b * 8 + s];
+        mins += dmin * ms;
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1)) - mins;
+}
+
+/* The four 6-bit quants of Q6_K lanes l..l+7 of one 128-element half (see the header). */
+#define Q6K_UNPACK(QL, QH, l, q1, q2, q3, q4)                                                  \
+    do {                                                                                       \
+        const __m256i A_ = load8_u8((QL) + (l)), B_ = load8_u8((QL) + 32 + (l));               \
+        const __m256i H_ = load8_u8((QH) + (l));                                               \
+        q1 = _mm256_or_si256(_mm256_and_si256(A_, m4),                                         \
+                             _mm256_slli_epi32(_mm256_and_si256(H_, m3), 4));                  \
+        q2 = _mm256_or_si256(_mm256_and_si256(B_, m4),                                         \
+                             _mm256_and_si256(_mm256_slli_epi32(H_, 2), m30));                 \
+        q3 = _mm256_or_si256(_mm256_srli_epi32(A_, 4), _mm256_and_si256(H_, m30));             \
+        q4 = _mm256_or_si256(_mm256_srli_epi32(B_, 4),                                         \
+                             _mm256_and_si256(_mm256_srli_epi32(H_, 2), m30));                 \
+    } while (0)
+
+static TGT float dot_q6k_avx2(const uint8_t *row, const float *x, const float *s16, uint64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi32(0xF), m3 = _mm256_set1_epi32(3),
+                  m30 = _mm256_set1_epi32(0x30);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    float offs = 0.0f;
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        const float d = load_f16(blk + 208);
+        const float *xb = x + b * QK_K;
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *QL = blk + 64 * n, *QH = blk + 128 + 32 * n;
+            const float *y = xb + 128 * n;
+            for (int h = 0; h < 2; h++) {
+                __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                               _mm256_setzero_ps()};
+                for (int g = 0; g < 2; g++) {
+                    const int l = 16 * h + 8 * g;
+                    __m256i q[4];
+                    Q6K_UNPACK(QL, QH, l, q[0], q[1], q[2], q[3]);
+                    for (int t = 0; t < 4; t++)
+                        a[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[t]),
+                                               _mm256_loadu_ps(y + 32 * t + l), a[t]);
+                }
+                for (int t = 0; t < 4; t++)
+                    acc[t] = _mm256_fmadd_ps(a[t], _mm256_set1_ps(d * (float)sc[8 * n + h + 2 * t]),
+                                             acc[t]);
+            }
+        }
+        float o = 0.0f;
+        for (int i = 0; i < 16; i++)
+            o += (float)sc[i] * s16[b * 16 + i];
+        offs += 32.0f * d * o;
+    }
+    return hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) -
+           offs;
+}
+
+static TGT float dot_q8_0_avx2(const uint8_t *row, const float *x, uint64_t nb)
+{
+    __m256 acc = _mm256_setzero_ps();
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q8_0_BLOCK_BYTES;
+        const float *xb = x + b * QK8_0;
+        __m256 a = _mm256_setzero_ps();
+        for (int g = 0; g < 4; g++) {
+            const __m256i q = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(const void *)(blk + 2 + 8 * g)));
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(xb + 8 * g), a);
+        }
+        acc = _mm256_fmadd_ps(a, _mm256_set1_ps(load_f16(blk)), acc);
+    }
+    return hsum256(acc);
+}
+
+static TGT float dot_f32_avx2(const float *w, const float *x, uint64_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    uint64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    float s = hsum256(_mm256_add_ps(a0, a1));
+    for (; i < n; i++)
+        s += w[i] * x[i];
+    return s;
+}
+
+static TGT float dot_f16_avx2(const float *q, const uint16_t *k, uint32_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8))), a1);
+    }
+    for (; i + 8 <= n; i += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), a0);
+    float s = hsum256(_mm256_add_ps(a0, a1));
+    for (; i < n; i++)
+        s += q[i] * muser_f16_to_f32(k[i]);
+    return s;
+}
+
+static TGT float dot_bf16_avx2(const uint16_t *w, const float *x, uint64_t n)
+{
+    __m256 a = _mm256_setzero_ps();
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i)));
+        a = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(u, 16)), _mm256_loadu_ps(x + i),
+                            a);
+    }
+    float s = hsum256(a);
+    for (; i < n; i++)
+        s += muser_bf16_to_f32(w[i]) * x[i];
+    return s;
+}
+
+static TGT float dot_row_avx2(uint32_t type, const void *row, const float *x, const cpu_xsums *xs,
+                              uint64_t n)
+{
+    switch (type) {
+    case GGML_TYPE_Q4_K: return dot_q4k_avx2(row, x, xs->s32, n / QK_K);
+    case GGML_TYPE_Q6_K: return dot_q6k_avx2(row, x, xs->s16, n / QK_K);
+    case GGML_TYPE_Q8_0: return dot_q8_0_avx2(row, x, n / QK8_0);
+    case GGML_TYPE_F32: return dot_f32_avx2(row, x, n);
+    case GGML_TYPE_F16: return dot_f16_avx2(x, row, (uint32_t)n);
+    case GGML_TYPE_BF16: return dot_bf16_avx2(row, x, n);
+    default: return quant_dot(type, row, x, n);
+    }
+}
+
+static TGT void dequant_q4k_avx2(const uint8_t *row, float *dst, uint64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi32(0xF);
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
+        const float d = load_f16(blk), dmin = load_f16(blk + 2);
+        uint8_t sc[8], mn[8];
+        q4k_scales(blk + 4, sc, mn);
+        const uint8_t *qs = blk + 16;
+        float *o = dst + b * QK_K;
+        for (int j = 0; j < 4; j++) {
+            const __m256 dl = _mm256_set1_ps(d * sc[2 * j]), ml = _mm256_set1_ps(dmin * mn[2 * j]);
+            const __m256 dh = _mm256_set1_ps(d * sc[2 * j + 1]),
+                         mh = _mm256_set1_ps(dmin * mn[2 * j + 1]);
+            for (int k = 0; k < 4; k++) {
+                const __m256i w = load8_u8(qs + 32 * j + 8 * k);
+                _mm256_storeu_ps(o + 64 * j + 8 * k,
+                                 _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(w, m4)), dl, ml));
+                _mm256_storeu_ps(o + 64 * j + 32 + 8 * k,
+                                 _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4)), dh, mh));
+            }
+        }
+    }
+}
+
+static TGT void dequant_q6k_avx2(const uint8_t *row, float *dst, uint64_t nb)
+{
+    const __m256i m4 = _mm256_set1_epi32(0xF), m3 = _mm256_set1_epi32(3),
+                  m30 = _mm256_set1_epi32(0x30), c32 = _mm256_set1_epi32(32);
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        const float d = load_f16(blk + 208);
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *QL = blk + 64 * n, *QH = blk + 128 + 32 * n;
+            float *o = dst + b * QK_K + 128 * n;
+            for (int l = 0; l < 32; l += 8) {
+                __m256i q[4];
+                Q6K_UNPACK(QL, QH, l, q[0], q[1], q[2], q[3]);
+                for (int t = 0; t < 4; t++) {
+                    const __m256 s = _mm256_set1_ps(d * (float)sc[8 * n + l / 16 + 2 * t]);
+                    _mm256_storeu_ps(o + 32 * t + l,
+                                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[t], c32)), s));
+                }
+            }
+        }
+    }
+}
+
+static TGT int dequant_row_avx2(uint32_t type, const void *row, float *dst, uint64_t n)
+{
+    switch (type) {
+    case GGML_TYPE_Q4_K:
+        if (n % QK_K)
+            return MUSER_E_ARG;
+        dequant_q4k_avx2(row, dst, n / QK_K);
+        return MUSER_OK;
+    case GGML_TYPE_Q6_K:
+        if (n % QK_K)
+            return MUSER_E_ARG;
+        dequant_q6k_avx2(row, dst, n / QK_K);
+        return MUSER_OK;
+    case GGML_TYPE_F32: memcpy(dst, row, n * sizeof(float)); return MUSER_OK;
+    default: return quant_dequantize_row(type, row, dst, n);
+    }
+}
+
+/* 8x8 transpose of r[0..8) in registers. */
+static TGT_INLINE void transpose8(__m256 r[8])
+{
+    __m256 t[8], s[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        s[4 * i + 0] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], 0x44);
+        s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], 0xEE);
+        s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+    }
+}
+
+static TGT void transpose_panel_avx2(const float *tmp, float *panel, uint64_t K)
+{
+    uint64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        for (int rb = 0; rb < CPU_PANEL; rb += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = _mm256_loadu_ps(tmp + (uint64_t)(rb + i) * K + k);
+            transpose8(r);
+            for (int i = 0; i < 8; i++)
+                _mm256_storeu_ps(panel + (k + i) * CPU_PANEL + rb, r[i]);
+        }
+    }
+    for (; k < K; k++)
+        for (int r = 0; r < CPU_PANEL; r++)
+            panel[k * CPU_PANEL + r] = tmp[(uint64_t)r * K + k];
+}
+
+/* MR activation rows x 16 outputs over the whole K: 2*MR accumulators stay in registers. */
+static TGT_INLINE void gemm_mk(int MR, const float *X, uint64_t ldx, const float *P, uint64_t K,
+                               float *C, uint64_t ldc, uint32_t nc)
+{
+    __m256 c0[CPU_MR], c1[CPU_MR];
+    for (int i = 0; i < MR; i++)
+        c0[i] = c1[i] = _mm256_setzero_ps();
+    for (uint64_t k = 0; k < K; k++) {
+        const __m256 w0 = _mm256_loadu_ps(P + k * CPU_PANEL);
+        const __m256 w1 = _mm256_loadu_ps(P + k * CPU_PANEL + 8);
+        for (int i = 0; i < MR; i++) {
+            const __m256 b = _mm256_broadcast_ss(X + (uint64_t)i * ldx + k);
+            c0[i] = _mm256_fmadd_ps(b, w0, c0[i]);
+            c1[i] = _mm256_fmadd_ps(b, w1, c1[i]);
+        }
+    }
+    for (int i = 0; i < MR; i++) {
+        float *c = C + (uint64_t)i * ldc;
+        if (nc == CPU_PANEL) {
+            _mm256_storeu_ps(c, c0[i]);
+            _mm256_storeu_ps(c + 8, c1[i]);
+        } else {
+            float t[CPU_PANEL];
+            _mm256_storeu_ps(t, c0[i]);
+            _mm256_storeu_ps(t + 8, c1[i]);
+            memcpy(c, t, nc * sizeof(float));
+        }
+    }
+}
+
+static TGT void gemm_panel_avx2(const float *X, uint64_t ldx, uint64_t m, const float *panel,
+                                uint64_t K, float *C, uint64_t ldc, uint32_t nc)
+{
+    uint64_t i = 0;
+    for (; i + CPU_MR <= m; i += CPU_MR)
+        gemm_mk(CPU_MR, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc);
+    switch (m - i) {
+    case 5: gemm_mk(5, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc); break;
+    case 4: gemm_mk(4, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc); break;
+    case 3: gemm_mk(3, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc); break;
+    case 2: gemm_mk(2, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc); break;
+    case 1: gemm_mk(1, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc); break;
+    default: break;
+    }
+}
+
+static TGT void axpy_f16_avx2(float *o, float p, const uint16_t *v, uint32_t n)
+{
+    const __m256 pv = _mm256_set1_ps(p);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv,
+                                                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))),
+                                                _mm256_loadu_ps(o + i)));
+    for (; i < n; i++)
+        o[i] += p * muser_f16_to_f32(v[i]);
+}
+
+static TGT void f16_to_f32_avx2(const uint16_t *src, float *dst, uint32_t n)
+{
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = muser_f16_to_f32(src[i]);
+}
+
+static TGT void f32_to_f16_avx2(const float *src, uint16_t *dst, uint32_t n)
+{
+    /* F16C rounds to nearest even, as muser_f32_to_f16 does, so both give the same bits. */
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        dst[i] = muser_f32_to_f16(src[i]);
+}
+
+static TGT float exp_sum_avx2(float *x, uint64_t n)
+{
+    __m256 s = _mm256_setzero_ps();
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp256(_mm256_loadu_ps(x + i));
+        _mm256_storeu_ps(x + i, e);
+        s = _mm256_add_ps(s, e);
+    }
+    float sum = hsum256(s);
+    for (; i < n; i++) {
+        x[i] = expf(x[i]);
+        sum += x[i];
+    }
+    return sum;
+}
+
+static TGT void swiglu_avx2(float *g, const float *u, uint64_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
+                                              _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++)
+        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static TGT void sigmoid_gate_avx2(float *o, const float *g, uint64_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g + i)));
+        _mm256_storeu_ps(o + i, _mm256_div_ps(_mm256_loadu_ps(o + i), _mm256_add_ps(one, e)));
+    }
+    for (; i < n; i++)
+        o[i] *= 1.0f / (1.0f + expf(-g[i]));
+}
+
+/* tanh(t) = sign(t) * (1 - 2 / (exp(2|t|) + 1)); exp256 saturates for large |t|, giving 1. */
+static TGT bool logit_finish_avx2(float *y, uint64_t n, float scale, float cap)
+{
+    const __m256 sv = _mm256_set1_ps(scale), one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+    __m256 bad = _mm256_setzero_ps();
+    uint64_t i = 0;
+    if (cap > 0.0f) {
+        const __m256 cv = _mm256_set1_ps(cap), icv = _mm256_set1_ps(1.0f / cap);
+        for (; i + 8 <= n; i += 8) {
+            const __m256 z = _mm256_mul_ps(_mm256_loadu_ps(y + i), sv);
+            /* non-finite input: |z| == inf or z != z */
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, z), inf, _CMP_NLT_UQ));
+            const __m256 t = _mm256_mul_ps(z, icv);
+            const __m256 at = _mm256_andnot_ps(sign, t);
+            const __m256 e = exp256(_mm256_mul_ps(two, at));
+            const __m256 th = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(e, one)));
+            _mm256_storeu_ps(y + i, _mm256_mul_ps(cv, _mm256_or_ps(th, _mm256_and_ps(sign, t))));
+        }
+    } else {
+        for (; i + 8 <= n; i += 8) {
+            const __m256 z = _mm256_mul_ps(_mm256_loadu_ps(y + i), sv);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, z), inf, _CMP_NLT_UQ));
+            _mm256_storeu_ps(y + i, z);
+        }
+    }
+    bool ok = _mm256_movemask_ps(bad) == 0;
+    return logit_finish_scalar(y + i, n - i, scale, cap) && ok;
+}
+#endif /* CPU_HAVE_X86 */
+
+/* ---- selection ---- */
+
+void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
+{
+    *k = (cpu_kernels){
+        .simd = false,
+        .xsums = xsums_scalar,
+        .dot_row = dot_row_scalar,
+        .dequant_row = quant_dequantize_row,
+        .transpose_panel = transpose_panel_scalar,
+        .gemm_panel = gemm_panel_scalar,
+        .dot_f16 = dot_f16_scalar,
+        .axpy_f16 = axpy_f16_scalar,
+        .f16_to_f32 = f16_to_f32_scalar,
+        .f32_to_f16 = f32_to_f16_scalar,
+        .exp_sum = exp_sum_scalar,
+        .swiglu = swiglu_scalar,
+        .sigmoid_gate = sigmoid_gate_scalar,
+        .logit_finish = logit_finish_scalar,
+    };
+#ifdef CPU_HAVE_X86
+    const char *env = getenv("MUSER_SIMD");
+    if (force_scalar || (env && !strcmp(env, "0")))
+        return;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return;
+    *k = (cpu_kernels){
+        .simd = true,
+        .xsums = xsums_avx2,
+        .dot_row = dot_row_avx2,
+        .dequant_row = dequant_row_avx2,
+        .transpose_panel = transpose_panel_avx2,
+        .gemm_panel = gemm_panel_avx2,
+        .dot_f16 = dot_f16_avx2,
+        .axpy_f16 = axpy_f16_avx2,
+        .f16_to_f32 = f16_to_f32_avx2,
+        .f32_to_f16 = f32_to_f16_avx2,
+        .exp_sum = exp_sum_avx2,
+        .swiglu = swiglu_avx2,
+        .sigmoid_gate = sigmoid_gate_avx2,
+        .logit_finish = logit_finish_avx2,
+    };
+#else
+    (void)force_scalar;
+#endif
+}

@@ -1,0 +1,63 @@
+/* kernels.h — the CPU engine's hot loops: quantized row dots (decode), weight-panel unpacking and
+ * the f32 GEMM micro-kernel (batch), f16 K/V dots, vector exp. Each has an AVX2/FMA/F16C version
+ * (compiled with target attributes, picked at run time) and a plain scalar one.
+ *
+ * Decode kernels never dequantize a row to memory: they run straight over the packed blocks and
+ * take per-16 / per-32 sums of x, computed once per input vector (cpu_xsums), so the constant
+ * parts of a block (the Q4_K `dmin*m` term, the Q6_K `-32`) cost a scalar FMA per sub-block, not
+ * a vector op per weight. Activations stay f32 everywhere; nothing is quantized on the way in.
+ *
+ * Batch kernels unpack a panel of CPU_PANEL weight rows to f32 ONCE, transposed to [K][CPU_PANEL]
+ * so the micro-kernel can broadcast one activation and FMA it against 16 output rows at a time,
+ * then reuse that panel for every activation row of the chunk. */
+#ifndef MUSER_CPU_KERNELS_H
+#define MUSER_CPU_KERNELS_H
+
+#include "model.h"
+
+#define CPU_PANEL 16 /* weight rows per GEMM panel (two AVX2 vectors of outputs) */
+#define CPU_MR 6     /* activation rows per micro-kernel call */
+
+/* Sums of x over every 16 and 32 consecutive elements: [K/16] and [K/32]. */
+typedef struct cpu_xsums {
+    float *s16;
+    float *s32;
+} cpu_xsums;
+
+typedef struct cpu_kernels {
+    bool simd; /* AVX2+FMA+F16C */
+    /* sums of x (n a multiple of 32, or else only s16/s32 of whole groups are filled) */
+    void (*xsums)(const float *x, uint64_t n, cpu_xsums *out);
+    /* Dot of one weight row (type, n elements) with f32 x; xs are x's sums (Q4_K / Q6_K use
+     * them). Types without a kernel here go through quant_dot. */
+    float (*dot_row)(uint32_t type, const void *row, const float *x, const cpu_xsums *xs,
+                     uint64_t n);
+    /* Dequantize one row to f32 (n elements). Returns 0 or a muser_status. */
+    int (*dequant_row)(uint32_t type, const void *row, float *dst, uint64_t n);
+    /* tmp [CPU_PANEL][K] rows -> panel [K][CPU_PANEL]. */
+    void (*transpose_panel)(const float *tmp, float *panel, uint64_t K);
+    /* C[i*ldc + 0..nc) = sum_k X[i*ldx + k] * panel[k][0..nc), i < m (any m). nc <= CPU_PANEL. */
+    void (*gemm_panel)(const float *X, uint64_t ldx, uint64_t m, const float *panel, uint64_t K,
+                       float *C, uint64_t ldc, uint32_t nc);
+    /* dot of f32 q with n f16 values */
+    float (*dot_f16)(const float *q, const uint16_t *k, uint32_t n);
+    /* o[0..n) += p * f16 v */
+    void (*axpy_f16)(float *o, float p, const uint16_t *v, uint32_t n);
+    /* f16 -> f32 / f32 -> f16 (round to nearest even) of n values */
+    void (*f16_to_f32)(const uint16_t *src, float *dst, uint32_t n);
+    void (*f32_to_f16)(const float *src, uint16_t *dst, uint32_t n);
+    /* x[i] = exp(x[i]) in place; returns the sum */
+    float (*exp_sum)(float *x, uint64_t n);
+    /* g[i] = silu(g[i]) * u[i] */
+    void (*swiglu)(float *g, const float *u, uint64_t n);
+    /* o[i] *= sigmoid(g[i]) */
+    void (*sigmoid_gate)(float *o, const float *g, uint64_t n);
+    /* y[i] = cap*tanh(y[i]*scale/cap) (cap > 0) or y[i]*scale; returns false on non-finite */
+    bool (*logit_finish)(float *y, uint64_t n, float scale, float cap);
+} cpu_kernels;
+
+/* The kernel table: AVX2 when the CPU has AVX2+FMA+F16C and MUSER_SIMD is not "0", unless
+ * force_scalar. */
+void cpu_kernels_init(cpu_kernels *k, bool force_scalar);
+
+#endif

@@ -1,0 +1,148 @@
+/* pool.c — the CPU engine's worker pool (see pool.h).
+ *
+ * A job is published by bumping `generation`; each worker runs it once and bumps `done`. The
+ * sleep protocol: a worker about to sleep increments `sleepers` under the mutex and re-checks
+ * `generation` before waiting; the publisher bumps `generation` first and then looks at
+ * `sleepers` (both sequentially consistent), so one of the two always sees the other. */
+#include "cpu/pool.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+/* Spin iterations before a worker sleeps (~100 us: longer than the gap between the jobs of one
+ * decode step, short enough not to burn a shared core while the session is idle). */
+#define POOL_SPIN 20000
+
+typedef struct pool_worker {
+    cpu_pool *pool;
+    uint32_t index;
+    pthread_t thread;
+} pool_worker;
+
+struct cpu_pool {
+    uint32_t n_threads;
+    pool_worker *workers; /* [n_threads - 1] */
+    uint32_t n_started;
+    cpu_job_fn fn;
+    void *arg;
+    atomic_uint generation;
+    atomic_uint done;
+    atomic_uint sleepers;
+    atomic_bool stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static void *pool_main(void *p)
+{
+    pool_worker *w = p;
+    cpu_pool *pool = w->pool;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned gen;
+        int spins = 0;
+        while ((gen = atomic_load(&pool->generation)) == seen && !atomic_load(&pool->stop)) {
+            if (++spins < POOL_SPIN) {
+                CPU_RELAX();
+                continue;
+            }
+            pthread_mutex_lock(&pool->mu);
+            atomic_fetch_add(&pool->sleepers, 1);
+            while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stop))
+                pthread_cond_wait(&pool->cv, &pool->mu);
+            atomic_fetch_sub(&pool->sleepers, 1);
+            pthread_mutex_unlock(&pool->mu);
+            spins = 0;
+        }
+        if (atomic_load(&pool->stop))
+            return NULL;
+        seen = gen;
+        pool->fn(pool->arg, w->index, pool->n_threads);
+        atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
+    }
+}
+
+int cpu_pool_new(cpu_pool **out, uint32_t n_threads, muser_error *err)
+{
+    *out = NULL;
+    if (n_threads == 0)
+        n_threads = 1;
+    cpu_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for the thread pool");
+    p->n_threads = n_threads;
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->done, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->stop, false);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    if (n_threads > 1) {
+        p->workers = calloc(n_threads - 1, sizeof *p->workers);
+        if (!p->workers) {
+            cpu_pool_free(p);
+            return muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for %u workers",
+                                n_threads - 1);
+        }
+        for (uint32_t i = 0; i + 1 < n_threads; i++) {
+            p->workers[i].pool = p;
+            p->workers[i].index = i + 1;
+            if (pthread_create(&p->workers[i].thread, NULL, pool_main, &p->workers[i])) {
+                cpu_pool_free(p);
+                return muser_errorf(err, MUSER_E_BACKEND, "cpu: cannot start worker thread %u",
+                                    i + 1);
+            }
+            p->n_started++;
+        }
+    }
+    *out = p;
+    return MUSER_OK;
+}
+
+void cpu_pool_free(cpu_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, true);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (uint32_t i = 0; i < p->n_started; i++)
+        pthread_join(p->workers[i].thread, NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p->workers);
+    free(p);
+}
+
+uint32_t cpu_pool_threads(const cpu_pool *p)
+{
+    return p->n_threads;
+}
+
+void cpu_pool_run(cpu_pool *p, cpu_job_fn fn, void *arg)
+{
+    if (p->n_threads == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->arg = arg;
+    atomic_store(&p->done, 0);
+    atomic_fetch_add(&p->generation, 1);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    fn(arg, 0, p->n_threads);
+    while (atomic_load_explicit(&p->done, memory_order_acquire) != p->n_threads - 1)
+        CPU_RELAX();
+}
