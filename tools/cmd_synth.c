@@ -22,6 +22,9 @@ static void synth_help(FILE *f)
             "  --type T          f32|f16|bf16|q8_0|q4_k|q6_k|mix (default mix: the release mix,\n"
             "                    Q4_K with Q6_K for output and some attn_v / ffn_down)\n"
             "  -t, --threads N   generation threads (default: all CPUs)\n"
+            "  --vocab V         glimmer's vocabulary: o200k (default; data/tokenizers or\n"
+            "                    $MUSER_DATA_DIR/tokenizers) or synthetic (the byte-level BPE of\n"
+            "                    tiny/small, grown to 202048); tiny/small are always synthetic\n"
             "  -h, --help        this help\n");
 }
 
@@ -41,7 +44,7 @@ int cmd_synth(int argc, char **argv)
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--preset") || !strcmp(a, "--arch") || !strcmp(a, "-o") ||
             !strcmp(a, "--output") || !strcmp(a, "--seed") || !strcmp(a, "--type") ||
-            !strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            !strcmp(a, "-t") || !strcmp(a, "--threads") || !strcmp(a, "--vocab")) {
             if (!val)
                 return cli_usage_error("synth", "%s needs a value", a);
             i++;
@@ -80,6 +83,13 @@ int cmd_synth(int argc, char **argv)
                         "synth", "unknown type '%s' (f32, f16, bf16, q8_0, q4_k, q6_k, mix)", val);
                 o.type = t;
             }
+        } else if (!strcmp(a, "--vocab")) {
+            if (!strcmp(val, "synthetic"))
+                o.synthetic_vocab = true;
+            else if (!strcmp(val, "o200k"))
+                o.synthetic_vocab = false;
+            else
+                return cli_usage_error("synth", "unknown vocab '%s' (o200k, synthetic)", val);
         } else { /* -t / --threads */
             if (!muser_parse_u64(val, &u) || u == 0 || u > 1024)
                 return cli_usage_error("synth", "--threads wants 1..1024, not '%s'", val);
