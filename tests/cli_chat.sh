@@ -17,6 +17,9 @@ expect_rc() { # expect_rc WANT DESCRIPTION -- command...
 }
 
 if [ ! -x "$BIN" ]; then echo "SKIP: $BIN is not built"; exit 77; fi
+# One engine thread: the tiny model gains nothing from more, and the CI's two cores are shared
+# by parallel tests (a spinning pool on a busy machine is slower by orders of magnitude).
+T="--threads ${MUSER_TEST_THREADS:-1}"
 
 expect_rc 2 "unknown template" -- "$BIN" chat --template jinja
 expect_rc 2 "unknown option" -- "$BIN" chat --bogus
@@ -33,7 +36,7 @@ if ! "$BIN" synth --preset tiny -o "$M" >"$TMP/synth.log" 2>&1; then
     [ "$fails" -eq 0 ] || exit 1
     exit 77
 fi
-if ! echo hi | "$BIN" chat -m "$M" -n 1 --temp 0 >"$TMP/probe" 2>"$TMP/probe.err"; then
+if ! echo hi | "$BIN" chat $T -m "$M" -n 1 --temp 0 >"$TMP/probe" 2>"$TMP/probe.err"; then
     if grep -q "not built in this tree\|not available" "$TMP/probe.err"; then
         echo "SKIP: the engine is not built yet:"; cat "$TMP/probe.err"
         [ "$fails" -eq 0 ] || exit 1
@@ -44,7 +47,7 @@ fi
 
 chat() { # chat OUTFILE INPUT args...
     local out=$1 input=$2; shift 2
-    printf '%b' "$input" | "$BIN" chat -m "$M" "$@" >"$out" 2>"$out.err" ||
+    printf '%b' "$input" | "$BIN" chat $T -m "$M" "$@" >"$out" 2>"$out.err" ||
         fail "chat $* exited $?: $(tail -2 "$out.err")"
 }
 
@@ -63,12 +66,12 @@ cmp -s "$TMP/c" "$TMP/c_again" || fail "the same seed gave a different conversat
 
 # The first greedy reply is what `run` continues from the same template text (BOS included).
 chat "$TMP/first" 'hello there\n' -n 20 --temp 0
-"$BIN" run -m "$M" -n 20 --temp 0 --special -p $'<|user|>\nhello there<|end|>\n<|assistant|>\n' \
+"$BIN" run $T -m "$M" -n 20 --temp 0 --special -p $'<|user|>\nhello there<|end|>\n<|assistant|>\n' \
     >"$TMP/first_run" 2>"$TMP/first_run.err" || fail "run on the template text failed"
 cmp -s "$TMP/first" "$TMP/first_run" || fail "chat's first reply differs from run on the template text"
 # ... and with a system message.
 chat "$TMP/sys" 'hello there\n' -n 20 --temp 0 --system 'You are terse.'
-"$BIN" run -m "$M" -n 20 --temp 0 --special \
+"$BIN" run $T -m "$M" -n 20 --temp 0 --special \
     -p $'<|system|>\nYou are terse.<|end|>\n<|user|>\nhello there<|end|>\n<|assistant|>\n' \
     >"$TMP/sys_run" 2>/dev/null || fail "run on the system template text failed"
 cmp -s "$TMP/sys" "$TMP/sys_run" || fail "chat with --system differs from run on the template text"

@@ -15,6 +15,9 @@ expect_rc() { # expect_rc WANT DESCRIPTION -- command...
 }
 
 if [ ! -x "$BIN" ]; then echo "SKIP: $BIN is not built"; exit 77; fi
+# One engine thread: the tiny model gains nothing from more, and the CI's two cores are shared
+# by parallel tests (a spinning pool on a busy machine is slower by orders of magnitude).
+T="--threads ${MUSER_TEST_THREADS:-1}"
 
 # --- usage errors: exit 2, before any model is touched ---
 expect_rc 2 "no prompt" -- "$BIN" run -m "$TMP/none.gguf"
@@ -48,7 +51,7 @@ if ! "$BIN" synth --preset tiny -o "$M" >"$TMP/synth.log" 2>&1; then
     [ "$fails" -eq 0 ] || exit 1
     exit 77
 fi
-if ! "$BIN" run -m "$M" -p "probe" -n 1 --temp 0 >"$TMP/probe" 2>"$TMP/probe.err"; then
+if ! "$BIN" run $T -m "$M" -p "probe" -n 1 --temp 0 >"$TMP/probe" 2>"$TMP/probe.err"; then
     if grep -q "not built in this tree\|not available" "$TMP/probe.err"; then
         echo "SKIP: the engine is not built yet:"; cat "$TMP/probe.err"
         [ "$fails" -eq 0 ] || exit 1
@@ -60,7 +63,7 @@ fi
 P="The quick brown fox jumps over the lazy dog. Once upon a time"
 gen() { # gen OUTFILE args...: stdout to OUTFILE, stderr to OUTFILE.err
     local out=$1; shift
-    "$BIN" run -m "$M" -p "$P" "$@" >"$out" 2>"$out.err" || fail "run $* exited $?: $(tail -2 "$out.err")"
+    "$BIN" run $T -m "$M" -p "$P" "$@" >"$out" 2>"$out.err" || fail "run $* exited $?: $(tail -2 "$out.err")"
 }
 gen "$TMP/s7a" -n 40 --seed 7 --temp 1.0 --top-k 0 --min-p 0
 gen "$TMP/s7b" -n 40 --seed 7 --temp 1.0 --top-k 0 --min-p 0
@@ -117,7 +120,7 @@ p0=$(sed -n 's/.*prompt \([0-9]*\) tokens.*/\1/p' "$TMP/b0.err")
 [ "${p1:-0}" -eq $((${p0:-0} + 1)) ] || fail "--no-bos: prompt $p0 tokens vs $p1 with BOS"
 
 # A context too small for the prompt is an error, not a crash.
-expect_rc 1 "prompt longer than --ctx" -- "$BIN" run -m "$M" -p "$P" --ctx 4
+expect_rc 1 "prompt longer than --ctx" -- "$BIN" run $T -m "$M" -p "$P" --ctx 4
 # Generation stops when the context is full.
 gen "$TMP/full" -n 500 --ctx 64 --temp 0 --seed 1
 grep -q "stop: context full\|stop: end token" "$TMP/full.err" || fail "-n 500 did not stop at the context (--ctx 64): $(tail -1 "$TMP/full.err")"
