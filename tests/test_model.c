@@ -99,7 +99,7 @@ static uint64_t write_mini(const char *path, const mini_spec *s)
     set_u32(&mw, a, "rope.dimension_count", D);
     if (s->tokens_not_vocab_size) {
         const char *toks[V];
-        char buf[V][8];
+        char buf[V][16];
         for (int i = 0; i < V; i++) {
             snprintf(buf[i], sizeof buf[i], "t%d", i);
             toks[i] = buf[i];
