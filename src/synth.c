@@ -34,7 +34,6 @@ typedef struct synth_preset {
     uint32_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab, n_ctx;
     uint32_t swa_window, swa_pattern;
     float rope_theta, rms_eps, post_norm_eps, logit_scale, final_softcap;
-    const char *tok_pre; /* tokenizer.ggml.pre */
 } synth_preset;
 
 /* tiny: 8 layers (FULL at 3 and 7), a 16-row window that wraps within a short prompt, and a
@@ -42,11 +41,11 @@ typedef struct synth_preset {
  * small: a TinyLlama-sized body. glimmer: SPEC §1. */
 static const synth_preset presets[] = {
     [MUSER_SYNTH_TINY] = {"tiny", 8, 256, 512, 8, 2, 32, 768, 512, 16, 4, 10000.0f, 1e-5f, 1e-8f,
-                          1.5f, 3.0f, "default"},
+                          1.5f, 3.0f},
     [MUSER_SYNTH_SMALL] = {"small", 22, 2048, 5632, 32, 4, 64, 32000, 4096, 512, 4, 10000.0f,
-                           1e-5f, 1e-8f, 0.353553f, 20.0f, "default"},
+                           1e-5f, 1e-8f, 0.353553f, 20.0f},
     [MUSER_SYNTH_GLIMMER] = {"glimmer", 52, 6656, 19968, 32, 2, 128, 202048, 131072, 2048, 4,
-                             500000.0f, 1e-5f, 1e-8f, 0.196116f, 20.0f, "gpt-4o"},
+                             500000.0f, 1e-5f, 1e-8f, 0.196116f, 20.0f},
 };
 #define N_PRESETS (sizeof presets / sizeof presets[0])
 
@@ -818,6 +817,7 @@ static int build_tensors(const muser_synth_opts *o, const muser_hparams *hp, syn
 /* ------------------------------------------------------------ generation ---- */
 
 #define CHUNK_BYTES (32u << 20)
+#define INLINE_BYTES (64u << 10) /* chunks smaller than this are not worth a thread */
 
 typedef struct gen_job {
     const synth_tensor *t;
@@ -862,7 +862,7 @@ static uint32_t gen_start(synth_gen *g, const synth_tensor *t, uint64_t r0, uint
     uint32_t nt = g->n_threads;
     if ((uint64_t)nt > rows)
         nt = (uint32_t)rows;
-    if (rows * t->row_bytes < (1u << 20) || nt <= 1) {
+    if (rows * t->row_bytes < INLINE_BYTES || nt <= 1) {
         g->jobs[0] = (gen_job){t, r0, r1, dst, g->scratch[0], 0};
         gen_job_run(&g->jobs[0]);
         return 0;
@@ -908,7 +908,8 @@ static int write_tensor_data(gguf_writer *w, const synth_tensor *ts, size_t n_ts
         max_row = ts[i].row_bytes > max_row ? ts[i].row_bytes : max_row;
         total += ts[i].row_bytes * ts[i].ne1;
     }
-    const uint64_t buf_bytes = max_row > CHUNK_BYTES ? max_row : CHUNK_BYTES;
+    const uint64_t chunk = o->chunk_bytes ? o->chunk_bytes : CHUNK_BYTES;
+    const uint64_t buf_bytes = max_row > chunk ? max_row : chunk;
     g.jobs = calloc(g.n_threads, sizeof *g.jobs);
     g.tids = calloc(g.n_threads, sizeof *g.tids);
     g.scratch = calloc(g.n_threads, sizeof *g.scratch);
@@ -1051,7 +1052,8 @@ int muser_synth_write(const muser_synth_opts *o, const char *path, uint64_t *out
             goto done;
         muser_vocab_free(&ov);
     } else {
-        if ((rc = write_vocab_kv(w, &v, presets[o->preset].tok_pre, err)))
+        /* The synthetic merges were learned under GPT-2's pre-tokenizer: pre "default". */
+        if ((rc = write_vocab_kv(w, &v, "default", err)))
             goto done;
         vocab_free(&v);
     }

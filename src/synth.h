@@ -27,6 +27,8 @@ typedef struct muser_synth_opts {
     int type;                  /* ggml type of every matrix, or MUSER_SYNTH_TYPE_MIX */
     uint32_t n_threads;        /* generation threads; 0 = all online CPUs */
     bool progress;             /* progress bar on stderr (muser_progress rules) */
+    uint32_t chunk_bytes;      /* generation chunk (two are in memory); 0 = 32 MiB. Tests make
+                                  it small to run the chunk pipeline on a tiny model. */
     /* Vocabulary. glimmer carries the real o200k vocabulary (src/vocab.h) read from data_dir
      * (NULL: vocab.h's default lookup) and fails if it cannot be read, unless synthetic_vocab
      * asks for the synthetic byte-level BPE padded to 202048 instead. tiny/small always use
