@@ -7,16 +7,20 @@
  *        frequency: l -= frequency * count
  *   2. temperature 0 -> greedy: argmax of the penalised row, ties to the lowest id. Otherwise
  *      l / T, then
- *   3. top-k (k largest, ties to the lowest id), 4. top-p (smallest prefix of the sorted
- *      candidates whose probability reaches p), 5. min-p (drop p_i < min_p * p_max), 6. draw.
+ *   3. top-k (k largest, ties to the lowest id), 4. top-p (smallest best-ranked prefix whose
+ *      probability reaches p), 5. min-p (drop p_i < min_p * p_max), 6. draw.
  *
  * Cost per token on a V-wide row: one copy and one scan of the row. With top-k the k best come
- * from a size-k min-heap (O(V log k)) and only k exponentials are taken. Without top-k, min-p is a
- * threshold in logit space (no exponentials), and top-p sorts lazily: quickselect brings the next
- * chunk of largest candidates to the front, only that chunk is sorted, and the chunk doubles until
- * the cumulative mass reaches p. top-p and min-p both keep a prefix of the candidates sorted by
- * probability, so applying min-p's cheap filter first gives the same set as the documented order,
- * provided top-p is measured against the mass of all candidates after top-k (it is).
+ * from a size-k min-heap (O(V log k)) and only k exponentials are taken. min-p is a threshold on
+ * the scaled logit (no exponential needed to decide). Without top-k, top-p needs no full sort:
+ * one pass sums the weight per bucket of the float's upper bits, the bucket where the running
+ * weight crosses p is found from the top, and only that bucket is sorted to place the exact cut.
+ * top-p and min-p both keep a best-ranked prefix, so filtering min-p first gives the same set as
+ * the documented order, provided top-p is measured against the weight of all candidates left by
+ * top-k (it is).
+ *
+ * The draw walks the kept candidates in rank order when top-k is on and in id order otherwise;
+ * the distribution is the same either way, the order only fixes which token a seed yields.
  *
  * RNG: xoshiro256** (Blackman & Vigna), its 256-bit state filled by four successive outputs of
  * splitmix64 started at the seed. A uniform double in [0,1) is (next() >> 11) * 2^-53; one draw
@@ -38,8 +42,9 @@
 #include <string.h>
 
 #define SAMPLER_MAX_LOGPROBS 20
-/* First chunk the lazy top-p sort brings to the front; doubled until the mass reaches p. */
-#define TOP_P_FIRST_CHUNK 256
+/* top-p buckets: a positive float's upper 16 bits (sign, exponent, 7 mantissa bits) order it,
+ * so weights in (0, 1] fall in buckets 0 .. 0x3F80, larger weight -> higher bucket. */
+#define TOP_P_BUCKETS (0x3F80 + 1)
 
 struct muser_sampler {
     muser_sampler_params p;
@@ -47,6 +52,9 @@ struct muser_sampler {
     float *work;       /* [V] penalised logits (a copy; the caller's row is never written) */
     int32_t *idx;      /* [V] candidate ids */
     float *val;        /* [V] candidate values, parallel to idx */
+    int32_t *b_idx;    /* [V] top-p: the candidates of the boundary bucket */
+    float *b_val;      /* [V] */
+    double *b_mass;    /* [TOP_P_BUCKETS] top-p: weight per bucket */
     int32_t *counts;   /* [V] occurrences of each id in the penalty window */
     int32_t *history;  /* [repeat_last_n] ring of the last accepted ids */
     uint32_t hist_len, hist_head;
@@ -146,9 +154,13 @@ int muser_sampler_new(muser_sampler **out, uint32_t n_vocab, const muser_sampler
     s->work = malloc((size_t)n_vocab * sizeof *s->work);
     s->idx = malloc((size_t)n_vocab * sizeof *s->idx);
     s->val = malloc((size_t)n_vocab * sizeof *s->val);
+    s->b_idx = malloc((size_t)n_vocab * sizeof *s->b_idx);
+    s->b_val = malloc((size_t)n_vocab * sizeof *s->b_val);
+    s->b_mass = malloc(TOP_P_BUCKETS * sizeof *s->b_mass);
     s->counts = calloc(n_vocab, sizeof *s->counts);
     s->history = malloc((size_t)(p->repeat_last_n ? p->repeat_last_n : 1) * sizeof *s->history);
-    if (!s->work || !s->idx || !s->val || !s->counts || !s->history) {
+    if (!s->work || !s->idx || !s->val || !s->b_idx || !s->b_val || !s->b_mass || !s->counts ||
+        !s->history) {
         muser_sampler_free(s);
         return muser_errorf(err, MUSER_E_NOMEM, "sampler: out of memory for %u-entry buffers",
                             n_vocab);
@@ -165,6 +177,9 @@ void muser_sampler_free(muser_sampler *s)
     free(s->work);
     free(s->idx);
     free(s->val);
+    free(s->b_idx);
+    free(s->b_val);
+    free(s->b_mass);
     free(s->counts);
     free(s->history);
     free(s);
@@ -233,6 +248,13 @@ static inline bool ranks_before(float va, int32_t ia, float vb, int32_t ib)
     return va > vb || (va == vb && ia < ib);
 }
 
+static inline uint32_t bucket_of(float w)
+{
+    uint32_t bits;
+    memcpy(&bits, &w, sizeof bits);
+    return bits >> 16;
+}
+
 /* Min-heap (the worst candidate at the root) over parallel idx/val arrays. */
 static void heap_sift_down(int32_t *idx, float *val, uint32_t n, uint32_t i)
 {
@@ -292,36 +314,6 @@ static void sort_cands(int32_t *idx, float *val, uint32_t n)
     /* Min-heap pops put the worst at the end first, so idx[0] is now the best. */
 }
 
-/* Quickselect: rearrange idx/val[lo, hi) so that its m best (m <= hi-lo) come first, in any
- * order. Median-of-three pivots; iterative. */
-static void select_best(int32_t *idx, float *val, uint32_t lo, uint32_t hi, uint32_t m)
-{
-    uint32_t target = lo + m; /* positions [lo, target) must hold the best */
-    while (hi - lo > 1 && target > lo && target < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        /* median of three into position hi-1 as the pivot */
-        if (ranks_before(val[mid], idx[mid], val[lo], idx[lo]))
-            swap_cand(idx, val, mid, lo);
-        if (ranks_before(val[hi - 1], idx[hi - 1], val[lo], idx[lo]))
-            swap_cand(idx, val, hi - 1, lo);
-        if (ranks_before(val[mid], idx[mid], val[hi - 1], idx[hi - 1]))
-            swap_cand(idx, val, mid, hi - 1);
-        float pv = val[hi - 1];
-        int32_t pi = idx[hi - 1];
-        uint32_t store = lo;
-        for (uint32_t i = lo; i < hi - 1; i++)
-            if (ranks_before(val[i], idx[i], pv, pi))
-                swap_cand(idx, val, i, store++);
-        swap_cand(idx, val, store, hi - 1); /* pivot at its final rank */
-        if (store == target || store + 1 == target)
-            return;
-        if (store > target)
-            hi = store;
-        else
-            lo = store + 1;
-    }
-}
-
 /* ---- the chain ---- */
 
 static int32_t argmax_lowest(const float *x, uint32_t n)
@@ -368,6 +360,55 @@ static void raw_logprobs(const muser_sampler *s, const float *logits, int32_t ch
     }
 }
 
+/* top-p without a sort of the whole list (idx/val[0, n) in id order, val = weights in (0, 1]).
+ * One pass sums the weight per bucket; walking buckets from the top finds the bucket where the
+ * running weight crosses need; only that bucket's candidates are sorted, to find the exact last
+ * candidate kept (in rank order: weight, then lower id). A filter pass then keeps everything
+ * ranking at or before it, still in id order, and *mass becomes their weight. */
+static uint32_t top_p_threshold(muser_sampler *s, uint32_t n, double need, double *mass)
+{
+    memset(s->b_mass, 0, TOP_P_BUCKETS * sizeof *s->b_mass);
+    for (uint32_t i = 0; i < n; i++)
+        s->b_mass[bucket_of(s->val[i])] += (double)s->val[i];
+    double above = 0.0;
+    uint32_t b = TOP_P_BUCKETS;
+    while (b-- > 0) {
+        if (above + s->b_mass[b] >= need)
+            break;
+        above += s->b_mass[b];
+    }
+    if (b >= TOP_P_BUCKETS)
+        return n; /* rounding: the whole list is needed */
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (bucket_of(s->val[i]) == b) {
+            s->b_idx[m] = s->idx[i];
+            s->b_val[m] = s->val[i];
+            m++;
+        }
+    sort_cands(s->b_idx, s->b_val, m);
+    uint32_t last = m - 1;
+    for (uint32_t j = 0; j < m; j++) {
+        above += (double)s->b_val[j];
+        if (above >= need) {
+            last = j;
+            break;
+        }
+    }
+    const float lv = s->b_val[last];
+    const int32_t li = s->b_idx[last];
+    uint32_t kept = 0;
+    *mass = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        if (!ranks_before(lv, li, s->val[i], s->idx[i])) { /* at or before the last one */
+            s->idx[kept] = s->idx[i];
+            s->val[kept] = s->val[i];
+            *mass += (double)s->val[i];
+            kept++;
+        }
+    return kept;
+}
+
 /* Steps 3-6 on s->work (penalised, at least one finite entry): returns the drawn id. */
 static int32_t sample_truncated(muser_sampler *s)
 {
@@ -408,56 +449,61 @@ static int32_t sample_truncated(muser_sampler *s)
         }
     }
 
-    /* Temperature, then weights: val becomes exp((l - l_max) / T), so the best weighs 1 and a
-     * tiny T sends the rest to 0 (never inf * 0 = NaN). Only these n exponentials are taken. */
+    /* Temperature: val becomes x = (l - l_max) / T <= 0, the best at 0; a tiny T sends the rest
+     * to -inf (never inf * 0 = NaN). A candidate's weight is expf(x), the best weighing 1. */
     float raw_max = -INFINITY;
     for (uint32_t i = 0; i < n; i++)
         if (s->val[i] > raw_max)
             raw_max = s->val[i];
-    double z = 0.0; /* mass of all candidates: the denominator top-p measures against */
-    for (uint32_t i = 0; i < n; i++) {
-        s->val[i] = (float)exp(((double)s->val[i] - (double)raw_max) / (double)p->temperature);
-        z += (double)s->val[i];
-    }
-    double mass = z;
+    for (uint32_t i = 0; i < n; i++)
+        s->val[i] = (s->val[i] - raw_max) / p->temperature;
 
-    /* min-p: p_i >= min_p * p_max, and p_max weighs 1. */
-    if (p->min_p > 0.0f) {
-        uint32_t kept = 0;
-        mass = 0.0;
+    /* top-p measures against the weight of every candidate left by top-k. */
+    double z = 0.0;
+    if (p->top_p < 1.0f)
         for (uint32_t i = 0; i < n; i++)
-            if (s->val[i] >= p->min_p) {
+            z += (double)expf(s->val[i]);
+
+    /* min-p: p_i >= min_p * p_max <=> x_i >= log(min_p). Order is kept. */
+    if (p->min_p > 0.0f) {
+        const float cut = logf(p->min_p);
+        uint32_t kept = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if (s->val[i] >= cut) {
                 s->idx[kept] = s->idx[i];
                 s->val[kept] = s->val[i];
-                mass += (double)s->val[i];
                 kept++;
             }
-        n = kept; /* order preserved, so a sorted list stays sorted */
+        n = kept;
     }
 
-    /* top-p: the shortest best-first prefix whose weight reaches top_p * z. */
+    /* Weights of the survivors. */
+    double mass = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        s->val[i] = expf(s->val[i]);
+        mass += (double)s->val[i];
+    }
+
+    /* top-p: keep the best-ranked candidates up to the first whose running weight reaches
+     * top_p * z. When min-p already kept less than that, top-p keeps all of it. */
     if (p->top_p < 1.0f && n > 1 && mass >= (double)p->top_p * z) {
-        double need = (double)p->top_p * z, cum = 0.0;
-        uint32_t sorted_to = sorted ? n : 0;
-        uint32_t chunk = TOP_P_FIRST_CHUNK;
-        for (uint32_t i = 0; i < n; i++) {
-            if (i == sorted_to) {
-                uint32_t m = n - i < chunk ? n - i : chunk;
-                select_best(s->idx, s->val, i, n, m);
-                sort_cands(s->idx + i, s->val + i, m);
-                sorted_to = i + m;
-                chunk *= 2;
+        const double need = (double)p->top_p * z;
+        if (sorted) {
+            double cum = 0.0;
+            for (uint32_t i = 0; i < n; i++) {
+                cum += (double)s->val[i];
+                if (cum >= need) {
+                    n = i + 1;
+                    mass = cum;
+                    break;
+                }
             }
-            cum += (double)s->val[i];
-            if (cum >= need) {
-                n = i + 1;
-                mass = cum;
-                break;
-            }
+        } else {
+            n = top_p_threshold(s, n, need, &mass);
         }
     }
 
-    /* Draw over what is left, in list order. */
+    /* Draw: walk the list (rank order with top-k, id order without) to the uniform's step. */
     double u = rng_uniform(s->rng) * mass, acc = 0.0;
     for (uint32_t i = 0; i < n; i++) {
         acc += (double)s->val[i];

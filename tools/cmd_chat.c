@@ -29,8 +29,8 @@ static void chat_help(FILE *f)
                "stdout. Ctrl-C stops a reply, Ctrl-D exits; /reset forgets the conversation,\n"
                "/exit quits. Reads stdin line by line when it is not a terminal.\n\n"
                "options:\n"
-               "  --template NAME         %s (default: from the model's\n"
-               "                          tokenizer.ggml.chat_template, else its special tokens)\n"
+               "  --template NAME         %s (default: recognised in the model's\n"
+               "                          chat template metadata, else its special tokens)\n"
                "  --system TEXT           a system message opening the conversation\n",
             chat_template_names());
     gen_print_option_help(f);

@@ -53,7 +53,7 @@ void gen_print_option_help(FILE *f)
             "  --frequency-penalty F   subtract F x count from recent tokens (default 0)\n"
             "  --seed S                RNG seed (default: random, printed on stderr)\n"
             "  --backend NAME          cpu | cuda | oracle (default cpu)\n"
-            "  --threads N             CPU threads; 0 = all cores (default 0)\n"
+            "  -t, --threads N         CPU threads; 0 = all cores (default 0)\n"
             "  --ctx N                 context limit in tokens (default: see docs/cli.md)\n",
             cli_default_model());
 }
@@ -128,7 +128,7 @@ int gen_parse_option(const char *cmd, int argc, char **argv, int *i, gen_opts *o
                    -1;
         o->sess.backend = (muser_backend_kind)b;
         rc = 1;
-    } else if (!strcmp(a, "--threads")) {
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         rc = parse_u32(cmd, a, v, &o->sess.n_threads);
     } else if (!strcmp(a, "--ctx")) {
         rc = parse_u32(cmd, a, v, &u);
