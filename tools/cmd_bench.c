@@ -1,10 +1,343 @@
-/* cmd_bench.c — placeholder until its module lands (replaced by the module's owner). */
+/* cmd_bench.c — `muser bench`: prefill and decode speed of a backend, and how close decode
+ * comes to the machine's memory bandwidth.
+ *
+ *   muser bench -m MODEL [--backend cpu|cuda|oracle] [--prompt 128] [--gen 32] [--threads N]
+ *               [--ctx 0,4096,...] [--max-batch N]
+ *
+ * For each context length C in --ctx (default 0): a fresh session; C filler tokens are
+ * prefilled untimed; then prefill = ONE forward call over --prompt tokens (the batch route),
+ * decode = --gen calls of one token, each the greedy argmax of the previous logits.
+ * Decode bytes/token = the weight bytes one token reads (every matrix once, one embedding row)
+ * + the K/V bytes its attention reads (f16, every allowed position of every layer); achieved
+ * GB/s = bytes/token x tok/s, reported as a % of a bandwidth measured in the same run (a
+ * multi-threaded streaming read of a buffer much larger than the caches). A backend whose
+ * memory is not host memory (cuda) adds its own measurement in measure_bandwidth. */
 #include "cli.h"
+#include "quant.h"
+#include "session.h"
+#include "util.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define BENCH_MAX_CTX 16
+#define BENCH_BW_BYTES (512ull << 20)
+
+typedef struct bench_opts {
+    const char *model;
+    int backend;
+    uint32_t prompt, gen, threads, max_batch;
+    uint64_t ctx[BENCH_MAX_CTX];
+    uint32_t n_ctx;
+} bench_opts;
+
+/* ---- memory bandwidth: threads each sum a slice of one large buffer ---- */
+
+typedef struct bw_slice {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} bw_slice;
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint64_t bw_read_avx2(const uint64_t *p, size_t n)
+{
+    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + i)));
+        b = _mm256_add_epi64(b, _mm256_load_si256((const __m256i *)(p + i + 4)));
+        c = _mm256_add_epi64(c, _mm256_load_si256((const __m256i *)(p + i + 8)));
+        d = _mm256_add_epi64(d, _mm256_load_si256((const __m256i *)(p + i + 12)));
+    }
+    a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
+    uint64_t o[4];
+    _mm256_storeu_si256((__m256i *)o, a);
+    return o[0] + o[1] + o[2] + o[3];
+}
+#endif
+
+static void *bw_thread(void *arg)
+{
+    bw_slice *s = arg;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2")) {
+        s->sum = bw_read_avx2(s->p, s->n);
+        return NULL;
+    }
+#endif
+    uint64_t a = 0;
+    for (size_t i = 0; i < s->n; i++)
+        a += s->p[i];
+    s->sum = a;
+    return NULL;
+}
+
+/* Best of 5 reads of a 512 MiB buffer by n threads, in GB/s (1e9 bytes); 0 on failure. */
+static double host_bandwidth(uint32_t n)
+{
+    if (n == 0 || n > 256)
+        n = 1;
+    uint64_t *buf = muser_alloc_aligned(BENCH_BW_BYTES);
+    bw_slice *sl = calloc(n, sizeof *sl);
+    pthread_t *th = calloc(n, sizeof *th);
+    double best = 0.0;
+    if (!buf || !sl || !th)
+        goto out;
+    const size_t words = BENCH_BW_BYTES / 8, per = words / n / 16 * 16;
+    for (size_t i = 0; i < words; i++)
+        buf[i] = i;
+    for (int rep = 0; rep < 5; rep++) {
+        const double t0 = muser_now_s();
+        uint32_t started = 0;
+        for (uint32_t t = 0; t < n; t++) {
+            sl[t] = (bw_slice){.p = buf + t * per, .n = per};
+            if (pthread_create(&th[t], NULL, bw_thread, &sl[t]))
+                break;
+            started++;
+        }
+        for (uint32_t t = 0; t < started; t++)
+            pthread_join(th[t], NULL);
+        const double dt = muser_now_s() - t0;
+        if (started == n && dt > 0) {
+            const double gbs = (double)per * n * 8 / dt / 1e9;
+            best = gbs > best ? gbs : best;
+        }
+    }
+out:
+    muser_free_aligned(buf);
+    free(sl);
+    free(th);
+    return best;
+}
+
+/* The bandwidth decode is bounded by on this backend; name says what was measured. */
+static double measure_bandwidth(int backend, uint32_t threads, const char **name)
+{
+    (void)backend; /* cuda: device memory bandwidth goes here */
+    *name = "host memory, streaming read";
+    return host_bandwidth(threads);
+}
+
+/* ---- model byte counts ---- */
+
+static uint64_t tensor_bytes(const muser_tensor *t)
+{
+    return t->data ? t->row_bytes * t->rows : 0;
+}
+
+/* Weight bytes one decode token reads: everything once, but one row of the embedding (unless
+ * the LM head is the embedding). */
+static uint64_t decode_weight_bytes(const muser_model *m)
+{
+    uint64_t b = m->weight_bytes - tensor_bytes(&m->tok_embd) + m->tok_embd.row_bytes;
+    if (m->output.data == m->tok_embd.data)
+        b += tensor_bytes(&m->tok_embd);
+    return b;
+}
+
+/* f16 K+V bytes attention reads for a token at position p. */
+static uint64_t kv_bytes_at(const muser_hparams *hp, uint64_t p)
+{
+    uint64_t rows = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        uint64_t span = p + 1;
+        if (muser_layer_is_swa(hp, l) && span > hp->swa_window)
+            span = hp->swa_window;
+        rows += span;
+    }
+    return rows * hp->n_head_kv * hp->head_dim * 2 * sizeof(uint16_t);
+}
+
+/* ---- the run ---- */
+
+static uint32_t argmax(const float *z, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (z[i] > z[best])
+            best = i;
+    return best;
+}
+
+static int bench_one(const bench_opts *o, const muser_model *m, uint64_t ctx, double bw)
+{
+    const muser_hparams *hp = &m->hp;
+    const uint32_t V = hp->n_vocab;
+    muser_session_opts so = {.backend = (muser_backend_kind)o->backend,
+                             .n_ctx = ctx + o->prompt + o->gen + 1,
+                             .n_threads = o->threads,
+                             .max_batch = o->max_batch};
+    muser_session *s = NULL;
+    muser_error err = {0};
+    float *logits = malloc((uint64_t)V * sizeof(float));
+    int32_t *tok = malloc((ctx > o->prompt ? ctx : o->prompt) * sizeof(int32_t) + 4);
+    int rc = 1;
+    if (!logits || !tok) {
+        fprintf(stderr, "muser bench: out of memory\n");
+        goto out;
+    }
+    if (muser_session_new(&s, m, &so, &err)) {
+        fprintf(stderr, "muser bench: %s\n", err.msg);
+        goto out;
+    }
+    /* deterministic filler tokens */
+    uint64_t x = 88172645463325252ull;
+    const uint64_t nfill = ctx > o->prompt ? ctx : o->prompt;
+    for (uint64_t i = 0; i < nfill; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        tok[i] = (int32_t)(x % V);
+    }
+    const uint32_t step = o->max_batch ? o->max_batch : 512;
+    for (uint64_t off = 0; off < ctx; off += step) {
+        const uint32_t n = (uint32_t)(ctx - off < step ? ctx - off : step);
+        if (muser_session_forward(s, tok + off, n, NULL, false, &err)) {
+            fprintf(stderr, "muser bench: filling the context: %s\n", err.msg);
+            goto out;
+        }
+    }
+    double t0 = muser_now_s();
+    if (muser_session_forward(s, tok, o->prompt, logits, false, &err)) {
+        fprintf(stderr, "muser bench: prefill: %s\n", err.msg);
+        goto out;
+    }
+    const double t_prefill = muser_now_s() - t0;
+    uint64_t kv_read = 0;
+    t0 = muser_now_s();
+    for (uint32_t g = 0; g < o->gen; g++) {
+        const int32_t next = (int32_t)argmax(logits, V);
+        kv_read += kv_bytes_at(hp, s->n_past);
+        if (muser_session_forward(s, &next, 1, logits, false, &err)) {
+            fprintf(stderr, "muser bench: decode: %s\n", err.msg);
+            goto out;
+        }
+    }
+    const double t_decode = muser_now_s() - t0;
+    const double prefill_tps = o->prompt / t_prefill;
+    const double decode_tps = o->gen / t_decode;
+    const double bytes_tok = (double)decode_weight_bytes(m) + (double)kv_read / o->gen;
+    const double gbs = bytes_tok * decode_tps / 1e9;
+    printf("ctx %-7llu prefill %4u tok: %8.2f tok/s (%.3f s) | decode %4u tok: %7.2f tok/s "
+           "(%.2f ms/tok) | %.1f MB/tok -> %.2f GB/s = %.0f%% of %.2f GB/s\n",
+           (unsigned long long)ctx, o->prompt, prefill_tps, t_prefill, o->gen, decode_tps,
+           1e3 / decode_tps, bytes_tok / 1e6, gbs, bw > 0 ? 100.0 * gbs / bw : 0.0, bw);
+    rc = 0;
+out:
+    muser_session_free(s);
+    free(logits);
+    free(tok);
+    return rc;
+}
+
+static int parse_ctx_list(const char *s, bench_opts *o)
+{
+    o->n_ctx = 0;
+    char buf[256];
+    if (strlen(s) >= sizeof buf)
+        return -1;
+    strcpy(buf, s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->n_ctx == BENCH_MAX_CTX || !muser_parse_u64(t, &o->ctx[o->n_ctx]))
+            return -1;
+        o->n_ctx++;
+    }
+    return o->n_ctx ? 0 : -1;
+}
+
+static bool parse_u32(const char *s, uint32_t *out, uint32_t lo)
+{
+    uint64_t v;
+    if (!muser_parse_u64(s, &v) || v < lo || v > UINT32_MAX)
+        return false;
+    *out = (uint32_t)v;
+    return true;
+}
 
 int cmd_bench(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "muser bench: not built in this tree yet\n");
-    return 1;
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: muser bench [-m MODEL] [--backend cpu|cuda|oracle] [--prompt N] [--gen N]\n"
+               "                   [--threads N] [--ctx C1,C2,...] [--max-batch N]\n"
+               "Prefill (one batch call of --prompt tokens, default 128) and decode (--gen\n"
+               "greedy tokens, default 32) speed after C tokens of context (--ctx, default 0),\n"
+               "with decode bytes/token, achieved GB/s and its share of the memory bandwidth\n"
+               "measured in the same run.\n");
+        return 0;
+    }
+    bench_opts o = {.model = NULL, .backend = MUSER_BACKEND_CPU, .prompt = 128, .gen = 32,
+                    .n_ctx = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--backend") ||
+            !strcmp(a, "--prompt") || !strcmp(a, "--gen") || !strcmp(a, "--threads") ||
+            !strcmp(a, "--ctx") || !strcmp(a, "--max-batch")) {
+            if (!v)
+                return cli_usage_error("bench", "%s needs a value", a);
+            i++;
+        } else {
+            return cli_usage_error("bench", "unknown argument '%s'", a);
+        }
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            o.model = v;
+        } else if (!strcmp(a, "--backend")) {
+            if ((o.backend = muser_backend_from_name(v)) < 0)
+                return cli_usage_error("bench", "unknown backend '%s' (cpu, cuda, oracle)", v);
+        } else if (!strcmp(a, "--prompt")) {
+            if (!parse_u32(v, &o.prompt, 2))
+                return cli_usage_error("bench", "--prompt wants an integer >= 2, got '%s'", v);
+        } else if (!strcmp(a, "--gen")) {
+            if (!parse_u32(v, &o.gen, 1))
+                return cli_usage_error("bench", "--gen wants an integer >= 1, got '%s'", v);
+        } else if (!strcmp(a, "--threads")) {
+            if (!parse_u32(v, &o.threads, 1))
+                return cli_usage_error("bench", "--threads wants an integer >= 1, got '%s'", v);
+        } else if (!strcmp(a, "--max-batch")) {
+            if (!parse_u32(v, &o.max_batch, 1))
+                return cli_usage_error("bench", "--max-batch wants an integer >= 1, got '%s'", v);
+        } else if (!strcmp(a, "--ctx")) {
+            if (parse_ctx_list(v, &o))
+                return cli_usage_error("bench", "--ctx wants a list like 0,4096, got '%s'", v);
+        }
+    }
+    if (!o.model)
+        o.model = cli_default_model();
+    muser_model *m = NULL;
+    muser_error err = {0};
+    if (muser_model_load(&m, o.model, &err)) {
+        fprintf(stderr, "muser bench: %s\n", err.msg);
+        return 1;
+    }
+    const muser_hparams *hp = &m->hp;
+    for (uint32_t c = 0; c < o.n_ctx; c++)
+        if (o.ctx[c] + o.prompt + o.gen > hp->n_ctx_train) {
+            fprintf(stderr,
+                    "muser bench: ctx %llu + prompt %u + gen %u exceeds the model's context %u\n",
+                    (unsigned long long)o.ctx[c], o.prompt, o.gen, hp->n_ctx_train);
+            muser_model_free(m);
+            return 1;
+        }
+    uint32_t threads = o.threads;
+    if (threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (uint32_t)n : 1;
+    }
+    const char *bw_name;
+    const double bw = measure_bandwidth(o.backend, threads, &bw_name);
+    printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights\n", o.model,
+           muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_ff, hp->n_vocab,
+           m->weight_bytes / 1e6);
+    printf("backend %s, %u threads, simd %s; bandwidth %.2f GB/s (%s, %u threads)\n",
+           muser_backend_name((muser_backend_kind)o.backend), threads, quant_simd_name(), bw,
+           bw_name, threads);
+    int rc = 0;
+    for (uint32_t c = 0; c < o.n_ctx && rc == 0; c++)
+        rc = bench_one(&o, m, o.ctx[c], bw);
+    muser_model_free(m);
+    return rc;
 }
