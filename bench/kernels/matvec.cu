@@ -1,0 +1,419 @@
+/* matvec.cu — workbench for src/cuda/matvec.cuh: the decode route's quantized matrix × vector.
+ *
+ * For each Glimmer shape (cols -> rows) and each weight format it: fills random raw GGUF blocks on
+ * the device (valid f16 scales), repacks as the backend does, checks each version against a CPU
+ * reference (quant.c's dequantize, f64 dot) on sampled rows, poisons the output to catch unwritten
+ * rows, and times each version with events over rotating copies (> L2) — median of N.
+ * Versions (the story is in NOTES.md):
+ *   v1  warp per row, element-wise dequant (mv_elem)        — the plain correct one
+ *   v2  R=1: vector loads, in-register dequant, byte trick   — one row per warp
+ *   v3  R=2: two rows per warp share the x registers
+ *   v4  R=4
+ * Also: a streaming-read kernel (the bandwidth ceiling measured in the same run), the four
+ * attention projections as one launch, and the ffn gate·up pair with SiLU fused.
+ *   usage: kbench_matvec [reps] */
+#include "cuda/matvec.cuh"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <vector>
+
+extern "C" {
+#include "quant.h"
+}
+
+#define CK(x)                                                                                    \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+static __device__ uint32_t hash32(uint64_t i, uint32_t seed)
+{
+    uint64_t z = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)(z ^ (z >> 31));
+}
+static __device__ float urand(uint64_t i, uint32_t seed) /* [-1, 1) */
+{
+    return (float)(hash32(i, seed) >> 8) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+/* Raw GGUF bytes: random quants, sane f16 scales. n = total raw bytes. */
+__global__ void fill_raw(uint8_t *p, size_t n, uint32_t type, uint32_t seed)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; type != MV_T_F32 && i < n / 2;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint16_t v = (uint16_t)hash32(i, seed);
+        const size_t byte = 2 * i;
+        if (type == MV_T_F16) {
+            v = __half_as_ushort(__float2half(urand(i, seed)));
+        } else if (type == MV_T_Q4_K) {
+            const size_t o = byte % 144;
+            if (o == 0) v = __half_as_ushort(__float2half(0.002f + 0.004f * fabsf(urand(i, seed))));
+            if (o == 2) v = __half_as_ushort(__float2half(0.001f + 0.002f * fabsf(urand(i, seed))));
+        } else if (type == MV_T_Q6_K) {
+            if (byte % 210 == 208) v = __half_as_ushort(__float2half(0.0005f + 0.001f * fabsf(urand(i, seed))));
+        } else if (type == MV_T_Q8_0) {
+            if (byte % 34 == 0) v = __half_as_ushort(__float2half(0.002f + 0.004f * fabsf(urand(i, seed))));
+        }
+        ((uint16_t *)p)[i] = v;
+    }
+    if (type == MV_T_F32) /* overwrite as floats */
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x)
+            ((float *)p)[i] = urand(i + 77, seed) * 0.05f;
+}
+
+__global__ void fill_x(float *x, uint32_t n, uint32_t seed)
+{
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = urand(i, seed);
+}
+
+/* v1: warp per row, element-wise. */
+__global__ void mv_v1(mv_mat m, const float *x, float *y)
+{
+    const uint32_t row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (row >= m.rows) return;
+    float s = 0.f;
+    for (uint32_t c = lane; c < m.cols; c += 32) s += mv_elem(m, row, c) * x[c];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+    if (lane == 0) y[row] = s;
+}
+
+/* Streaming read: the ceiling. */
+__global__ void read_bw(const uint4 *p, size_t n, uint32_t *sink)
+{
+    uint32_t acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldg(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) sink[0] = acc;
+}
+
+static int ggml_type_of(uint32_t t) { return (int)t; } /* MV_T_* are the ggml ids */
+
+static const char *tname(uint32_t t)
+{
+    switch (t) {
+    case MV_T_F32: return "f32";
+    case MV_T_F16: return "f16";
+    case MV_T_Q8_0: return "q8_0";
+    case MV_T_Q4_K: return "q4_k";
+    case MV_T_Q6_K: return "q6_k";
+    default: return "?";
+    }
+}
+
+/* A matrix in device layout, n_copy rotating copies. */
+struct devmat {
+    std::vector<uint8_t *> copies;
+    size_t bytes;
+    mv_mat m;
+    std::vector<uint8_t> host_raw; /* sampled rows, raw GGUF */
+    std::vector<uint32_t> sample_rows;
+};
+
+static void make_mat(devmat &dm, uint32_t type, uint32_t rows, uint32_t cols, int n_copy, uint32_t seed)
+{
+    const size_t rb = mv_row_bytes(type, cols);
+    dm.bytes = rb * rows;
+    dm.m.type = type;
+    dm.m.rows = rows;
+    dm.m.cols = cols;
+    uint8_t *raw = NULL;
+    const bool repack = type == MV_T_Q6_K || type == MV_T_Q8_0;
+    CK(cudaMalloc(&raw, dm.bytes));
+    for (int k = 0; k < n_copy; k++) {
+        fill_raw<<<2048, 256>>>(raw, dm.bytes, type, seed + k);
+        CK(cudaGetLastError());
+        if (k == 0) { /* sample rows for the CPU check */
+            dm.sample_rows.clear();
+            for (uint32_t i = 0; i < 48 && i < rows; i++) dm.sample_rows.push_back((uint32_t)(((uint64_t)i * 2654435761u) % rows));
+            dm.sample_rows.push_back(0);
+            dm.sample_rows.push_back(rows - 1);
+            dm.host_raw.resize(rb * dm.sample_rows.size());
+            for (size_t i = 0; i < dm.sample_rows.size(); i++)
+                CK(cudaMemcpy(dm.host_raw.data() + i * rb, raw + (size_t)dm.sample_rows[i] * rb, rb, cudaMemcpyDeviceToHost));
+        }
+        uint8_t *dst = NULL;
+        CK(cudaMalloc(&dst, dm.bytes));
+        if (repack) {
+            const size_t bb = type == MV_T_Q6_K ? 210 : 34;
+            const size_t nblk = dm.bytes / bb;
+            if (type == MV_T_Q6_K)
+                mv_repack_q6k<<<(unsigned)((nblk + 255) / 256), 256>>>(raw, dst, nblk, 0, nblk);
+            else
+                mv_repack_q80<<<(unsigned)((nblk + 255) / 256), 256>>>(raw, dst, nblk, 0, nblk);
+            CK(cudaGetLastError());
+        } else {
+            CK(cudaMemcpy(dst, raw, dm.bytes, cudaMemcpyDeviceToDevice));
+        }
+        dm.copies.push_back(dst);
+    }
+    CK(cudaDeviceSynchronize());
+    CK(cudaFree(raw));
+}
+
+static void free_mat(devmat &dm)
+{
+    for (uint8_t *p : dm.copies) CK(cudaFree(p));
+    dm.copies.clear();
+}
+
+/* Relative L2 error of the sampled rows against the f64 CPU reference; -1 if any row unwritten. */
+static double check(const devmat &dm, const float *hx, const float *hy, uint32_t cols)
+{
+    const size_t rb = mv_row_bytes(dm.m.type, cols);
+    std::vector<float> w(cols);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < dm.sample_rows.size(); i++) {
+        if (quant_dequantize_row((uint32_t)ggml_type_of(dm.m.type), dm.host_raw.data() + i * rb, w.data(), cols) != 0) {
+            fprintf(stderr, "quant_dequantize_row failed for %s\n", tname(dm.m.type));
+            return 1e30;
+        }
+        double ref = 0;
+        for (uint32_t c = 0; c < cols; c++) ref += (double)w[c] * hx[c];
+        const float got = hy[dm.sample_rows[i]];
+        if (!isfinite(got)) return -1;
+        num += (got - ref) * (got - ref);
+        den += ref * ref;
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static int count_unwritten(const float *hy, uint32_t n)
+{
+    int bad = 0;
+    for (uint32_t i = 0; i < n; i++) bad += !isfinite(hy[i]);
+    return bad;
+}
+
+typedef void (*launch_fn)(const devmat &, int copy, const float *x, float *y);
+
+template <int R>
+static void launch_vR(const devmat &dm, int copy, const float *x, float *y)
+{
+    mv_launch L;
+    memset(&L, 0, sizeof L);
+    L.n_seg = 1;
+    L.seg[0].a = dm.m;
+    L.seg[0].a.data = dm.copies[copy];
+    L.seg[0].out = y;
+    L.seg[0].op = MV_OP_STORE;
+    L.n_warps = (dm.m.rows + R - 1) / R;
+    mv_kernel<R><<<(L.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32>>>(L, x);
+}
+static void launch_v1(const devmat &dm, int copy, const float *x, float *y)
+{
+    mv_mat m = dm.m;
+    m.data = dm.copies[copy];
+    mv_v1<<<(m.rows + 7) / 8, 256>>>(m, x, y);
+}
+
+static float time_it(launch_fn f, const devmat &dm, const float *x, float *y, int reps)
+{
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    const int nc = (int)dm.copies.size();
+    for (int i = 0; i < 2; i++) f(dm, i % nc, x, y);
+    std::vector<float> t;
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(a));
+        f(dm, i % nc, x, y);
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    CK(cudaGetLastError());
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+int main(int argc, char **argv)
+{
+    const int reps = argc > 1 ? atoi(argv[1]) : 25;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+
+    /* the ceiling: streaming read of 4 GiB */
+    const size_t bw_bytes = (size_t)4 << 30;
+    uint4 *big;
+    uint32_t *sink;
+    CK(cudaMalloc(&big, bw_bytes));
+    CK(cudaMalloc(&sink, 4));
+    fill_raw<<<2048, 256>>>((uint8_t *)big, bw_bytes, MV_T_Q4_K, 1);
+    std::vector<float> tb;
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 12; i++) {
+        CK(cudaEventRecord(a));
+        read_bw<<<prop.multiProcessorCount * 8, 512>>>(big, bw_bytes / 16, sink);
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (i >= 2) tb.push_back(ms);
+    }
+    std::sort(tb.begin(), tb.end());
+    const double read_gbs = bw_bytes / (tb[tb.size() / 2] * 1e-3) / 1e9;
+    printf("streaming read: %.1f GB/s (4 GiB, median of 10)\n", read_gbs);
+    CK(cudaFree(big));
+
+    const uint32_t shapes[][2] = {{6656, 4096}, {6656, 256}, {4096, 6656}, {6656, 19968}, {19968, 6656}, {6656, 202048}};
+    const uint32_t types[] = {MV_T_Q4_K, MV_T_Q6_K, MV_T_Q8_0, MV_T_F16, MV_T_F32};
+    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)"};
+    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>};
+
+    float *x, *y;
+    CK(cudaMalloc(&x, 20000 * 4 * 4));
+    CK(cudaMalloc(&y, 202048 * 4 * 2));
+    std::vector<float> hx(20000 * 4), hy(202048 * 2);
+    printf("\n%-6s %-14s %10s | %-26s | %-26s | %-26s | %-26s\n", "type", "shape", "MB", "v1 us GB/s %", "v2(R1)", "v3(R2)", "v4(R4)");
+    int fails = 0;
+    for (uint32_t t : types) {
+        for (auto &sh : shapes) {
+            const uint32_t cols = sh[0], rows = sh[1];
+            devmat dm;
+            const size_t bytes = mv_row_bytes(t, cols) * rows;
+            const int n_copy = (int)std::min<size_t>(8, std::max<size_t>(2, (size_t)(400u << 20) / bytes + 1));
+            make_mat(dm, t, rows, cols, n_copy, 1000 + t * 7 + cols);
+            fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + t);
+            CK(cudaMemcpy(hx.data(), x, cols * 4, cudaMemcpyDeviceToHost));
+            printf("%-6s %6u->%-7u %10.1f |", tname(t), cols, rows, bytes / 1e6);
+            for (int v = 0; v < 4; v++) {
+                CK(cudaMemset(y, 0xFF, rows * 4)); /* NaN poison */
+                vf[v](dm, 0, x, y);
+                CK(cudaDeviceSynchronize());
+                CK(cudaMemcpy(hy.data(), y, rows * 4, cudaMemcpyDeviceToHost));
+                const int unw = count_unwritten(hy.data(), rows);
+                const double err = check(dm, hx.data(), hy.data(), cols);
+                const int vr = (v == 0 && bytes > (1u << 30)) ? 3 : reps;
+                const float ms = time_it(vf[v], dm, x, y, vr);
+                const double gbs = bytes / (ms * 1e-3) / 1e9;
+                const bool ok = unw == 0 && err >= 0 && err < 1e-5;
+                fails += !ok;
+                printf(" %8.1f %6.0f %5.1f%% %s |", ms * 1e3, gbs, 100 * gbs / read_gbs, ok ? "ok" : "BAD");
+                if (!ok) fprintf(stderr, "  %s %s %ux%u: unwritten %d rel err %.3g\n", tname(t), vname[v], cols, rows, unw, err);
+            }
+            printf("\n");
+            free_mat(dm);
+        }
+    }
+
+    /* Fused launches, Q4_K: the 4 attention projections, and ffn gate·up with SiLU. */
+    {
+        devmat q, k, v, g, fg, fu;
+        make_mat(q, MV_T_Q4_K, 4096, 6656, 4, 11);
+        make_mat(k, MV_T_Q4_K, 256, 6656, 4, 12);
+        make_mat(v, MV_T_Q4_K, 256, 6656, 4, 13);
+        make_mat(g, MV_T_Q4_K, 4096, 6656, 4, 14);
+        make_mat(fg, MV_T_Q4_K, 19968, 6656, 2, 15);
+        make_mat(fu, MV_T_Q4_K, 19968, 6656, 2, 16);
+        fill_x<<<(6656 + 255) / 256, 256>>>(x, 6656, 5);
+        CK(cudaMemcpy(hx.data(), x, 6656 * 4, cudaMemcpyDeviceToHost));
+        float *out;
+        CK(cudaMalloc(&out, 40000 * 4));
+        const devmat *mats[4] = {&q, &k, &v, &g};
+        std::vector<float> ts;
+        for (int it = 0; it < reps + 2; it++) {
+            mv_launch L;
+            memset(&L, 0, sizeof L);
+            L.n_seg = 4;
+            uint32_t wb = 0, ob = 0;
+            for (int s = 0; s < 4; s++) {
+                L.seg[s].a = mats[s]->m;
+                L.seg[s].a.data = mats[s]->copies[it % 4];
+                L.seg[s].out = out + ob;
+                L.seg[s].warp_begin = wb;
+                wb += (mats[s]->m.rows + 1) / 2;
+                ob += mats[s]->m.rows;
+            }
+            L.n_warps = wb;
+            if (it == 0) CK(cudaMemset(out, 0xFF, 40000 * 4));
+            CK(cudaEventRecord(a));
+            mv_kernel<2><<<(wb + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32>>>(L, x);
+            CK(cudaEventRecord(b));
+            CK(cudaEventSynchronize(b));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            if (it >= 2) ts.push_back(ms);
+            if (it == 0) {
+                CK(cudaMemcpy(hy.data(), out, 8704 * 4, cudaMemcpyDeviceToHost));
+                uint32_t ob2 = 0;
+                for (int s = 0; s < 4; s++) {
+                    const double e = check(*mats[s], hx.data(), hy.data() + ob2, 6656);
+                    if (!(e >= 0 && e < 1e-5)) { fails++; fprintf(stderr, "qkvg seg %d err %g\n", s, e); }
+                    ob2 += mats[s]->m.rows;
+                }
+                fails += count_unwritten(hy.data(), 8704) != 0;
+            }
+        }
+        std::sort(ts.begin(), ts.end());
+        const double qb = 2.0 * (q.bytes + k.bytes);
+        printf("\nq4_k QKVG one launch (8704 rows): %.1f us, %.0f GB/s, %.1f%%\n", ts[ts.size() / 2] * 1e3,
+               qb / (ts[ts.size() / 2] * 1e-3) / 1e9, 100 * qb / (ts[ts.size() / 2] * 1e-3) / 1e9 / read_gbs);
+
+        ts.clear();
+        for (int it = 0; it < reps + 2; it++) {
+            mv_launch L;
+            memset(&L, 0, sizeof L);
+            L.n_seg = 1;
+            L.seg[0].a = fg.m;
+            L.seg[0].a.data = fg.copies[it % 2];
+            L.seg[0].b = fu.m;
+            L.seg[0].b.data = fu.copies[it % 2];
+            L.seg[0].op = MV_OP_SILU_MUL;
+            L.seg[0].out = out;
+            L.n_warps = 19968;
+            CK(cudaEventRecord(a));
+            mv_kernel<2><<<19968 / MV_WARPS, MV_WARPS * 32>>>(L, x);
+            CK(cudaEventRecord(b));
+            CK(cudaEventSynchronize(b));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            if (it >= 2) ts.push_back(ms);
+            if (it == 0) { /* check silu(g)*u on sampled rows */
+                CK(cudaMemcpy(hy.data(), out, 19968 * 4, cudaMemcpyDeviceToHost));
+                std::vector<float> wg(6656), wu(6656);
+                double num = 0, den = 0;
+                const size_t rb = mv_row_bytes(MV_T_Q4_K, 6656);
+                for (size_t i = 0; i < fg.sample_rows.size(); i++) {
+                    quant_dequantize_row(GGML_TYPE_Q4_K, fg.host_raw.data() + i * rb, wg.data(), 6656);
+                    quant_dequantize_row(GGML_TYPE_Q4_K, fu.host_raw.data() + i * rb, wu.data(), 6656);
+                    double sg = 0, su = 0;
+                    for (int c = 0; c < 6656; c++) { sg += (double)wg[c] * hx[c]; su += (double)wu[c] * hx[c]; }
+                    const double ref = sg / (1 + exp(-sg)) * su, got = hy[fg.sample_rows[i]];
+                    num += (got - ref) * (got - ref);
+                    den += ref * ref;
+                }
+                const double e = sqrt(num / den);
+                if (!(e < 1e-5)) { fails++; fprintf(stderr, "gate-up err %g\n", e); }
+            }
+        }
+        std::sort(ts.begin(), ts.end());
+        const double gb = 2.0 * fg.bytes;
+        printf("q4_k ffn gate+up+SiLU one launch (2x 6656->19968): %.1f us, %.0f GB/s, %.1f%%\n", ts[ts.size() / 2] * 1e3,
+               gb / (ts[ts.size() / 2] * 1e-3) / 1e9, 100 * gb / (ts[ts.size() / 2] * 1e-3) / 1e9 / read_gbs);
+        free_mat(q); free_mat(k); free_mat(v); free_mat(g); free_mat(fg); free_mat(fu);
+    }
+    printf("\nkbench_matvec: %s\n", fails ? "FAILED" : "all checks ok");
+    return fails ? 1 : 0;
+}

@@ -1,0 +1,795 @@
+/* backend.cu — the CUDA decode backend: device context, weight upload, KV planes, the one-token
+ * route recorded once as a CUDA graph, the session vtable (muser_backend_cuda) and the bench lane.
+ *
+ * The op sequence per token (SPEC §1), one kernel per box:
+ *   embed+entry norm+attn_norm[0] -> per layer: [Q,K,V,gate matvec, one launch]
+ *   -> [QK-norm + RoPE + KV store] -> [split attention] -> [combine + sigmoid gate]
+ *   -> [o_proj] -> [tail 1: h += postnorm(y); f = ffn_norm(h)] -> [gate·up matvec + SiLU]
+ *   -> [down] -> [tail 2: h += postnorm(y); a = next pre-norm (output_norm after the last layer)]
+ *   -> [LM head matvec + scale + soft cap] -> [argmax] (+ logits copy when asked).
+ * Why not src/forward.h's op interface: it did not exist when this was written, and the device
+ * route must be enqueued once into a graph with every shape fixed and the position read from
+ * device memory; this sequence is that recording (route_enqueue). Position and KV metadata live
+ * in device memory (cu_step), refreshed by one host->device copy that is the graph's first node.
+ *
+ * Nothing is allocated per token: buffers, graph and pinned staging are made at init. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "session.h"
+#include "quant.h"
+#include "util.h"
+}
+#include "cuda/cuda_backend.h"
+#include "cuda/ops.cuh"
+
+#define CU_TRY(call, what)                                                                          \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess)                                                                      \
+            return muser_errorf(err, MUSER_E_BACKEND, "cuda: %s: %s", what, cudaGetErrorString(e_)); \
+    } while (0)
+
+#define CU_STAGE_BYTES ((size_t)64 << 20)
+
+/* Device copy of one layer's weights. Vectors are f32. */
+typedef struct cu_layer {
+    mv_mat q, k, v, gate, o, ffn_gate, ffn_up, ffn_down;
+    float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffw_norm;
+    uint16_t *kp, *vp;         /* KV plane storage (f16), layout per kv.h */
+    uint16_t *save_k, *save_v; /* ring rows saved at a checkpoint */
+    cu_attn_geom geom;
+} cu_layer;
+
+typedef struct cu_ctx {
+    const muser_model *m;
+    int device, n_sm;
+    cudaStream_t st;
+    uint8_t *weights;          /* one allocation for every matrix and vector */
+    size_t weights_bytes;
+    uint64_t read_bytes;       /* weight bytes the route reads per token */
+    cu_layer *layers;
+    mv_mat emb, out;
+    float *out_norm;
+    uint8_t *kv_mem;
+    /* activations */
+    float *h, *a, *qkvg, *attn_o, *y, *ffn, *ffn_g, *ffn_u, *logits, *part_ml, *part_acc, *am_v;
+    int32_t *am_i, *d_token, *d_nonfinite;
+    void *d_step;              /* cu_step + meta[n_layer] */
+    void *h_step;              /* pinned mirror */
+    size_t step_bytes;
+    float *h_logits;           /* pinned */
+    int32_t *h_flags;          /* pinned: [0] argmax token, [1] non-finite count */
+    muser_kv kv;               /* host metadata (no storage) */
+    cudaGraphExec_t g_fwd, g_bench;
+    bool gate_up_paired;
+    double upload_s;
+} cu_ctx;
+
+static uint32_t mv_type_of(uint32_t ggml)
+{
+    switch (ggml) {
+    case GGML_TYPE_F32: return MV_T_F32;
+    case GGML_TYPE_F16: return MV_T_F16;
+    case GGML_TYPE_BF16: return MV_T_BF16;
+    case GGML_TYPE_Q8_0: return MV_T_Q8_0;
+    case GGML_TYPE_Q4_K: return MV_T_Q4_K;
+    case GGML_TYPE_Q6_K: return MV_T_Q6_K;
+    default: return 0xFFFFFFFFu;
+    }
+}
+
+/* ---- upload ---------------------------------------------------------------------------------- */
+typedef struct uploader {
+    cu_ctx *c;
+    uint8_t *pinned[2];
+    uint8_t *dev_stage[2];
+    cudaEvent_t done[2];
+    int cur;
+    size_t off;                /* next free byte in c->weights */
+    muser_progress prog;
+    uint64_t sent;
+} uploader;
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* Copy n bytes at src (host) to dst (device) through the pinned double buffer; repack `type`
+ * blocks when dst is a repacked layout (rows [r0..) of a matrix of total_blk blocks). */
+static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uint32_t type, size_t first_blk,
+                    size_t total_blk, muser_error *err)
+{
+    const int i = u->cur;
+    u->cur ^= 1;
+    CU_TRY(cudaEventSynchronize(u->done[i]), "upload wait");
+    memcpy(u->pinned[i], src, n);
+    if (type == MV_T_Q6_K || type == MV_T_Q8_0) {
+        CU_TRY(cudaMemcpyAsync(u->dev_stage[i], u->pinned[i], n, cudaMemcpyHostToDevice, u->c->st), "upload copy");
+        const size_t bb = type == MV_T_Q6_K ? 210 : 34, nblk = n / bb;
+        if (type == MV_T_Q6_K)
+            mv_repack_q6k<<<(unsigned)((nblk + 255) / 256), 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
+        else
+            mv_repack_q80<<<(unsigned)((nblk + 255) / 256), 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
+        CU_TRY(cudaGetLastError(), "repack");
+    } else {
+        CU_TRY(cudaMemcpyAsync(dst, u->pinned[i], n, cudaMemcpyHostToDevice, u->c->st), "upload copy");
+    }
+    CU_TRY(cudaEventRecord(u->done[i], u->c->st), "upload event");
+    u->sent += n;
+    muser_progress_update(&u->prog, u->sent);
+    return MUSER_OK;
+}
+
+static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, muser_error *err)
+{
+    const uint32_t type = mv_type_of(t->type);
+    if (type == 0xFFFFFFFFu)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: tensor %s: type %u has no CUDA matvec", t->name, t->type);
+    const uint32_t blk_elems = (type == MV_T_Q4_K || type == MV_T_Q6_K) ? 256 : (type == MV_T_Q8_0 ? 32 : 8);
+    if (t->cols % blk_elems != 0 || t->rows > 0xFFFFFFFFu)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: tensor %s: %llu columns (the CUDA matvec needs a multiple of %u)",
+                            t->name, (unsigned long long)t->cols, blk_elems);
+    const size_t bytes = (size_t)t->row_bytes * t->rows;
+    out->type = type;
+    out->rows = (uint32_t)t->rows;
+    out->cols = (uint32_t)t->cols;
+    out->data = u->c->weights + u->off;
+    u->off = align256(u->off + bytes);
+    const size_t rows_per = CU_STAGE_BYTES / t->row_bytes > 0 ? CU_STAGE_BYTES / t->row_bytes : 1;
+    const size_t blk_per_row = t->row_bytes / (type == MV_T_Q6_K ? 210 : type == MV_T_Q8_0 ? 34 : 1);
+    for (size_t r = 0; r < t->rows; r += rows_per) {
+        const size_t nr = r + rows_per <= t->rows ? rows_per : t->rows - r;
+        const uint8_t *src = (const uint8_t *)t->data + r * t->row_bytes;
+        uint8_t *dst = (type == MV_T_Q6_K || type == MV_T_Q8_0) ? (uint8_t *)out->data
+                                                                 : (uint8_t *)out->data + r * t->row_bytes;
+        int rc = up_chunk(u, src, nr * t->row_bytes, dst, type, r * blk_per_row, (size_t)t->rows * blk_per_row, err);
+        if (rc) return rc;
+    }
+    return MUSER_OK;
+}
+
+/* A vector (norm weights) as f32, any stored type. */
+static int up_vector(uploader *u, const muser_tensor *t, float **out, muser_error *err)
+{
+    *out = NULL;
+    if (!t->data) return MUSER_OK;
+    const uint64_t n = t->cols * t->rows;
+    float *tmp = (float *)malloc(n * sizeof(float));
+    if (!tmp) return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory for %s", t->name);
+    int rc = quant_dequantize_row(t->type, t->data, tmp, n);
+    if (rc) {
+        free(tmp);
+        return muser_errorf(err, (muser_status)rc, "cuda: cannot read vector %s", t->name);
+    }
+    *out = (float *)(u->c->weights + u->off);
+    u->off = align256(u->off + n * sizeof(float));
+    rc = up_chunk(u, (const uint8_t *)tmp, n * sizeof(float), (uint8_t *)*out, MV_T_F32, 0, 0, err);
+    free(tmp);
+    return rc;
+}
+
+static size_t tensor_dev_bytes(const muser_tensor *t)
+{
+    if (!t->data) return 0;
+    if (t->rows == 1 || t->cols == t->rows * t->cols) /* vectors become f32 */
+        return align256(t->cols * t->rows * sizeof(float));
+    return align256((size_t)t->row_bytes * t->rows);
+}
+
+static int upload_weights(cu_ctx *c, muser_error *err)
+{
+    const muser_model *m = c->m;
+    const muser_hparams *hp = &m->hp;
+    size_t total = tensor_dev_bytes(&m->tok_embd) + tensor_dev_bytes(&m->output_norm);
+    const bool tied = m->output.data == m->tok_embd.data;
+    if (!tied) total += tensor_dev_bytes(&m->output);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const muser_layer *L = &m->layers[l];
+        const muser_tensor *ts[] = {&L->attn_norm, &L->attn_q, &L->attn_k, &L->attn_v, &L->attn_gate,
+                                    &L->attn_q_norm, &L->attn_k_norm, &L->attn_output, &L->post_attention_norm,
+                                    &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down, &L->post_ffw_norm};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) total += tensor_dev_bytes(ts[i]);
+    }
+    c->weights_bytes = total;
+    CU_TRY(cudaMalloc((void **)&c->weights, total), "weights allocation");
+    uploader u;
+    memset(&u, 0, sizeof u);
+    u.c = c;
+    for (int i = 0; i < 2; i++) {
+        CU_TRY(cudaMallocHost((void **)&u.pinned[i], CU_STAGE_BYTES), "pinned staging");
+        CU_TRY(cudaMalloc((void **)&u.dev_stage[i], CU_STAGE_BYTES), "device staging");
+        CU_TRY(cudaEventCreate(&u.done[i]), "event");
+        CU_TRY(cudaEventRecord(u.done[i], c->st), "event");
+    }
+    const double t0 = muser_now_s();
+    muser_progress_begin(&u.prog, "cuda upload", total);
+    int rc = up_matrix(&u, &m->tok_embd, &c->emb, err);
+    if (!rc) rc = up_vector(&u, &m->output_norm, &c->out_norm, err);
+    if (!rc) {
+        if (tied) c->out = c->emb;
+        else rc = up_matrix(&u, &m->output, &c->out, err);
+    }
+    c->read_bytes = (uint64_t)m->output.row_bytes * m->output.rows + m->output_norm.cols * 4;
+    for (uint32_t l = 0; !rc && l < hp->n_layer; l++) {
+        const muser_layer *L = &m->layers[l];
+        cu_layer *D = &c->layers[l];
+        if (!rc) rc = up_vector(&u, &L->attn_norm, &D->attn_norm, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_q, &D->q, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_k, &D->k, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_v, &D->v, err);
+        if (!rc && hp->attn_gate) rc = up_matrix(&u, &L->attn_gate, &D->gate, err);
+        if (!rc && hp->qk_norm) rc = up_vector(&u, &L->attn_q_norm, &D->q_norm, err);
+        if (!rc && hp->qk_norm) rc = up_vector(&u, &L->attn_k_norm, &D->k_norm, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_output, &D->o, err);
+        if (!rc && hp->sandwich) rc = up_vector(&u, &L->post_attention_norm, &D->post_attn_norm, err);
+        if (!rc) rc = up_vector(&u, &L->ffn_norm, &D->ffn_norm, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_gate, &D->ffn_gate, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_up, &D->ffn_up, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_down, &D->ffn_down, err);
+        if (!rc && hp->sandwich) rc = up_vector(&u, &L->post_ffw_norm, &D->post_ffw_norm, err);
+        const muser_tensor *ts[] = {&L->attn_norm, &L->attn_q, &L->attn_k, &L->attn_v, &L->attn_gate,
+                                    &L->attn_q_norm, &L->attn_k_norm, &L->attn_output, &L->post_attention_norm,
+                                    &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down, &L->post_ffw_norm};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            if (ts[i]->data) c->read_bytes += (uint64_t)ts[i]->row_bytes * ts[i]->rows;
+    }
+    cudaError_t e = cudaStreamSynchronize(c->st);
+    muser_progress_finish(&u.prog);
+    for (int i = 0; i < 2; i++) {
+        cudaFreeHost(u.pinned[i]);
+        cudaFree(u.dev_stage[i]);
+        cudaEventDestroy(u.done[i]);
+    }
+    if (!rc && e != cudaSuccess) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: upload: %s", cudaGetErrorString(e));
+    c->upload_s = muser_now_s() - t0;
+    return rc;
+}
+
+/* ---- the route ------------------------------------------------------------------------------- */
+/* Profiling: events between op families of one non-graph token. */
+enum { PF_EMBED, PF_QKVG, PF_ROPE, PF_ATTN, PF_OPROJ, PF_TAIL, PF_FFN_UP, PF_DOWN, PF_HEAD, PF_N };
+static const char *pf_name[PF_N] = {"embed+norm", "qkvg matvec", "qk-norm/rope/store", "attention+combine",
+                                    "o_proj matvec", "tails", "gate/up+silu", "down matvec", "lm head+argmax"};
+typedef struct profiler {
+    cudaEvent_t ev[1024];
+    int fam[1024];
+    int n;
+} profiler;
+
+static void pf_mark(profiler *p, cudaStream_t st, int fam)
+{
+    if (!p || p->n >= 1024) return;
+    cudaEventRecord(p->ev[p->n], st);
+    p->fam[p->n++] = fam;
+}
+
+/* One segment of a matvec launch. */
+static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint32_t R)
+{
+    mv_seg *s = &L->seg[L->n_seg++];
+    memset(s, 0, sizeof *s);
+    s->a = *a;
+    s->out = out;
+    s->op = op;
+    s->warp_begin = L->n_warps;
+    L->n_warps += (a->rows + R - 1) / R;
+}
+
+/* matvec of several matrices over the same x; consecutive same-type matrices share one launch. */
+static void mv_group(cudaStream_t st, const mv_mat *const *mats, float *const *outs, int n, const float *x)
+{
+    mv_launch L;
+    memset(&L, 0, sizeof L);
+    for (int i = 0; i < n; i++) {
+        if (L.n_seg && (L.n_seg == MV_MAX_SEG || L.seg[0].a.type != mats[i]->type)) {
+            mv_kernel<2><<<(L.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(L, x);
+            memset(&L, 0, sizeof L);
+        }
+        seg_set(&L, mats[i], outs[i], MV_OP_STORE, 2);
+    }
+    if (L.n_seg) mv_kernel<2><<<(L.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(L, x);
+}
+
+static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
+{
+    const muser_hparams *hp = &c->m->hp;
+    cudaStream_t st = c->st;
+    const uint32_t E = hp->n_embd, H = hp->n_head, HKV = hp->n_head_kv, D = hp->head_dim;
+    cu_step *dstep = (cu_step *)c->d_step;
+    const cu_plane_meta *dmeta = (const cu_plane_meta *)(dstep + 1);
+    if (!bench_token)
+        cudaMemcpyAsync(c->d_step, c->h_step, c->step_bytes, cudaMemcpyHostToDevice, st);
+    else /* position and metadata only: the token is the previous step's argmax */
+        cudaMemcpyAsync(&dstep->pos, &((cu_step *)c->h_step)->pos, sizeof(uint64_t), cudaMemcpyHostToDevice, st);
+    if (bench_token) {
+        cudaMemcpyAsync((uint8_t *)c->d_step + sizeof(cu_step), (uint8_t *)c->h_step + sizeof(cu_step),
+                        c->step_bytes - sizeof(cu_step), cudaMemcpyHostToDevice, st);
+        cudaMemcpyAsync(&dstep->token, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToDevice, st);
+    }
+    pf_mark(pf, st, PF_EMBED);
+    cu_embed_norm(st, &c->emb, &dstep->token, c->h, c->a, c->layers[0].attn_norm, hp->rms_eps, hp->entry_norm,
+                  hp->rms_eps, E);
+    float *q = c->qkvg, *k = q + (size_t)H * D, *v = k + (size_t)HKV * D, *g = v + (size_t)HKV * D;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        cu_layer *L = &c->layers[l];
+        pf_mark(pf, st, PF_QKVG);
+        const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
+        float *outs[4] = {q, k, v, g};
+        mv_group(st, mats, outs, hp->attn_gate ? 4 : 3, c->a);
+        pf_mark(pf, st, PF_ROPE);
+        cu_qk_rope_store(st, c->qkvg, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
+                         hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
+                         &L->geom);
+        pf_mark(pf, st, PF_ATTN);
+        if (cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc, hp->attn_gate ? g : NULL,
+                         c->attn_o, &L->geom))
+            return -1;
+        pf_mark(pf, st, PF_OPROJ);
+        const mv_mat *om[1] = {&L->o};
+        float *oo[1] = {c->y};
+        mv_group(st, om, oo, 1, c->attn_o);
+        pf_mark(pf, st, PF_TAIL);
+        cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E);
+        pf_mark(pf, st, PF_FFN_UP);
+        if (c->gate_up_paired) {
+            mv_launch ml;
+            memset(&ml, 0, sizeof ml);
+            seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, 1);
+            ml.seg[0].b = L->ffn_up;
+            mv_kernel<2><<<(ml.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(ml, c->a);
+        } else {
+            const mv_mat *gm[2] = {&L->ffn_gate, &L->ffn_up};
+            float *go[2] = {c->ffn_g, c->ffn_u};
+            mv_group(st, gm, go, 2, c->a);
+            cu_silu_mul(st, c->ffn_g, c->ffn_u, c->ffn, hp->n_ff);
+        }
+        pf_mark(pf, st, PF_DOWN);
+        const mv_mat *dm[1] = {&L->ffn_down};
+        float *dout[1] = {c->y};
+        mv_group(st, dm, dout, 1, c->ffn);
+        pf_mark(pf, st, PF_TAIL);
+        const bool last = l + 1 == hp->n_layer;
+        cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
+                hp->rms_eps, hp->sandwich, E);
+    }
+    pf_mark(pf, st, PF_HEAD);
+    mv_launch hl;
+    memset(&hl, 0, sizeof hl);
+    seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, 2);
+    hl.seg[0].scale = hp->logit_scale;
+    hl.seg[0].cap = hp->final_softcap;
+    mv_kernel<2><<<(hl.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(hl, c->a);
+    cu_argmax(st, c->logits, hp->n_vocab, c->am_v, c->am_i, c->d_token, c->d_nonfinite);
+    cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
+    cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
+    if (readback)
+        cudaMemcpyAsync(c->h_logits, c->logits, (size_t)hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, st);
+    pf_mark(pf, st, PF_N);
+    return 0;
+}
+
+static int record_graph(cu_ctx *c, bool readback, bool bench_token, cudaGraphExec_t *out, muser_error *err)
+{
+    cudaGraph_t g;
+    CU_TRY(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal), "graph capture begin");
+    const int rc = route_enqueue(c, readback, bench_token, NULL);
+    cudaError_t e = cudaStreamEndCapture(c->st, &g);
+    if (rc) {
+        if (e == cudaSuccess) cudaGraphDestroy(g);
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: attention with head_dim %u and %u:%u heads is not built",
+                            c->m->hp.head_dim, c->m->hp.n_head, c->m->hp.n_head_kv);
+    }
+    CU_TRY(e, "graph capture");
+    e = cudaGraphInstantiate(out, g, 0);
+    cudaGraphDestroy(g);
+    CU_TRY(e, "graph instantiate");
+    return MUSER_OK;
+}
+
+/* ---- context --------------------------------------------------------------------------------- */
+static void ctx_free(cu_ctx *c)
+{
+    if (!c) return;
+    if (c->g_fwd) cudaGraphExecDestroy(c->g_fwd);
+    if (c->g_bench) cudaGraphExecDestroy(c->g_bench);
+    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
+    if (c->h_step) cudaFreeHost(c->h_step);
+    if (c->h_logits) cudaFreeHost(c->h_logits);
+    if (c->h_flags) cudaFreeHost(c->h_flags);
+    if (c->st) cudaStreamDestroy(c->st);
+    kv_free(&c->kv);
+    free(c->layers);
+    free(c);
+}
+
+static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int device, muser_error *err)
+{
+    *out = NULL;
+    const muser_hparams *hp = &m->hp;
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
+        return muser_errorf(err, MUSER_E_BACKEND, "cuda: no CUDA device");
+    if (device < 0 || device >= n_dev)
+        return muser_errorf(err, MUSER_E_ARG, "cuda: device %d does not exist (%d present)", device, n_dev);
+    CU_TRY(cudaSetDevice(device), "set device");
+    if (hp->head_dim != 32 && hp->head_dim != 64 && hp->head_dim != 128)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: head_dim %u (built for 32, 64, 128)", hp->head_dim);
+    const uint32_t G = hp->n_head / hp->n_head_kv;
+    if (G != 1 && G != 2 && G != 4 && G != 8 && G != 16)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: %u query heads per KV head (built for 1,2,4,8,16)", G);
+    if (hp->n_embd % 8 || hp->n_ff % 8)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: widths must be multiples of 8");
+    cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
+    if (!c) return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory");
+    c->m = m;
+    c->device = device;
+    cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device);
+    c->layers = (cu_layer *)calloc(hp->n_layer, sizeof *c->layers);
+    int rc = MUSER_OK;
+#define FAIL(call)                   \
+    do {                             \
+        if ((rc = (call)) != 0) {    \
+            ctx_free(c);             \
+            return rc;               \
+        }                            \
+    } while (0)
+    if (!c->layers) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
+    FAIL(kv_init(&c->kv, hp, n_ctx, false, err));
+    cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
+    if (e) FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: stream: %s", cudaGetErrorString(e)));
+    FAIL(upload_weights(c, err));
+    /* KV planes: one allocation, zero-filled (SPEC §3). */
+    size_t kv_bytes = 0;
+    uint32_t max_split = 1;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const kv_plane *pl = &c->kv.planes[l];
+        kv_bytes += 2 * align256(pl->capacity * hp->n_head_kv * hp->head_dim * 2);
+        if (pl->ring) kv_bytes += 2 * align256((size_t)KV_MAX_SPEC_ROWS * hp->n_head_kv * hp->head_dim * 2);
+        cu_attn_geom *g = &c->layers[l].geom;
+        g->n_head = hp->n_head;
+        g->n_head_kv = hp->n_head_kv;
+        g->head_dim = hp->head_dim;
+        g->ring = pl->ring;
+        g->scale = hp->attn_scale;
+        const uint64_t want = (pl->capacity + 63) / 64;
+        g->n_split = (uint32_t)(want < 1 ? 1 : (want > 128 ? 128 : want));
+        if (g->n_split > max_split) max_split = g->n_split;
+    }
+    e = cudaMalloc((void **)&c->kv_mem, kv_bytes);
+    if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: KV planes (%zu bytes): %s", kv_bytes, cudaGetErrorString(e)));
+    cudaMemset(c->kv_mem, 0, kv_bytes);
+    size_t off = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const kv_plane *pl = &c->kv.planes[l];
+        const size_t pb = align256(pl->capacity * hp->n_head_kv * hp->head_dim * 2);
+        c->layers[l].kp = (uint16_t *)(c->kv_mem + off);
+        c->layers[l].vp = (uint16_t *)(c->kv_mem + off + pb);
+        off += 2 * pb;
+        if (pl->ring) {
+            const size_t sb = align256((size_t)KV_MAX_SPEC_ROWS * hp->n_head_kv * hp->head_dim * 2);
+            c->layers[l].save_k = (uint16_t *)(c->kv_mem + off);
+            c->layers[l].save_v = (uint16_t *)(c->kv_mem + off + sb);
+            off += 2 * sb;
+        }
+    }
+    /* activations, one allocation */
+    const size_t E = hp->n_embd, F = hp->n_ff, V = hp->n_vocab, QD = (size_t)hp->n_head * hp->head_dim,
+                 KD = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t n_part = (size_t)hp->n_head_kv * max_split * G;
+    const size_t fl = 2 * E + (2 * QD + 2 * KD) + QD + E + 3 * F + V + 256;
+    e = cudaMalloc((void **)&c->h, fl * sizeof(float) + 260 * sizeof(int32_t));
+    if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: activations: %s", cudaGetErrorString(e)));
+    c->a = c->h + E;                      /* [E] normed input of the next matvec */
+    c->qkvg = c->a + E;                   /* [H·D | HKV·D | HKV·D | H·D] */
+    c->attn_o = c->qkvg + 2 * QD + 2 * KD; /* [H·D] gated attention output */
+    c->y = c->attn_o + QD;                /* [E] o_proj / down output */
+    c->ffn = c->y + E;                    /* [F] silu(g)·u */
+    c->ffn_g = c->ffn + F;
+    c->ffn_u = c->ffn_g + F;
+    c->logits = c->ffn_u + F;             /* [V] */
+    c->am_v = c->logits + V;              /* [256] argmax partials */
+    c->am_i = (int32_t *)(c->am_v + 256);
+    c->d_token = c->am_i + 256;
+    c->d_nonfinite = c->d_token + 1;
+    e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&c->part_acc, n_part * hp->head_dim * sizeof(float));
+    if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: attention partials: %s", cudaGetErrorString(e)));
+    c->step_bytes = sizeof(cu_step) + hp->n_layer * sizeof(cu_plane_meta);
+    e = cudaMalloc(&c->d_step, c->step_bytes);
+    if (!e) e = cudaMallocHost(&c->h_step, c->step_bytes);
+    if (!e) e = cudaMallocHost((void **)&c->h_logits, V * sizeof(float));
+    if (!e) e = cudaMallocHost((void **)&c->h_flags, 4 * sizeof(int32_t));
+    if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: step buffers: %s", cudaGetErrorString(e)));
+    memset(c->h_step, 0, c->step_bytes);
+    cudaMemsetAsync(c->d_token, 0, 2 * sizeof(int32_t), c->st);
+    c->gate_up_paired = c->layers[0].ffn_gate.type == c->layers[0].ffn_up.type;
+    for (uint32_t l = 1; l < hp->n_layer; l++)
+        if (c->layers[l].ffn_gate.type != c->layers[l].ffn_up.type) c->gate_up_paired = false;
+    FAIL(record_graph(c, true, false, &c->g_fwd, err));
+    FAIL(record_graph(c, false, true, &c->g_bench, err));
+    e = cudaStreamSynchronize(c->st);
+    if (e) FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: init: %s", cudaGetErrorString(e)));
+#undef FAIL
+    *out = c;
+    return MUSER_OK;
+}
+
+/* Fill the pinned step from the host metadata (after this token's append). */
+static void step_fill(cu_ctx *c, uint64_t pos, int32_t token)
+{
+    cu_step *s = (cu_step *)c->h_step;
+    s->pos = pos;
+    s->token = token;
+    s->n_layer = c->kv.n_layer;
+    cu_plane_meta *m = cu_step_meta(s);
+    for (uint32_t l = 0; l < c->kv.n_layer; l++) {
+        const kv_plane *pl = &c->kv.planes[l];
+        m[l].origin_logical = pl->origin_logical;
+        m[l].origin_physical = pl->origin_physical;
+        m[l].len = pl->len;
+        m[l].capacity = pl->capacity;
+    }
+}
+
+/* One token at pos through the forward graph; logits (if non-NULL) copied out. */
+static int decode_one(cu_ctx *c, int32_t token, uint64_t pos, float *logits, muser_error *err)
+{
+    kv_plane saved_meta[256];
+    const uint32_t nl = c->kv.n_layer < 256 ? c->kv.n_layer : 256;
+    memcpy(saved_meta, c->kv.planes, nl * sizeof(kv_plane));
+    for (uint32_t l = 0; l < c->kv.n_layer; l++) {
+        int rc = kv_plane_append(&c->kv.planes[l], pos, NULL, NULL, err);
+        if (rc) {
+            memcpy(c->kv.planes, saved_meta, nl * sizeof(kv_plane));
+            return rc;
+        }
+    }
+    step_fill(c, pos, token);
+    cudaError_t e = cudaGraphLaunch(c->g_fwd, c->st);
+    if (!e) e = cudaStreamSynchronize(c->st);
+    if (e) {
+        memcpy(c->kv.planes, saved_meta, nl * sizeof(kv_plane));
+        return muser_errorf(err, MUSER_E_BACKEND, "cuda: decode at position %llu: %s", (unsigned long long)pos,
+                            cudaGetErrorString(e));
+    }
+    if (c->h_flags[1] != 0) {
+        memcpy(c->kv.planes, saved_meta, nl * sizeof(kv_plane));
+        return muser_errorf(err, MUSER_E_NUMERIC, "cuda: non-finite logits at position %llu (fail closed)",
+                            (unsigned long long)pos);
+    }
+    if (logits) memcpy(logits, c->h_logits, (size_t)c->m->hp.n_vocab * sizeof(float));
+    return MUSER_OK;
+}
+
+/* ---- session vtable -------------------------------------------------------------------------- */
+static int be_init(muser_session *s, muser_error *err)
+{
+    cu_ctx *c = NULL;
+    int rc = ctx_new(&c, s->model, s->opts.n_ctx, s->opts.device, err);
+    if (rc) return rc;
+    s->be_state = c;
+    return MUSER_OK;
+}
+
+static void be_free(muser_session *s)
+{
+    ctx_free((cu_ctx *)s->be_state);
+    s->be_state = NULL;
+}
+
+/* n == 1 is the graph route; n > 1 runs it row by row (the batch route is not on the GPU yet). */
+static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
+                      muser_error *err)
+{
+    cu_ctx *c = (cu_ctx *)s->be_state;
+    const uint64_t V = s->model->hp.n_vocab;
+    for (uint32_t i = 0; i < n; i++) {
+        float *out = NULL;
+        if (logits && (all_logits || i + 1 == n)) out = all_logits ? logits + (size_t)i * V : logits;
+        int rc = decode_one(c, tokens[i], s->n_past + i, out, err);
+        if (rc) return rc;
+    }
+    return MUSER_OK;
+}
+
+static int be_checkpoint(muser_session *s, muser_error *err)
+{
+    cu_ctx *c = (cu_ctx *)s->be_state;
+    const size_t re = (size_t)s->model->hp.n_head_kv * s->model->hp.head_dim;
+    for (uint32_t l = 0; l < c->kv.n_layer; l++) {
+        const kv_plane *pl = &c->kv.planes[l];
+        if (!pl->ring) continue;
+        const uint64_t n = pl->capacity < KV_MAX_SPEC_ROWS ? pl->capacity : KV_MAX_SPEC_ROWS;
+        for (uint64_t i = 0; i < n; i++) {
+            const uint64_t r = (pl->origin_physical + pl->len + i) % pl->capacity;
+            cudaMemcpyAsync(c->layers[l].save_k + i * re, c->layers[l].kp + r * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
+            cudaMemcpyAsync(c->layers[l].save_v + i * re, c->layers[l].vp + r * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
+        }
+    }
+    CU_TRY(cudaStreamSynchronize(c->st), "checkpoint");
+    return kv_checkpoint(&c->kv, err);
+}
+
+static int be_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
+{
+    cu_ctx *c = (cu_ctx *)s->be_state;
+    if (!c->kv.has_checkpoint) return muser_errorf(err, MUSER_E_ARG, "KV rollback without a checkpoint");
+    const size_t re = (size_t)s->model->hp.n_head_kv * s->model->hp.head_dim;
+    kv_plane before[256];
+    const uint32_t nl = c->kv.n_layer < 256 ? c->kv.n_layer : 256;
+    memcpy(before, c->kv.planes, nl * sizeof(kv_plane));
+    int rc = kv_rollback(&c->kv, n_keep, err);
+    if (rc) return rc;
+    for (uint32_t l = 0; l < nl; l++) {
+        const kv_plane *m = &c->kv.ckpt[l].meta;
+        if (!m->ring) continue;
+        const uint64_t accepted = n_keep - m->next_pos, written = before[l].next_pos - m->next_pos;
+        const uint64_t n = m->capacity < KV_MAX_SPEC_ROWS ? m->capacity : KV_MAX_SPEC_ROWS;
+        for (uint64_t i = accepted; i < written && i < n; i++) {
+            const uint64_t r = (m->origin_physical + m->len + i) % m->capacity;
+            cudaMemcpyAsync(c->layers[l].kp + r * re, c->layers[l].save_k + i * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
+            cudaMemcpyAsync(c->layers[l].vp + r * re, c->layers[l].save_v + i * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
+        }
+    }
+    CU_TRY(cudaStreamSynchronize(c->st), "rollback");
+    return MUSER_OK;
+}
+
+static void be_commit(muser_session *s)
+{
+    kv_commit(&((cu_ctx *)s->be_state)->kv);
+}
+
+static void be_reset(muser_session *s)
+{
+    cu_ctx *c = (cu_ctx *)s->be_state;
+    kv_reset(&c->kv);
+    size_t kv_bytes = 0;
+    const muser_hparams *hp = &s->model->hp;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const kv_plane *pl = &c->kv.planes[l];
+        kv_bytes += 2 * align256(pl->capacity * hp->n_head_kv * hp->head_dim * 2);
+        if (pl->ring) kv_bytes += 2 * align256((size_t)KV_MAX_SPEC_ROWS * hp->n_head_kv * hp->head_dim * 2);
+    }
+    cudaMemsetAsync(c->kv_mem, 0, kv_bytes, c->st);
+    cudaStreamSynchronize(c->st);
+}
+
+static const muser_backend cuda_backend = {
+    "cuda", be_init, be_free, be_forward, be_checkpoint, be_rollback, be_commit, be_reset,
+};
+
+extern "C" const muser_backend *muser_backend_cuda(void)
+{
+    return &cuda_backend;
+}
+
+/* ---- bench lane ------------------------------------------------------------------------------ */
+static int phase_profile(cu_ctx *c, uint64_t pos, muser_error *err)
+{
+    profiler *pf = (profiler *)calloc(1, sizeof *pf);
+    if (!pf) return muser_errorf(err, MUSER_E_NOMEM, "profile: out of memory");
+    for (int i = 0; i < 1024; i++) cudaEventCreate(&pf->ev[i]);
+    step_fill(c, pos, 1);
+    route_enqueue(c, false, false, pf); /* warm */
+    cudaStreamSynchronize(c->st);
+    pf->n = 0;
+    route_enqueue(c, false, false, pf);
+    cudaError_t e = cudaStreamSynchronize(c->st);
+    double fam_ms[PF_N] = {0}, total = 0;
+    for (int i = 0; i + 1 < pf->n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, pf->ev[i], pf->ev[i + 1]);
+        if (pf->fam[i] < PF_N) fam_ms[pf->fam[i]] += ms;
+        total += ms;
+    }
+    fprintf(stderr, "phase profile (one token, no graph, position %llu): total %.3f ms\n", (unsigned long long)pos, total);
+    for (int f = 0; f < PF_N; f++)
+        fprintf(stderr, "  %-20s %8.3f ms  %5.1f%%\n", pf_name[f], fam_ms[f], 100 * fam_ms[f] / total);
+    for (int i = 0; i < 1024; i++) cudaEventDestroy(pf->ev[i]);
+    free(pf);
+    CU_TRY(e, "profile");
+    return MUSER_OK;
+}
+
+extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t *ctxs, uint32_t n_ctx, uint32_t gen,
+                                muser_cuda_bench_result *res, muser_cuda_bench_row *rows, muser_error *err)
+{
+    uint64_t max_ctx = 1;
+    for (uint32_t i = 0; i < n_ctx; i++)
+        if (ctxs[i] + gen + 1 > max_ctx) max_ctx = ctxs[i] + gen + 1;
+    if (max_ctx > m->hp.n_ctx_train) max_ctx = m->hp.n_ctx_train;
+    memset(res, 0, sizeof *res);
+    cu_ctx *c = NULL;
+    int rc = ctx_new(&c, m, max_ctx, device, err);
+    if (rc) return rc;
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, device);
+    snprintf(res->device, sizeof res->device, "%.127s", prop.name);
+    res->upload_s = c->upload_s;
+    res->weight_bytes = c->read_bytes;
+    /* the read ceiling, in this run */
+    {
+        const size_t bytes = (size_t)4 << 30;
+        void *buf = NULL;
+        uint32_t *sink = NULL;
+        cudaEvent_t a, b;
+        if (cudaMalloc(&buf, bytes + 256) == cudaSuccess) {
+            sink = (uint32_t *)((uint8_t *)buf + bytes);
+            cu_fill_plane_random(c->st, (uint16_t *)buf, bytes / 2, 7);
+            cudaEventCreate(&a);
+            cudaEventCreate(&b);
+            float t[12];
+            for (int i = 0; i < 12; i++) {
+                cudaEventRecord(a, c->st);
+                cu_read_stream(c->st, buf, bytes, sink, c->n_sm);
+                cudaEventRecord(b, c->st);
+                cudaEventSynchronize(b);
+                cudaEventElapsedTime(&t[i], a, b);
+            }
+            float s[10];
+            memcpy(s, t + 2, sizeof s);
+            for (int i = 0; i < 10; i++)
+                for (int j = i + 1; j < 10; j++)
+                    if (s[j] < s[i]) { float x = s[i]; s[i] = s[j]; s[j] = x; }
+            res->read_gbs = bytes / (s[5] * 1e-3) / 1e9;
+            cudaEventDestroy(a);
+            cudaEventDestroy(b);
+            cudaFree(buf);
+        }
+    }
+    const muser_hparams *hp = &m->hp;
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    for (uint32_t ci = 0; ci < n_ctx && !rc; ci++) {
+        uint64_t depth = ctxs[ci];
+        if (depth + gen + 1 > max_ctx) depth = max_ctx > gen + 1 ? max_ctx - gen - 1 : 0;
+        /* the cache as if `depth` tokens were decoded: metadata advanced, rows random f16 */
+        kv_reset(&c->kv);
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            kv_plane *pl = &c->kv.planes[l];
+            for (uint64_t p = 0; p < depth; p++) kv_plane_append(pl, p, NULL, NULL, err);
+            cu_fill_plane_random(c->st, c->layers[l].kp, pl->capacity * hp->n_head_kv * hp->head_dim, 11 + l);
+            cu_fill_plane_random(c->st, c->layers[l].vp, pl->capacity * hp->n_head_kv * hp->head_dim, 111 + l);
+        }
+        cudaMemsetAsync(c->d_token, 0, sizeof(int32_t), c->st);
+        double kv_read = 0;
+        /* warm-up token, then gen timed tokens; host metadata advanced between launches */
+        for (uint32_t t = 0; t <= gen && !rc; t++) {
+            const uint64_t pos = depth + t;
+            for (uint32_t l = 0; l < hp->n_layer; l++) kv_plane_append(&c->kv.planes[l], pos, NULL, NULL, err);
+            step_fill(c, pos, 0);
+            if (t == 1) cudaEventRecord(a, c->st);
+            if (t >= 1)
+                for (uint32_t l = 0; l < hp->n_layer; l++)
+                    kv_read += (double)c->kv.planes[l].len * hp->n_head_kv * hp->head_dim * 2 * 2;
+            cudaError_t e = cudaGraphLaunch(c->g_bench, c->st);
+            /* the pinned step is read when the copy node runs: wait before refilling it */
+            if (!e) e = cudaStreamSynchronize(c->st);
+            if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda bench: %s", cudaGetErrorString(e));
+        }
+        cudaEventRecord(b, c->st);
+        cudaEventSynchronize(b);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        muser_cuda_bench_row *r = &rows[ci];
+        r->ctx = depth;
+        r->gen = gen;
+        r->ms_per_token = ms / gen;
+        r->tok_per_s = 1000.0 / r->ms_per_token;
+        r->bytes_per_token = (double)c->read_bytes + kv_read / gen;
+        r->gbs = r->bytes_per_token / (r->ms_per_token * 1e-3) / 1e9;
+        r->pct_of_read = res->read_gbs > 0 ? 100.0 * r->gbs / res->read_gbs : 0;
+        const char *pp = getenv("MUSER_PHASE_PROFILE");
+        if (!rc && pp && pp[0] == '1') rc = phase_profile(c, depth + gen, err);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    ctx_free(c);
+    return rc;
+}

@@ -1,0 +1,168 @@
+/* norm.cu — the row-wide ops of the decode route: embedding + entry norm, the fused tails, SiLU·up
+ * (when gate and up differ in type and cannot pair), argmax, and the bench's streaming read.
+ *
+ * Tail (muse, SPEC §1): h += rmsnorm(y, w_post, 1e-8); a = rmsnorm(h, w_next, 1e-5). One block;
+ * the rounding points are the unfused ones: h is written as f32 and the second norm reads those
+ * f32 values. Reductions accumulate in f64 (cheap here: E values, one block). */
+#include "cuda/ops.cuh"
+
+#define NORM_THREADS 1024
+
+__device__ static double block_sum(double v, double *sh)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads(); /* sh reused across calls */
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += sh[i];
+    return t;
+}
+
+__global__ void k_embed_norm(const mv_mat emb, const int32_t *d_token, float *h, float *a, const float *w,
+                             float eps, int entry_norm, float entry_eps, uint32_t E)
+{
+    __shared__ double sh[32];
+    const uint32_t tok = (uint32_t)*d_token;
+    double ss = 0;
+    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
+        const float v = mv_elem(emb, tok, i);
+        h[i] = v;
+        ss += (double)v * v;
+    }
+    ss = block_sum(ss, sh);
+    if (entry_norm) {
+        const float r = (float)(1.0 / sqrt(ss / E + entry_eps));
+        double ss2 = 0;
+        for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
+            const float v = h[i] * r;
+            h[i] = v;
+            ss2 += (double)v * v;
+        }
+        ss = block_sum(ss2, sh);
+    }
+    const float r = (float)(1.0 / sqrt(ss / E + eps));
+    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) a[i] = h[i] * r * w[i];
+}
+
+void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
+                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E)
+{
+    k_embed_norm<<<1, NORM_THREADS, 0, st>>>(*emb, d_token, h, a, w_norm, eps, entry_norm, entry_eps, E);
+}
+
+__global__ void k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post,
+                       const float *w_next, float eps_next, int sandwich, uint32_t E)
+{
+    __shared__ double sh[32];
+    float r1 = 1.f;
+    if (sandwich) {
+        double ss = 0;
+        for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) ss += (double)y[i] * y[i];
+        ss = block_sum(ss, sh);
+        r1 = (float)(1.0 / sqrt(ss / E + eps_post));
+    }
+    double ss = 0;
+    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
+        const float add = sandwich ? y[i] * r1 * w_post[i] : y[i];
+        const float v = h[i] + add;
+        h[i] = v;
+        ss += (double)v * v;
+    }
+    ss = block_sum(ss, sh);
+    const float r2 = (float)(1.0 / sqrt(ss / E + eps_next));
+    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) a[i] = h[i] * r2 * w_next[i];
+}
+
+void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
+             const float *w_next, float eps_next, bool sandwich, uint32_t E)
+{
+    k_tail<<<1, NORM_THREADS, 0, st>>>(y, h, a, w_post, eps_post, w_next, eps_next, sandwich, E);
+}
+
+__global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)
+{
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+
+void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n)
+{
+    k_silu_mul<<<(n + 255) / 256, 256, 0, st>>>(g, u, out, n);
+}
+
+#define AM_BLOCKS 256
+__global__ void k_argmax1(const float *x, uint32_t n, float *pv, int32_t *pi, int32_t *nonfinite)
+{
+    __shared__ float sv[256];
+    __shared__ int32_t si[256];
+    float best = -INFINITY;
+    int32_t bi = 0x7FFFFFFF;
+    int bad = 0;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float v = x[i];
+        if (!isfinite(v)) bad = 1;
+        else if (v > best || (v == best && (int32_t)i < bi)) { best = v; bi = (int32_t)i; }
+    }
+    if (bad) atomicAdd(nonfinite, 1);
+    sv[threadIdx.x] = best;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = 128; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) {
+            const float ov = sv[threadIdx.x + s];
+            const int32_t oi = si[threadIdx.x + s];
+            if (ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x])) {
+                sv[threadIdx.x] = ov;
+                si[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { pv[blockIdx.x] = sv[0]; pi[blockIdx.x] = si[0]; }
+}
+
+__global__ void k_argmax2(const float *pv, const int32_t *pi, int32_t *token)
+{
+    __shared__ float sv[AM_BLOCKS];
+    __shared__ int32_t si[AM_BLOCKS];
+    sv[threadIdx.x] = pv[threadIdx.x];
+    si[threadIdx.x] = pi[threadIdx.x];
+    __syncthreads();
+    for (int s = AM_BLOCKS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) {
+            const float ov = sv[threadIdx.x + s];
+            const int32_t oi = si[threadIdx.x + s];
+            if (ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x])) {
+                sv[threadIdx.x] = ov;
+                si[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *token = si[0] == 0x7FFFFFFF ? 0 : si[0];
+}
+
+void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
+               int32_t *d_token, int32_t *d_nonfinite)
+{
+    cudaMemsetAsync(d_nonfinite, 0, sizeof(int32_t), st);
+    k_argmax1<<<AM_BLOCKS, 256, 0, st>>>(logits, n, part_v, part_i, d_nonfinite);
+    k_argmax2<<<1, AM_BLOCKS, 0, st>>>(part_v, part_i, d_token);
+}
+
+__global__ void k_read_stream(const uint4 *p, uint64_t n, uint32_t *sink)
+{
+    uint32_t acc = 0;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldg(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9E3779B9u) *sink = acc; /* keeps the loads alive */
+}
+
+void cu_read_stream(cudaStream_t st, const void *p, uint64_t bytes, uint32_t *sink, int n_sm)
+{
+    k_read_stream<<<n_sm * 8, 512, 0, st>>>((const uint4 *)p, bytes / 16, sink);
+}

@@ -1,0 +1,60 @@
+/* ops.cuh — the CUDA decode route's non-matvec operations, as kernels + launch helpers.
+ *
+ * One file per family: norm.cu (embedding + entry norm, the dual-eps fused tails, argmax),
+ * attention.cu (QK-norm + RoPE + KV store, flash-decoding split attention, split combine with the
+ * sigmoid gate). matvec.cuh holds the bandwidth kernel. Every kernel reads the token position
+ * and the KV plane metadata from device memory (cu_step), so one recorded graph serves every
+ * token. */
+#ifndef MUSER_CUDA_OPS_CUH
+#define MUSER_CUDA_OPS_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/matvec.cuh"
+
+/* KV plane metadata as the kernels see it (SPEC §3; mirrors kv_plane after this token's append). */
+typedef struct cu_plane_meta {
+    uint64_t origin_logical, origin_physical, len, capacity;
+} cu_plane_meta;
+
+/* Per-token device state, uploaded by one copy before each replay. meta[] follows. */
+typedef struct cu_step {
+    uint64_t pos;
+    int32_t token;   /* the token of this step (the bench lane writes it from argmax instead) */
+    uint32_t n_layer;
+} cu_step;
+
+static inline cu_plane_meta *cu_step_meta(cu_step *s) { return (cu_plane_meta *)(s + 1); }
+
+/* Attention geometry of one layer. */
+typedef struct cu_attn_geom {
+    uint32_t n_head, n_head_kv, head_dim;
+    bool ring;             /* SWA ring (token-major) or FULL plane (head-major) */
+    uint32_t n_split;      /* blocks per KV head */
+    float scale;
+} cu_attn_geom;
+
+/* norm.cu */
+void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
+                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E);
+void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
+             const float *w_next, float eps_next, bool sandwich, uint32_t E);
+void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
+/* argmax over logits -> *d_token (next token for the bench lane) and d_flags[0] = #non-finite */
+void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
+               int32_t *d_token, int32_t *d_nonfinite);
+
+/* attention.cu */
+void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *q_norm, const float *k_norm, float eps,
+                      bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
+                      const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g);
+int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
+                 const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
+                 const float *gate, float *out, const cu_attn_geom *g);
+/* Fill rows [0, n) of a plane with random f16 (benchmarks at depth; never zeros). */
+void cu_fill_plane_random(cudaStream_t st, uint16_t *p, uint64_t n_elems, uint32_t seed);
+/* Streaming-read kernel: bytes/time is the read ceiling the bench reports against. */
+void cu_read_stream(cudaStream_t st, const void *p, uint64_t bytes, uint32_t *sink, int n_sm);
+
+#endif
