@@ -9,11 +9,11 @@ PREFIX=/opt/muser-deps
 if [ ! -d "$PREFIX/usr" ]; then
     mkdir -p "$PREFIX"
     for f in .deps/*.deb; do dpkg -x "$f" "$PREFIX"; done
-    # The .pc files say prefix=/usr: relocate them.
-    for pc in "$PREFIX"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
-        sed -i "s|^prefix=/usr|prefix=$PREFIX/usr|" "$pc"
-    done
 fi
+# The .pc files name /usr (prefix=, includedir=/usr/include/cjson, ...): relocate them. Idempotent.
+for pc in "$PREFIX"/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
+    sed -i -e "s|=/usr|=$PREFIX/usr|" -e "s| -I/usr| -I$PREFIX/usr|g" -e "s| -L/usr| -L$PREFIX/usr|g" "$pc"
+done
 export PKG_CONFIG_PATH="$PREFIX/usr/lib/x86_64-linux-gnu/pkgconfig"
 export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_DEPS_PREFIX="$PREFIX" -DMUSER_CUDA=ON "$@" >"$BUILD.configure.log" 2>&1 \

@@ -88,7 +88,7 @@ class Block(nn.Module):
         if self.swa:
             q, k = rope(q, pos, c.rope_theta), rope(k, pos, c.rope_theta)
         if kv_f16:  # the KV cache stores f16 (SPEC §3)
-            k, v = k.half().float(), v.half().float()
+            k, v = k.half().to(q.dtype), v.half().to(q.dtype)
         rep = c.n_head // c.n_head_kv
         k = k.repeat_interleave(rep, dim=2)
         v = v.repeat_interleave(rep, dim=2)

@@ -11,7 +11,9 @@ set -eu
 W=/tmp/train-out
 mkdir -p $W
 export PYTHONUNBUFFERED=1
-python3 tools/train/train.py --corpus .train/corpus.txt --out $W "$@" 2>&1 | tee $W/train.log
+if [ "${SKIP_TRAIN:-0}" != 1 ]; then
+    python3 tools/train/train.py --corpus .train/corpus.txt --out $W "$@" 2>&1 | tee $W/train.log
+fi
 if scripts/device-build.sh build-train -DMUSER_CUDA=OFF >$W/build.log 2>&1 \
    && build-train/muser quantize $W/default-f16.gguf $W/default.gguf --type mix \
    && build-train/muser quantize $W/draft-f16.gguf $W/draft.gguf --type mix; then

@@ -3,7 +3,7 @@
 
   1. a byte-level BPE tokenizer (Hugging Face `tokenizers`, GPT-2 pre-tokenizer) on corpus.txt;
   2. the model of model.py, bf16 autocast, AdamW, cosine schedule, a fixed time/step budget;
-  3. export: GGUF (SPEC §1 `muse` metadata, F16 matrices, F32 norms), split into <16 MiB parts
+  3. export: GGUF (SPEC §1 `muse` metadata, F16 matrices, F32 norms), (run_device.sh quantizes it on the device)
      so they can travel back; muser quantizes them (`muser quantize --type mix`) on the CPU side;
   4. the tokenizer's encodings of varied strings (tests/data/tokenizer_ref.json) and the loss
      curve (loss.png, loss.csv).
@@ -101,21 +101,10 @@ def gguf_kvs(c: Config, tokens, types, merges, name):
     ]
 
 
-def split_file(path, part_bytes=15 << 20):
-    data = open(path, "rb").read()
-    parts = []
-    for i in range(0, len(data), part_bytes):
-        p = f"{path}.part{i // part_bytes:02d}"
-        open(p, "wb").write(data[i:i + part_bytes])
-        parts.append(p)
-    os.remove(path)
-    return parts
-
-
 def train_model(c, data, val, args, label, seconds, steps, lr):
     torch.manual_seed(args.seed)
     dev = "cuda"
-    model = Muse(c, dropout=0.1).to(dev)
+    model = Muse(c, dropout=args.dropout).to(dev)
     nparam = sum(p.numel() for p in model.parameters())
     print(f"[{label}] {nparam/1e6:.2f}M parameters", flush=True)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -190,9 +179,13 @@ def main():
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--minutes", type=float, default=3.0)
-    ap.add_argument("--draft-minutes", type=float, default=0.5)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--minutes", type=float, default=4.5)
+    ap.add_argument("--draft-minutes", type=float, default=1.0)
+    ap.add_argument("--val", choices=["tail", "random"], default="tail")
+    ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--draft-lr", type=float, default=3e-3)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args()
@@ -211,19 +204,22 @@ def main():
     text = open(args.corpus, encoding="utf-8").read()
     docs = text.split("\n<|endoftext|>\n")
     eot = tok.token_to_id("<|endoftext|>")
-    # Validation = a random 3% of the documents (every source is represented in both sets).
-    rng = random.Random(args.seed)
-    rng.shuffle(docs)
-    n_val_docs = max(1, len(docs) * 3 // 100)
     enc = [np.array(e.ids + [eot], dtype=np.int32)
            for e in tok.encode_batch(docs, add_special_tokens=False)]
-    val, data = np.concatenate(enc[:n_val_docs]), np.concatenate(enc[n_val_docs:])
-    print(f"corpus: {len(text)/1e6:.2f} MB -> {(len(val)+len(data))/1e6:.2f}M tokens "
-          f"({len(val)/1e3:.0f}k validation)", flush=True)
-    ids = np.concatenate([data, val])
+    if args.val == "random":  # a random 3% of the documents: every source in both sets
+        order = list(range(len(enc)))
+        random.Random(args.seed).shuffle(order)
+        enc = [enc[i] for i in order]
+        n_val = sum(len(e) for e in enc[:max(1, len(enc) * 3 // 100)])
+    else:  # "tail": the last 2% of the token stream (the released model used this)
+        n_val = sum(len(e) for e in enc) // 50
+    ids = np.concatenate(enc)
+    data, val = ids[:-n_val], ids[-n_val:]
+    print(f"corpus: {len(text)/1e6:.2f} MB -> {len(ids)/1e6:.2f}M tokens "
+          f"({len(val)/1e3:.0f}k validation, {args.val})", flush=True)
 
     c = Config(n_vocab=len(tokens))
-    model, log, best = train_model(c, data, val, args, "main", args.minutes * 60, args.steps, 1.5e-3)
+    model, log, best = train_model(c, data, val, args, "main", args.minutes * 60, args.steps, args.lr)
     with open(os.path.join(args.out, "loss.csv"), "w") as f:
         f.write("step,seconds,train_loss,val_loss\n")
         for r in log:
@@ -250,12 +246,11 @@ def main():
         print("SAMPLE:", repr(s), flush=True)
     G.write(os.path.join(args.out, "default-f16.gguf"),
             gguf_kvs(c, tokens, types, merges, "muse-glimmer-mini"), model.gguf_tensors())
-    split_file(os.path.join(args.out, "default-f16.gguf"))
 
     d = Config(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=64,
                n_vocab=len(tokens))
     draft, dlog, dbest = train_model(d, data, val, args, "draft", args.draft_minutes * 60,
-                                     args.steps, 2e-3)
+                                     args.steps, args.draft_lr)
     G.write(os.path.join(args.out, "draft-f16.gguf"),
             gguf_kvs(d, tokens, types, merges, "muse-glimmer-mini-draft"), draft.gguf_tensors())
     json.dump({"main_best_val": best, "draft_best_val": dbest, "main_steps": log[-1][0],
