@@ -316,13 +316,17 @@ static void sort_cands(int32_t *idx, float *val, uint32_t n)
 
 /* ---- the chain ---- */
 
-static int32_t argmax_lowest(const float *x, uint32_t n)
+/* Two plain passes (the max, then its first index) instead of one branchy one: both are simple
+ * enough for the compiler to vectorize. No NaN reaches here. */
+static int32_t argmax_lowest(const float *restrict x, uint32_t n)
 {
-    int32_t best = 0;
+    float m = x[0];
     for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = (int32_t)i;
-    return best;
+        m = x[i] > m ? x[i] : m;
+    uint32_t i = 0;
+    while (x[i] != m)
+        i++;
+    return (int32_t)i;
 }
 
 /* Log-probabilities of the raw row: log_softmax(logits)[chosen] and the top-N entries. */
@@ -419,23 +423,29 @@ static int32_t sample_truncated(muser_sampler *s)
     uint32_t n = 0;
     bool sorted = false;
     if (p->top_k > 0 && p->top_k < V) {
-        uint32_t k = p->top_k;
-        for (uint32_t i = 0; i < V; i++) {
-            float v = s->work[i];
-            if (v == -INFINITY)
-                continue;
-            if (n < k) {
+        const uint32_t k = p->top_k;
+        const float *restrict work = s->work;
+        uint32_t i = 0;
+        for (; i < V && n < k; i++) /* fill the heap with the first k finite entries */
+            if (work[i] != -INFINITY) {
                 s->idx[n] = (int32_t)i;
-                s->val[n] = v;
+                s->val[n] = work[i];
                 n++;
-                if (n == k)
-                    for (uint32_t j = k / 2; j-- > 0;)
-                        heap_sift_down(s->idx, s->val, k, j);
-            } else if (ranks_before(v, (int32_t)i, s->val[0], s->idx[0])) {
-                s->idx[0] = (int32_t)i;
-                s->val[0] = v;
-                heap_sift_down(s->idx, s->val, k, 0);
             }
+        for (uint32_t j = n / 2; j-- > 0;)
+            heap_sift_down(s->idx, s->val, n, j);
+        /* The root is the worst kept; most of the row is rejected by one comparison with a local
+         * copy of it. An equal value loses too: its id is higher than every id in the heap.
+         * -inf never passes (the heap holds finite values). */
+        float worst = n ? s->val[0] : INFINITY;
+        for (; i < V; i++) {
+            float v = work[i];
+            if (!(v > worst))
+                continue;
+            s->idx[0] = (int32_t)i;
+            s->val[0] = v;
+            heap_sift_down(s->idx, s->val, k, 0);
+            worst = s->val[0];
         }
         sort_cands(s->idx, s->val, n);
         sorted = true;
@@ -458,14 +468,14 @@ static int32_t sample_truncated(muser_sampler *s)
     for (uint32_t i = 0; i < n; i++)
         s->val[i] = (s->val[i] - raw_max) / p->temperature;
 
-    /* top-p measures against the weight of every candidate left by top-k. */
-    double z = 0.0;
-    if (p->top_p < 1.0f)
-        for (uint32_t i = 0; i < n; i++)
-            z += (double)expf(s->val[i]);
-
-    /* min-p: p_i >= min_p * p_max <=> x_i >= log(min_p). Order is kept. */
+    /* Weights. top-p measures against z, the weight of every candidate left by top-k; min-p
+     * (p_i >= min_p * p_max <=> x_i >= log(min_p)) filters on x first, keeping the order, so
+     * only its survivors need a weight beyond z. */
+    double z = 0.0, mass = 0.0;
     if (p->min_p > 0.0f) {
+        if (p->top_p < 1.0f)
+            for (uint32_t i = 0; i < n; i++)
+                z += (double)expf(s->val[i]);
         const float cut = logf(p->min_p);
         uint32_t kept = 0;
         for (uint32_t i = 0; i < n; i++)
@@ -475,13 +485,16 @@ static int32_t sample_truncated(muser_sampler *s)
                 kept++;
             }
         n = kept;
-    }
-
-    /* Weights of the survivors. */
-    double mass = 0.0;
-    for (uint32_t i = 0; i < n; i++) {
-        s->val[i] = expf(s->val[i]);
-        mass += (double)s->val[i];
+        for (uint32_t i = 0; i < n; i++) {
+            s->val[i] = expf(s->val[i]);
+            mass += (double)s->val[i];
+        }
+    } else {
+        for (uint32_t i = 0; i < n; i++) {
+            s->val[i] = expf(s->val[i]);
+            mass += (double)s->val[i];
+        }
+        z = mass;
     }
 
     /* top-p: keep the best-ranked candidates up to the first whose running weight reaches
@@ -519,16 +532,16 @@ int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chose
     const muser_sampler_params *p = &s->p;
     const uint32_t V = s->n_vocab;
 
-    /* Copy and validate in one pass. */
-    bool any_finite = false;
+    /* Copy and validate in one branch-free pass (local restrict pointers let it vectorize). */
+    float *restrict work = s->work;
+    int bad = 0, finite = 0;
     for (uint32_t i = 0; i < V; i++) {
         float l = logits[i];
-        if (isnan(l) || l == INFINITY)
-            return MUSER_E_NUMERIC;
-        any_finite |= (l != -INFINITY);
-        s->work[i] = l;
+        bad |= (l != l) | (l == INFINITY);
+        finite |= (l != -INFINITY);
+        work[i] = l;
     }
-    if (!any_finite)
+    if (bad || !finite)
         return MUSER_E_NUMERIC;
     if (penalties_active(p))
         apply_penalties(s);
