@@ -211,18 +211,36 @@ static TGT void xsums_avx2(const float *x, uint64_t n, cpu_xsums *out)
         out->s32[g] = out->s16[2 * g] + out->s16[2 * g + 1];
 }
 
+/* A Q4_K block's 8 scales and 8 mins as f32 lanes, times d and dmin: the 12 packed bytes read
+ * as three little-endian words (scales 0..3 / mins 0..3 are the low 6 bits of words 0 / 1;
+ * scales and mins 4..7 take 4 bits from word 2 and their top 2 bits from words 0 / 1). */
+static TGT_INLINE void q4k_scales_vec(const uint8_t *blk, __m256 *dsc, __m256 *dmn)
+{
+    uint32_t u[3];
+    memcpy(u, blk + 4, 12);
+    const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, mn_lo = u[1] & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    const uint32_t mn_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    const __m256i sc = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)sc_hi << 32 | sc_lo)));
+    const __m256i mn = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)((uint64_t)mn_hi << 32 | mn_lo)));
+    *dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(sc), _mm256_set1_ps(f16_at(blk)));
+    *dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(mn), _mm256_set1_ps(f16_at(blk + 2)));
+}
+
 static TGT float dot_q4k_avx2(const uint8_t *row, const float *x, const float *s32, uint64_t nb)
 {
     const __m256i m4 = _mm256_set1_epi32(0xF);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float mins = 0.0f;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+    float dsc_s[8] __attribute__((aligned(32)));
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
-        const float d = f16_at(blk), dmin = f16_at(blk + 2);
-        uint8_t sc[8], mn[8];
-        q4k_scales(blk + 4, sc, mn);
+        __m256 dsc, dmn;
+        q4k_scales_vec(blk, &dsc, &dmn);
+        mins = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(s32 + b * 8), mins);
+        _mm256_store_ps(dsc_s, dsc);
         const uint8_t *qs = blk + 16;
         const float *xb = x + b * QK_K;
+#pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             __m256 lo_a = _mm256_setzero_ps(), lo_b = _mm256_setzero_ps();
             __m256 hi_a = _mm256_setzero_ps(), hi_b = _mm256_setzero_ps();
@@ -240,16 +258,13 @@ static TGT float dot_q4k_avx2(const uint8_t *row, const float *x, const float *s
                 hi_b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w1, 4)),
                                        _mm256_loadu_ps(xh + 8), hi_b);
             }
-            acc0 = _mm256_fmadd_ps(_mm256_add_ps(lo_a, lo_b), _mm256_set1_ps(d * sc[2 * j]), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_add_ps(hi_a, hi_b), _mm256_set1_ps(d * sc[2 * j + 1]),
-                                   acc1);
+            acc0 = _mm256_fmadd_ps(_mm256_add_ps(lo_a, lo_b), _mm256_broadcast_ss(dsc_s + 2 * j),
+                                   acc0);
+            acc1 = _mm256_fmadd_ps(_mm256_add_ps(hi_a, hi_b),
+                                   _mm256_broadcast_ss(dsc_s + 2 * j + 1), acc1);
         }
-        float ms = 0.0f;
-        for (int s = 0; s < 8; s++)
-            ms += (float)mn[s] * s32[b * 8 + s];
-        mins += dmin * ms;
     }
-    return hsum256(_mm256_add_ps(acc0, acc1)) - mins;
+    return hsum256(_mm256_add_ps(acc0, acc1)) - hsum256(mins);
 }
 
 /* The four 6-bit quants of Q6_K lanes l..l+7 of one 128-element half (see the header). */
@@ -272,18 +287,29 @@ static TGT float dot_q6k_avx2(const uint8_t *row, const float *x, const float *s
                   m30 = _mm256_set1_epi32(0x30);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
-    float offs = 0.0f;
+    __m256 offs = _mm256_setzero_ps();
+    float ds[16] __attribute__((aligned(32)));
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
-        const int8_t *sc = (const int8_t *)(blk + 192);
-        const float d = f16_at(blk + 208);
+        const __m256 d = _mm256_set1_ps(f16_at(blk + 208));
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
+        const __m256 ds0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
+        const __m256 ds1 = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), d);
+        _mm256_store_ps(ds, ds0);
+        _mm256_store_ps(ds + 8, ds1);
+        /* the -32 of every quant: 32 * d*sc * (sum of x over the scale's 16 elements) */
+        offs = _mm256_fmadd_ps(ds0, _mm256_loadu_ps(s16 + b * 16), offs);
+        offs = _mm256_fmadd_ps(ds1, _mm256_loadu_ps(s16 + b * 16 + 8), offs);
         const float *xb = x + b * QK_K;
         for (int n = 0; n < 2; n++) {
             const uint8_t *QL = blk + 64 * n, *QH = blk + 128 + 32 * n;
             const float *y = xb + 128 * n;
+#pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                                _mm256_setzero_ps()};
+#pragma GCC unroll 2
                 for (int g = 0; g < 2; g++) {
                     const int l = 16 * h + 8 * g;
                     __m256i q[4];
@@ -295,17 +321,13 @@ static TGT float dot_q6k_avx2(const uint8_t *row, const float *x, const float *s
                 }
 #pragma GCC unroll 4
                 for (int t = 0; t < 4; t++)
-                    acc[t] = _mm256_fmadd_ps(a[t], _mm256_set1_ps(d * (float)sc[8 * n + h + 2 * t]),
+                    acc[t] = _mm256_fmadd_ps(a[t], _mm256_broadcast_ss(ds + 8 * n + h + 2 * t),
                                              acc[t]);
             }
         }
-        float o = 0.0f;
-        for (int i = 0; i < 16; i++)
-            o += (float)sc[i] * s16[b * 16 + i];
-        offs += 32.0f * d * o;
     }
     return hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) -
-           offs;
+           32.0f * hsum256(offs);
 }
 
 static TGT float dot_q8_0_avx2(const uint8_t *row, const float *x, uint64_t nb)

@@ -7,6 +7,7 @@
 #include "cpu/pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -19,6 +20,10 @@
 /* Spin iterations before a worker sleeps (~100 us: longer than the gap between the jobs of one
  * decode step, short enough not to burn a shared core while the session is idle). */
 #define POOL_SPIN 20000
+/* Pause iterations before a waiting thread starts yielding its core: on a machine with more
+ * runnable threads than cores, the thread being waited for may be descheduled, and spinning on
+ * would only keep it off the core. */
+#define POOL_YIELD_AFTER 2000
 
 typedef struct pool_worker {
     cpu_pool *pool;
@@ -50,7 +55,10 @@ static void *pool_main(void *p)
         int spins = 0;
         while ((gen = atomic_load(&pool->generation)) == seen && !atomic_load(&pool->stop)) {
             if (++spins < POOL_SPIN) {
-                CPU_RELAX();
+                if (spins < POOL_YIELD_AFTER)
+                    CPU_RELAX();
+                else
+                    sched_yield();
                 continue;
             }
             pthread_mutex_lock(&pool->mu);
@@ -143,6 +151,11 @@ void cpu_pool_run(cpu_pool *p, cpu_job_fn fn, void *arg)
         pthread_mutex_unlock(&p->mu);
     }
     fn(arg, 0, p->n_threads);
-    while (atomic_load_explicit(&p->done, memory_order_acquire) != p->n_threads - 1)
-        CPU_RELAX();
+    for (int spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) != p->n_threads - 1;
+         spins++) {
+        if (spins < POOL_YIELD_AFTER)
+            CPU_RELAX();
+        else
+            sched_yield();
+    }
 }
