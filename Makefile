@@ -22,7 +22,7 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: build
-	./$(BUILD)/muser run -n 120 -p "$(or $(PROMPT),The Lord is my shepherd;)"
+	./$(BUILD)/muser run -n 120 --temp 0.7 --seed $(or $(SEED),4) -p "$(or $(PROMPT),The Lord is my shepherd;)"
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 1800
