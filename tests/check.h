@@ -48,6 +48,28 @@ static int check_count;
         exit(77);                                                                      \
     } while (0)
 
+/* A whole file, NUL-terminated (the NUL is not counted in *n); NULL if unreadable. */
+static inline char *check_read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = sz >= 0 ? malloc((size_t)sz + 1) : NULL;
+    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (b) {
+        b[sz] = 0;
+        *n = (size_t)sz;
+    }
+    return b;
+}
+
 static inline int check_report(const char *name)
 {
     printf("%s: %d checks, %d failures\n", name, check_count, check_failures);

@@ -9,27 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[sz] = 0;
-        *n = (size_t)sz;
-    }
-    return b;
-}
-
 static const char SEP[] = "\n__ggml_vocab_test__\n";
 
 static void run_vocab(const char *dir, const char *name, int *n_cases)
@@ -49,7 +28,7 @@ static void run_vocab(const char *dir, const char *name, int *n_cases)
     if (!t)
         return;
     size_t ni, no;
-    char *inp = read_all(inp_path, &ni), *outs = read_all(out_path, &no);
+    char *inp = check_read_file(inp_path, &ni), *outs = check_read_file(out_path, &no);
     CHECKF(inp && outs, "%s: cannot read .inp/.out", name);
     if (!inp || !outs) {
         free(inp);

@@ -15,27 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    if (buf && fread(buf, 1, (size_t)len, f) != (size_t)len) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[len] = 0;
-        *n = (size_t)len;
-    }
-    return buf;
-}
-
 static void log_softmax(const float *x, uint32_t n, double *out)
 {
     double m = -INFINITY, s = 0;
@@ -53,7 +32,7 @@ static void check_tokenizer(const char *dir, const muser_tokenizer *tok)
     char path[1024];
     snprintf(path, sizeof path, "%s/tests/data/tokenizer_ref.txt", dir);
     size_t n;
-    char *buf = slurp(path, &n);
+    char *buf = check_read_file(path, &n);
     CHECKF(buf != NULL, "cannot read %s", path);
     if (!buf)
         return;
@@ -125,9 +104,9 @@ int main(void)
     muser_sha256_hex(m->gguf->map, m->gguf->size, sha);
     snprintf(path, sizeof path, "%s/tests/data/ref_logits.txt", dir);
     size_t n_txt, n_bin;
-    char *txt = slurp(path, &n_txt);
+    char *txt = check_read_file(path, &n_txt);
     snprintf(path, sizeof path, "%s/tests/data/ref_logits.bin", dir);
-    char *bin = slurp(path, &n_bin);
+    char *bin = check_read_file(path, &n_bin);
     CHECK(txt && bin);
     if (!txt || !bin)
         return check_report("trained_model");
