@@ -31,6 +31,9 @@ int cmd_detokenize(int argc, char **argv);
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* True if argv has -h or --help. */
 int cli_wants_help(int argc, char **argv);
+/* "1,2,3" -> malloc'ed ids. False on garbage, empty items, values outside [0, INT32_MAX] or an
+ * empty list; a trailing comma ends the list ("5," is one id). */
+bool cli_parse_token_list(const char *s, int32_t **out, uint32_t *n);
 /* The model path: -m value, else $MUSER_MODEL, else the embedded default (models/default.gguf). */
 const char *cli_default_model(void);
 

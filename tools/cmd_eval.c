@@ -29,41 +29,6 @@ static void eval_help(FILE *f)
             "  -h, --help            this help\n");
 }
 
-/* "1,2,3" -> ids (malloc'ed). False on garbage, empty items or values outside int32. */
-static bool parse_token_list(const char *s, int32_t **out, uint32_t *n)
-{
-    uint32_t cap = 1;
-    for (const char *p = s; *p; p++)
-        cap += *p == ',';
-    int32_t *ids = malloc(cap * sizeof *ids);
-    if (!ids)
-        return false;
-    uint32_t k = 0;
-    const char *p = s;
-    for (;;) {
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        char buf[32];
-        int64_t v;
-        if (len == 0 || len >= sizeof buf)
-            goto bad;
-        memcpy(buf, p, len);
-        buf[len] = 0;
-        if (!muser_parse_i64(buf, &v) || v < 0 || v > INT32_MAX)
-            goto bad;
-        ids[k++] = (int32_t)v;
-        if (!e)
-            break;
-        p = e + 1;
-    }
-    *out = ids;
-    *n = k;
-    return true;
-bad:
-    free(ids);
-    return false;
-}
-
 static bool little_endian(void)
 {
     const uint16_t one = 1;
@@ -139,7 +104,7 @@ int cmd_eval(int argc, char **argv)
         return cli_usage_error("eval", "--tokens is required");
     int32_t *tokens = NULL;
     uint32_t n = 0;
-    if (!parse_token_list(tokens_arg, &tokens, &n))
+    if (!cli_parse_token_list(tokens_arg, &tokens, &n))
         return cli_usage_error("eval", "--tokens wants comma-separated ids, not '%s'",
                                tokens_arg);
     if (!model_path)

@@ -57,42 +57,6 @@ static void parity_help(FILE *f)
             "1 breached or error, 2 usage error.\n");
 }
 
-static bool parse_token_list(const char *s, int32_t **out, uint32_t *n)
-{
-    uint32_t cap = 1;
-    for (const char *p = s; *p; p++)
-        cap += *p == ',';
-    int32_t *ids = malloc(cap * sizeof *ids);
-    if (!ids)
-        return false;
-    uint32_t k = 0;
-    const char *p = s;
-    while (*p) {
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        char buf[32];
-        int64_t v;
-        if (len == 0 || len >= sizeof buf)
-            goto bad;
-        memcpy(buf, p, len);
-        buf[len] = 0;
-        if (!muser_parse_i64(buf, &v) || v < 0 || v > INT32_MAX)
-            goto bad;
-        ids[k++] = (int32_t)v;
-        if (!e)
-            break;
-        p = e + 1; /* a trailing comma ends the list: "5," is the one-id list */
-    }
-    if (k == 0)
-        goto bad;
-    *out = ids;
-    *n = k;
-    return true;
-bad:
-    free(ids);
-    return false;
-}
-
 /* Deterministic pseudo-random ids in [0, V): splitmix64 of the seed. */
 static void random_tokens(int32_t *t, uint32_t n, uint32_t V, uint64_t seed)
 {
@@ -237,7 +201,7 @@ int cmd_parity(int argc, char **argv)
     }
     int32_t *tokens = NULL;
     uint32_t n = 0;
-    if (tokens_arg && !parse_token_list(tokens_arg, &tokens, &n))
+    if (tokens_arg && !cli_parse_token_list(tokens_arg, &tokens, &n))
         return cli_usage_error("parity", "--tokens wants comma-separated ids, not '%s'",
                                tokens_arg);
     if (!model_path)

@@ -1,7 +1,9 @@
 /* muser.c — the command-line tool: one binary, one sub-command per job, each with --help. */
 #include "cli.h"
+#include "util.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -56,6 +58,42 @@ const char *cli_default_model(void)
     if (env && *env)
         return env;
     return MUSER_DEFAULT_MODEL;
+}
+
+bool cli_parse_token_list(const char *s, int32_t **out, uint32_t *n)
+{
+    uint32_t cap = 1;
+    for (const char *p = s; *p; p++)
+        cap += *p == ',';
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids)
+        return false;
+    uint32_t k = 0;
+    const char *p = s;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char buf[32];
+        int64_t v;
+        if (len == 0 || len >= sizeof buf)
+            goto bad;
+        memcpy(buf, p, len);
+        buf[len] = 0;
+        if (!muser_parse_i64(buf, &v) || v < 0 || v > INT32_MAX)
+            goto bad;
+        ids[k++] = (int32_t)v;
+        if (!e)
+            break;
+        p = e + 1; /* a trailing comma ends the list: "5," is the one-id list */
+    }
+    if (k == 0)
+        goto bad;
+    *out = ids;
+    *n = k;
+    return true;
+bad:
+    free(ids);
+    return false;
 }
 
 int main(int argc, char **argv)
