@@ -9,6 +9,7 @@
  *   v2  R=1: vector loads, in-register dequant, byte trick   — one row per warp
  *   v3  R=2: two rows per warp share the x registers
  *   v4  R=4
+ *   v5  the library's choice: a kernel per format (no run-time type switch), R by format
  * Also: a streaming-read kernel (the bandwidth ceiling measured in the same run), the four
  * attention projections as one launch, and the ffn gate·up pair with SiLU fused.
  *   usage: kbench_matvec [reps] */
@@ -214,6 +215,20 @@ static void launch_vR(const devmat &dm, int copy, const float *x, float *y)
     L.n_warps = (dm.m.rows + R - 1) / R;
     mv_kernel<R><<<(L.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32>>>(L, x);
 }
+/* v5: the library's launch: a kernel per format (no type switch), R by format. */
+static void launch_v5(const devmat &dm, int copy, const float *x, float *y)
+{
+    mv_launch L;
+    memset(&L, 0, sizeof L);
+    const uint32_t R = (uint32_t)mv_rows_per_warp(dm.m.type);
+    L.n_seg = 1;
+    L.seg[0].a = dm.m;
+    L.seg[0].a.data = dm.copies[copy];
+    L.seg[0].out = y;
+    L.seg[0].op = MV_OP_STORE;
+    L.n_warps = (dm.m.rows + R - 1) / R;
+    mv_launch_typed(0, L, x);
+}
 static void launch_v1(const devmat &dm, int copy, const float *x, float *y)
 {
     mv_mat m = dm.m;
@@ -279,14 +294,14 @@ int main(int argc, char **argv)
 
     const uint32_t shapes[][2] = {{6656, 4096}, {6656, 256}, {4096, 6656}, {6656, 19968}, {19968, 6656}, {6656, 202048}};
     const uint32_t types[] = {MV_T_Q4_K, MV_T_Q6_K, MV_T_Q8_0, MV_T_F16, MV_T_F32};
-    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)"};
-    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>};
+    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)"};
+    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>, launch_v5};
 
     float *x, *y;
     CK(cudaMalloc(&x, 20000 * 4 * 4));
     CK(cudaMalloc(&y, 202048 * 4 * 2));
     std::vector<float> hx(20000 * 4), hy(202048 * 2);
-    printf("\n%-6s %-14s %10s | %-26s | %-26s | %-26s | %-26s\n", "type", "shape", "MB", "v1 us GB/s %", "v2(R1)", "v3(R2)", "v4(R4)");
+    printf("\n%-6s %-14s %10s | %-26s | %-26s | %-26s | %-26s | %-26s\n", "type", "shape", "MB", "v1 us GB/s %", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)");
     int fails = 0;
     for (uint32_t t : types) {
         for (auto &sh : shapes) {
@@ -298,7 +313,7 @@ int main(int argc, char **argv)
             fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + t);
             CK(cudaMemcpy(hx.data(), x, cols * 4, cudaMemcpyDeviceToHost));
             printf("%-6s %6u->%-7u %10.1f |", tname(t), cols, rows, bytes / 1e6);
-            for (int v = 0; v < 4; v++) {
+            for (int v = 0; v < 5; v++) {
                 CK(cudaMemset(y, 0xFF, rows * 4)); /* NaN poison */
                 vf[v](dm, 0, x, y);
                 CK(cudaDeviceSynchronize());
@@ -343,13 +358,13 @@ int main(int argc, char **argv)
                 L.seg[s].a.data = mats[s]->copies[it % 4];
                 L.seg[s].out = out + ob;
                 L.seg[s].warp_begin = wb;
-                wb += (mats[s]->m.rows + 1) / 2;
+                wb += (mats[s]->m.rows + 3) / 4;
                 ob += mats[s]->m.rows;
             }
             L.n_warps = wb;
             if (it == 0) CK(cudaMemset(out, 0xFF, 40000 * 4));
             CK(cudaEventRecord(a));
-            mv_kernel<2><<<(wb + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32>>>(L, x);
+            mv_launch_typed(0, L, x);
             CK(cudaEventRecord(b));
             CK(cudaEventSynchronize(b));
             float ms;
@@ -384,7 +399,7 @@ int main(int argc, char **argv)
             L.seg[0].out = out;
             L.n_warps = 19968;
             CK(cudaEventRecord(a));
-            mv_kernel<2><<<19968 / MV_WARPS, MV_WARPS * 32>>>(L, x);
+            mv_launch_typed(0, L, x);
             CK(cudaEventRecord(b));
             CK(cudaEventSynchronize(b));
             float ms;

@@ -285,12 +285,12 @@ static void mv_group(cudaStream_t st, const mv_mat *const *mats, float *const *o
     memset(&L, 0, sizeof L);
     for (int i = 0; i < n; i++) {
         if (L.n_seg && (L.n_seg == MV_MAX_SEG || L.seg[0].a.type != mats[i]->type)) {
-            mv_kernel<2><<<(L.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(L, x);
+            mv_launch_typed(st, L, x);
             memset(&L, 0, sizeof L);
         }
-        seg_set(&L, mats[i], outs[i], MV_OP_STORE, 2);
+        seg_set(&L, mats[i], outs[i], MV_OP_STORE, (uint32_t)mv_rows_per_warp(mats[i]->type));
     }
-    if (L.n_seg) mv_kernel<2><<<(L.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(L, x);
+    if (L.n_seg) mv_launch_typed(st, L, x);
 }
 
 static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
@@ -339,7 +339,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             memset(&ml, 0, sizeof ml);
             seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, 1);
             ml.seg[0].b = L->ffn_up;
-            mv_kernel<2><<<(ml.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(ml, c->a);
+            mv_launch_typed(st, ml, c->a);
         } else {
             const mv_mat *gm[2] = {&L->ffn_gate, &L->ffn_up};
             float *go[2] = {c->ffn_g, c->ffn_u};
@@ -358,10 +358,10 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
     memset(&hl, 0, sizeof hl);
-    seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, 2);
+    seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(c->out.type));
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
-    mv_kernel<2><<<(hl.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(hl, c->a);
+    mv_launch_typed(st, hl, c->a);
     cu_argmax(st, c->logits, hp->n_vocab, c->am_v, c->am_i, c->d_token, c->d_nonfinite);
     cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
     cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
@@ -421,6 +421,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     const uint32_t G = hp->n_head / hp->n_head_kv;
     if (G != 1 && G != 2 && G != 4 && G != 8 && G != 16)
         return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: %u query heads per KV head (built for 1,2,4,8,16)", G);
+    if (hp->n_embd > 8192)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: hidden width %u (the fused tails hold at most 8192)", hp->n_embd);
     if (hp->n_embd % 8 || hp->n_ff % 8)
         return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: widths must be multiples of 8");
     cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);

@@ -23,6 +23,7 @@
 #define MUSER_CUDA_MATVEC_CUH
 
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 #define MV_MAX_SEG 4
@@ -279,11 +280,11 @@ __host__ __device__ inline size_t mv_row_bytes(uint32_t type, uint32_t cols)
 }
 
 /* R dot products: slot k is row[k] of matrix *mk[k] (all slots share type and cols). */
-template <int R>
+template <int R, int T = -1>
 __device__ __forceinline__ void mv_dot_rows(const mv_mat *const mk[R], const uint32_t row[R],
                                             const float *x, int lane, float acc[R])
 {
-    const uint32_t type = mk[0]->type, cols = mk[0]->cols;
+    const uint32_t type = T >= 0 ? (uint32_t)T : mk[0]->type, cols = mk[0]->cols;
     const uint8_t *rowp[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -330,7 +331,9 @@ __device__ __forceinline__ void mv_dot_rows(const mv_mat *const mk[R], const uin
 }
 
 /* The launch: warp w finds its segment, computes R rows (or one gate/up pair), lane 0 stores. */
-template <int R>
+/* T: the weight format when every segment has it (a kernel per format: no switch, better code),
+ * or -1 for the generic one. */
+template <int R, int T = -1>
 __global__ void __launch_bounds__(MV_WARPS * 32) mv_kernel(const mv_launch L, const float *__restrict__ x)
 {
     const uint32_t warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
@@ -344,7 +347,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) mv_kernel(const mv_launch L, co
         const mv_mat *mk[2] = {&g.a, &g.b};
         const uint32_t row[2] = {w, w};
         float acc[2];
-        mv_dot_rows<2>(mk, row, x, lane, acc);
+        mv_dot_rows<2, T>(mk, row, x, lane, acc);
         if (lane == 0) {
             const float gv = acc[0], uv = acc[1];
             g.out[w] = gv / (1.f + expf(-gv)) * uv;
@@ -360,7 +363,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) mv_kernel(const mv_launch L, co
         row[r] = rr < g.a.rows ? rr : g.a.rows - 1; /* tail: recompute the last row, store once */
     }
     float acc[R];
-    mv_dot_rows<R>(mk, row, x, lane, acc);
+    mv_dot_rows<R, T>(mk, row, x, lane, acc);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -455,6 +458,33 @@ static __device__ inline float mv_elem(const mv_mat &m, uint32_t r, uint32_t c)
         return d * (float)sc[n * 8 + l / 16 + 2 * k] * (float)q;
     }
     default: return 0.f;
+    }
+}
+
+/* Rows per warp by format (workbench, H200): R=4 for the K-quants and Q8_0, R=2 for floats. */
+static inline int mv_rows_per_warp(uint32_t type)
+{
+    return (type == MV_T_Q4_K || type == MV_T_Q6_K || type == MV_T_Q8_0) ? 4 : 2;
+}
+
+template <int R, int T>
+static inline void mv_launch_rt(cudaStream_t st, const mv_launch &L, const float *x)
+{
+    mv_kernel<R, T><<<(L.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(L, x);
+}
+
+/* Launch L (all segments of one format, warps counted with mv_rows_per_warp, or a SiLU pair
+ * with one row per warp) with the format-specialized kernel. */
+static inline void mv_launch_typed(cudaStream_t st, const mv_launch &L, const float *x)
+{
+    const bool pair = L.seg[0].op == MV_OP_SILU_MUL;
+    switch (L.seg[0].a.type) {
+    case MV_T_Q4_K: pair ? mv_launch_rt<2, MV_T_Q4_K>(st, L, x) : mv_launch_rt<4, MV_T_Q4_K>(st, L, x); break;
+    case MV_T_Q6_K: pair ? mv_launch_rt<2, MV_T_Q6_K>(st, L, x) : mv_launch_rt<4, MV_T_Q6_K>(st, L, x); break;
+    case MV_T_Q8_0: pair ? mv_launch_rt<2, MV_T_Q8_0>(st, L, x) : mv_launch_rt<4, MV_T_Q8_0>(st, L, x); break;
+    case MV_T_F16: mv_launch_rt<2, MV_T_F16>(st, L, x); break;
+    case MV_T_BF16: mv_launch_rt<2, MV_T_BF16>(st, L, x); break;
+    default: mv_launch_rt<2, MV_T_F32>(st, L, x); break;
     }
 }
 

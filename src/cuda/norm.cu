@@ -20,7 +20,7 @@ __device__ static double block_sum(double v, double *sh)
     return t;
 }
 
-__global__ void k_embed_norm(const mv_mat emb, const int32_t *d_token, float *h, float *a, const float *w,
+__global__ void __launch_bounds__(NORM_THREADS) k_embed_norm(const mv_mat emb, const int32_t *d_token, float *h, float *a, const float *w,
                              float eps, int entry_norm, float entry_eps, uint32_t E)
 {
     __shared__ double sh[32];
@@ -52,32 +52,52 @@ void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, f
     k_embed_norm<<<1, NORM_THREADS, 0, st>>>(*emb, d_token, h, a, w_norm, eps, entry_norm, entry_eps, E);
 }
 
-__global__ void k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post,
+/* Each thread holds its (at most NORM_PER) elements in registers: the loads of a pass are issued
+ * together (one memory latency per pass instead of one per element). */
+#define NORM_PER 8
+__global__ void __launch_bounds__(NORM_THREADS) k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post,
                        const float *w_next, float eps_next, int sandwich, uint32_t E)
 {
     __shared__ double sh[32];
+    float yv[NORM_PER], hv[NORM_PER];
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        const uint32_t i = threadIdx.x + k * blockDim.x;
+        yv[k] = i < E ? y[i] : 0.f;
+        hv[k] = i < E ? h[i] : 0.f;
+    }
     float r1 = 1.f;
     if (sandwich) {
-        double ss = 0;
-        for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) ss += (double)y[i] * y[i];
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) ss += (double)yv[k] * yv[k];
         ss = block_sum(ss, sh);
         r1 = (float)(1.0 / sqrt(ss / E + eps_post));
     }
-    double ss = 0;
-    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
-        const float add = sandwich ? y[i] * r1 * w_post[i] : y[i];
-        const float v = h[i] + add;
-        h[i] = v;
-        ss += (double)v * v;
+    ss = 0;
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        const uint32_t i = threadIdx.x + k * blockDim.x;
+        if (i < E) {
+            const float add = sandwich ? yv[k] * r1 * w_post[i] : yv[k];
+            hv[k] = hv[k] + add;
+            h[i] = hv[k];
+            ss += (double)hv[k] * hv[k];
+        }
     }
     ss = block_sum(ss, sh);
     const float r2 = (float)(1.0 / sqrt(ss / E + eps_next));
-    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) a[i] = h[i] * r2 * w_next[i];
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        const uint32_t i = threadIdx.x + k * blockDim.x;
+        if (i < E) a[i] = hv[k] * r2 * w_next[i];
+    }
 }
 
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
              const float *w_next, float eps_next, bool sandwich, uint32_t E)
 {
+    /* E <= NORM_THREADS * NORM_PER (8192) is checked at context creation */
     k_tail<<<1, NORM_THREADS, 0, st>>>(y, h, a, w_post, eps_post, w_next, eps_next, sandwich, E);
 }
 
