@@ -28,6 +28,12 @@
 #include <unistd.h>
 
 #define CPU_PASS_ROWS 128u /* rows per batch pass: bounds activation memory */
+/* Below these sizes a job runs on the caller alone: handing it to another core (cache lines
+ * travel, a worker may have to be woken) costs more than the job. In weights of a matrix
+ * group, multiply-adds of an attention call, and elements of a per-row op. */
+#define CPU_PAR_MIN_WEIGHTS (1u << 18)
+#define CPU_PAR_MIN_ATTN (1u << 17)
+#define CPU_PAR_MIN_ELEMS (1u << 14)
 
 typedef struct cpu_thread_scratch {
     float *tmp;    /* [CPU_PANEL][kmax] unpacked weight rows */
@@ -50,7 +56,7 @@ typedef struct cpu_state {
     uint16_t *stage_k, *stage_v;  /* [n_layer][pass_rows][KVD] f16: this pass's K/V */
     float *rope_cos, *rope_sin;   /* [pass_rows][D/2] */
     double *inv_freq;             /* [D/2] theta^(-2i/D) */
-    cpu_xsums xs;                 /* sums of a decode row's input: [kmax/16], [kmax/32] */
+    cpu_xsums xs;                 /* a decode row's input: sums [kmax/16], [kmax/32], xp [kmax] */
     cpu_thread_scratch *ts;       /* [n_threads] */
     float *logits;                /* [V] last-row logits of the call in flight */
     float *out_logits;            /* where lm_head writes this pass: logits or the caller's */
@@ -116,12 +122,11 @@ static void row_job_main(void *arg, uint32_t t, uint32_t nt)
 
 static void run_rows(row_job *j)
 {
-    if (j->r->n == 1) {
-        j->fn(j, 0);
-        return;
-    }
     atomic_init(&j->next, 0);
-    cpu_pool_run(j->st->pool, row_job_main, j);
+    if ((uint64_t)j->r->n * j->st->E < CPU_PAR_MIN_ELEMS)
+        row_job_main(j, 0, 1);
+    else
+        cpu_pool_run(j->st->pool, row_job_main, j);
 }
 
 /* ---- embed, rmsnorm, tail, gate, swiglu ---- */
@@ -359,9 +364,16 @@ static void attn_main(void *arg, uint32_t t, uint32_t nt)
 
 static void op_attention(void *be, const fwd_rows *r, uint32_t l, uint32_t window, float scale)
 {
-    attn_job j = {.st = be, .r = r, .layer = l, .window = window, .scale = scale};
+    cpu_state *st = be;
+    attn_job j = {.st = st, .r = r, .layer = l, .window = window, .scale = scale};
     atomic_init(&j.next, 0);
-    cpu_pool_run(j.st->pool, attn_main, &j);
+    uint64_t span = r->pos[r->n - 1] + 1;
+    if (window && span > window)
+        span = window;
+    if ((uint64_t)r->n * st->QD * span < CPU_PAR_MIN_ATTN)
+        attn_main(&j, 0, 1);
+    else
+        cpu_pool_run(st->pool, attn_main, &j);
 }
 
 /* ---- matrices ---- */
@@ -441,13 +453,22 @@ static void run_matmul(cpu_state *st, fwd_route route, const float *x, uint64_t 
         j.start[a + 1] = j.start[a] + units;
     }
     atomic_init(&j.next, 0);
+    uint64_t weights = 0;
+    for (uint32_t a = 0; a < n_mm; a++)
+        weights += w[a]->rows * w[a]->cols;
+    const bool alone = weights < CPU_PAR_MIN_WEIGHTS;
     if (route == FWD_ROUTE_DECODE) {
         st->kn.xsums(x, j.cols, &st->xs);
         const uint64_t nt = cpu_pool_threads(st->pool);
         j.block = (j.start[n_mm] + nt * 8 - 1) / (nt * 8);
         if (j.block < 8)
             j.block = 8;
-        cpu_pool_run(st->pool, matvec_main, &j);
+        if (alone)
+            matvec_main(&j, 0, 1);
+        else
+            cpu_pool_run(st->pool, matvec_main, &j);
+    } else if (alone) {
+        gemm_main(&j, 0, 1);
     } else {
         cpu_pool_run(st->pool, gemm_main, &j);
     }
@@ -582,6 +603,7 @@ static void cpu_free(muser_session *s)
     free(st->inv_freq);
     free(st->xs.s16);
     free(st->xs.s32);
+    muser_free_aligned(st->xs.xp);
     for (uint32_t t = 0; st->ts && t < st->n_threads; t++) {
         muser_free_aligned(st->ts[t].tmp);
         muser_free_aligned(st->ts[t].panel);
@@ -662,6 +684,7 @@ static int cpu_init(muser_session *s, muser_error *err)
     ok &= (st->inv_freq = calloc(st->D / 2 + 1, sizeof(double))) != NULL;
     ok &= (st->xs.s16 = calloc(st->kmax / 16 + 1, sizeof(float))) != NULL;
     ok &= (st->xs.s32 = calloc(st->kmax / 32 + 1, sizeof(float))) != NULL;
+    ok &= (st->xs.xp = muser_alloc_aligned(((uint64_t)st->kmax + 32) * sizeof(float))) != NULL;
     ok &= (st->logits = calloc(st->V, sizeof(float))) != NULL;
     ok &= (st->commit_k = calloc(st->KVD, sizeof(float))) != NULL;
     ok &= (st->commit_v = calloc(st->KVD, sizeof(float))) != NULL;

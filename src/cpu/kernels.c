@@ -62,6 +62,10 @@ static void xsums_scalar(const float *x, uint64_t n, cpu_xsums *out)
     }
     for (uint64_t g = 0; g < n / 32; g++)
         out->s32[g] = out->s16[2 * g] + out->s16[2 * g + 1];
+    for (uint64_t c = 0; c + 32 <= n; c += 32)
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < 8; i++)
+                out->xp[c + 8 * t + i] = ldexpf(x[c + 4 * i + t], -8 * t);
 }
 
 static float dot_row_scalar(uint32_t type, const void *row, const float *x, const cpu_xsums *xs,
@@ -209,6 +213,23 @@ static TGT void xsums_avx2(const float *x, uint64_t n, cpu_xsums *out)
     }
     for (uint64_t g = 0; g < n / 32; g++)
         out->s32[g] = out->s16[2 * g] + out->s16[2 * g + 1];
+    /* xp: per 32-chunk a 4x4 transpose in each 128-bit half puts x[4i+t] of halves into
+     * r_t = {i = 0,2,4,6 | 1,3,5,7}; one lane permute restores i order; times 2^-8t. */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256 p0 = _mm256_set1_ps(1.0f), p1 = _mm256_set1_ps(0x1p-8f),
+                 p2 = _mm256_set1_ps(0x1p-16f), p3 = _mm256_set1_ps(0x1p-24f);
+    for (uint64_t c = 0; c + 32 <= n; c += 32) {
+        const __m256 v0 = _mm256_loadu_ps(x + c), v1 = _mm256_loadu_ps(x + c + 8),
+                     v2 = _mm256_loadu_ps(x + c + 16), v3 = _mm256_loadu_ps(x + c + 24);
+        const __m256 a = _mm256_unpacklo_ps(v0, v1), b = _mm256_unpackhi_ps(v0, v1);
+        const __m256 e = _mm256_unpacklo_ps(v2, v3), f = _mm256_unpackhi_ps(v2, v3);
+        const __m256 r0 = _mm256_shuffle_ps(a, e, 0x44), r1 = _mm256_shuffle_ps(a, e, 0xEE);
+        const __m256 r2 = _mm256_shuffle_ps(b, f, 0x44), r3 = _mm256_shuffle_ps(b, f, 0xEE);
+        _mm256_storeu_ps(out->xp + c, _mm256_mul_ps(_mm256_permutevar8x32_ps(r0, order), p0));
+        _mm256_storeu_ps(out->xp + c + 8, _mm256_mul_ps(_mm256_permutevar8x32_ps(r1, order), p1));
+        _mm256_storeu_ps(out->xp + c + 16, _mm256_mul_ps(_mm256_permutevar8x32_ps(r2, order), p2));
+        _mm256_storeu_ps(out->xp + c + 24, _mm256_mul_ps(_mm256_permutevar8x32_ps(r3, order), p3));
+    }
 }
 
 /* A Q4_K block's 8 scales and 8 mins as f32 lanes, times d and dmin: the 12 packed bytes read
@@ -227,9 +248,14 @@ static TGT_INLINE void q4k_scales_vec(const uint8_t *blk, __m256 *dsc, __m256 *d
     *dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(mn), _mm256_set1_ps(f16_at(blk + 2)));
 }
 
-static TGT float dot_q4k_avx2(const uint8_t *row, const float *x, const float *s32, uint64_t nb)
+/* Q4_K against xp. Each 32-byte group is one load; lane i holds bytes 4i..4i+3, i.e. the low
+ * nibbles of elements 4i+t (t = 0..3, sub-block 2j) and, after one 4-bit shift, the high
+ * nibbles (sub-block 2j+1). Masking nibble t in place gives q·2^8t as an exact integer; the
+ * 2^-8t folded into xp cancels it exactly in the product, so each product equals q·x. */
+static TGT float dot_q4k_avx2(const uint8_t *row, const float *xp, const float *s32, uint64_t nb)
 {
-    const __m256i m4 = _mm256_set1_epi32(0xF);
+    const __m256i m0 = _mm256_set1_epi32(0xF), m1 = _mm256_set1_epi32(0xF00),
+                  m2 = _mm256_set1_epi32(0xF0000), m3 = _mm256_set1_epi32(0xF000000);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
     float dsc_s[8] __attribute__((aligned(32)));
     for (uint64_t b = 0; b < nb; b++) {
@@ -239,29 +265,22 @@ static TGT float dot_q4k_avx2(const uint8_t *row, const float *x, const float *s
         mins = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(s32 + b * 8), mins);
         _mm256_store_ps(dsc_s, dsc);
         const uint8_t *qs = blk + 16;
-        const float *xb = x + b * QK_K;
+        const float *xb = xp + b * QK_K;
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
-            __m256 lo_a = _mm256_setzero_ps(), lo_b = _mm256_setzero_ps();
-            __m256 hi_a = _mm256_setzero_ps(), hi_b = _mm256_setzero_ps();
-#pragma GCC unroll 2
-            for (int k = 0; k < 4; k += 2) {
-                const __m256i w0 = load8_u8(qs + 32 * j + 8 * k);
-                const __m256i w1 = load8_u8(qs + 32 * j + 8 * k + 8);
-                const float *xl = xb + 64 * j + 8 * k, *xh = xl + 32;
-                lo_a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(w0, m4)),
-                                       _mm256_loadu_ps(xl), lo_a);
-                hi_a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 4)),
-                                       _mm256_loadu_ps(xh), hi_a);
-                lo_b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(w1, m4)),
-                                       _mm256_loadu_ps(xl + 8), lo_b);
-                hi_b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w1, 4)),
-                                       _mm256_loadu_ps(xh + 8), hi_b);
-            }
-            acc0 = _mm256_fmadd_ps(_mm256_add_ps(lo_a, lo_b), _mm256_broadcast_ss(dsc_s + 2 * j),
-                                   acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_add_ps(hi_a, hi_b),
-                                   _mm256_broadcast_ss(dsc_s + 2 * j + 1), acc1);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j));
+            const __m256i h = _mm256_srli_epi32(v, 4);
+            const float *xl = xb + 64 * j, *xh = xl + 32;
+            __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m0)), _mm256_loadu_ps(xl));
+            __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(h, m0)), _mm256_loadu_ps(xh));
+            lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m1)), _mm256_loadu_ps(xl + 8), lo);
+            hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(h, m1)), _mm256_loadu_ps(xh + 8), hi);
+            lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m2)), _mm256_loadu_ps(xl + 16), lo);
+            hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(h, m2)), _mm256_loadu_ps(xh + 16), hi);
+            lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m3)), _mm256_loadu_ps(xl + 24), lo);
+            hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(h, m3)), _mm256_loadu_ps(xh + 24), hi);
+            acc0 = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(dsc_s + 2 * j), acc0);
+            acc1 = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(dsc_s + 2 * j + 1), acc1);
         }
     }
     return hsum256(_mm256_add_ps(acc0, acc1)) - hsum256(mins);
@@ -281,48 +300,55 @@ static TGT float dot_q4k_avx2(const uint8_t *row, const float *x, const float *s
                              _mm256_and_si256(_mm256_srli_epi32(H_, 2), m30));                 \
     } while (0)
 
-static TGT float dot_q6k_avx2(const uint8_t *row, const float *x, const float *s16, uint64_t nb)
+/* Q6_K against xp. Per 128-element half, ql[0..32), ql[32..64) and qh[0..32) are one load each
+ * (A, B, H); lane i holds l = 4i..4i+3. The four quarters' 6-bit quants are assembled for all
+ * four bytes of a lane at once (see the header for which bits), then byte t is masked in place:
+ * q·2^8t, cancelled exactly by xp's 2^-8t. Scales are per 16 elements = lanes 0-3 / 4-7, so a
+ * quarter's scale vector is two scales spread by one lane permute. */
+static TGT float dot_q6k_avx2(const uint8_t *row, const float *xp, const float *s16, uint64_t nb)
 {
-    const __m256i m4 = _mm256_set1_epi32(0xF), m3 = _mm256_set1_epi32(3),
-                  m30 = _mm256_set1_epi32(0x30);
+    const __m256i m4 = _mm256_set1_epi32(0x0F0F0F0F), m30 = _mm256_set1_epi32(0x30303030);
+    const __m256i k0 = _mm256_set1_epi32(0x3F), k1 = _mm256_set1_epi32(0x3F00),
+                  k2 = _mm256_set1_epi32(0x3F0000), k3 = _mm256_set1_epi32(0x3F000000);
+    const __m256i sel[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
+                            _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                            _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
+                            _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     __m256 offs = _mm256_setzero_ps();
-    float ds[16] __attribute__((aligned(32)));
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
         const __m256 d = _mm256_set1_ps(f16_at(blk + 208));
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
-        const __m256 ds0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
-        const __m256 ds1 = _mm256_mul_ps(
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), d);
-        _mm256_store_ps(ds, ds0);
-        _mm256_store_ps(ds + 8, ds1);
+        __m256 ds[2];
+        ds[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
+        ds[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), d);
         /* the -32 of every quant: 32 * d*sc * (sum of x over the scale's 16 elements) */
-        offs = _mm256_fmadd_ps(ds0, _mm256_loadu_ps(s16 + b * 16), offs);
-        offs = _mm256_fmadd_ps(ds1, _mm256_loadu_ps(s16 + b * 16 + 8), offs);
-        const float *xb = x + b * QK_K;
+        offs = _mm256_fmadd_ps(ds[0], _mm256_loadu_ps(s16 + b * 16), offs);
+        offs = _mm256_fmadd_ps(ds[1], _mm256_loadu_ps(s16 + b * 16 + 8), offs);
+#pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             const uint8_t *QL = blk + 64 * n, *QH = blk + 128 + 32 * n;
-            const float *y = xb + 128 * n;
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                               _mm256_setzero_ps()};
-#pragma GCC unroll 2
-                for (int g = 0; g < 2; g++) {
-                    const int l = 16 * h + 8 * g;
-                    __m256i q[4];
-                    Q6K_UNPACK(QL, QH, l, q[0], q[1], q[2], q[3]);
+            const float *y = xp + b * QK_K + 128 * n;
+            const __m256i A = _mm256_loadu_si256((const __m256i *)(const void *)QL);
+            const __m256i B = _mm256_loadu_si256((const __m256i *)(const void *)(QL + 32));
+            const __m256i H = _mm256_loadu_si256((const __m256i *)(const void *)QH);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_and_si256(_mm256_slli_epi32(H, 4), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_and_si256(_mm256_slli_epi32(H, 2), m30));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(A, 4), m4), _mm256_and_si256(H, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(B, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi32(H, 2), m30));
 #pragma GCC unroll 4
-                    for (int t = 0; t < 4; t++)
-                        a[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[t]),
-                                               _mm256_loadu_ps(y + 32 * t + l), a[t]);
-                }
-#pragma GCC unroll 4
-                for (int t = 0; t < 4; t++)
-                    acc[t] = _mm256_fmadd_ps(a[t], _mm256_broadcast_ss(ds + 8 * n + h + 2 * t),
-                                             acc[t]);
+            for (int t = 0; t < 4; t++) {
+                const float *yt = y + 32 * t;
+                __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q[t], k0)), _mm256_loadu_ps(yt));
+                __m256 c = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q[t], k1)), _mm256_loadu_ps(yt + 8));
+                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q[t], k2)), _mm256_loadu_ps(yt + 16), a);
+                c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q[t], k3)), _mm256_loadu_ps(yt + 24), c);
+                acc[t] = _mm256_fmadd_ps(_mm256_add_ps(a, c), _mm256_permutevar8x32_ps(ds[n], sel[t]),
+                                         acc[t]);
             }
         }
     }
@@ -400,8 +426,8 @@ static TGT float dot_row_avx2(uint32_t type, const void *row, const float *x, co
                               uint64_t n)
 {
     switch (type) {
-    case GGML_TYPE_Q4_K: return dot_q4k_avx2(row, x, xs->s32, n / QK_K);
-    case GGML_TYPE_Q6_K: return dot_q6k_avx2(row, x, xs->s16, n / QK_K);
+    case GGML_TYPE_Q4_K: return dot_q4k_avx2(row, xs->xp, xs->s32, n / QK_K);
+    case GGML_TYPE_Q6_K: return dot_q6k_avx2(row, xs->xp, xs->s16, n / QK_K);
     case GGML_TYPE_Q8_0: return dot_q8_0_avx2(row, x, n / QK8_0);
     case GGML_TYPE_F32: return dot_f32_avx2(row, x, n);
     case GGML_TYPE_F16: return dot_f16_avx2(x, row, (uint32_t)n);

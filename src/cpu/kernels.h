@@ -18,15 +18,23 @@
 #define CPU_PANEL 16 /* weight rows per GEMM panel (two AVX2 vectors of outputs) */
 #define CPU_MR 6     /* activation rows per micro-kernel call */
 
-/* Sums of x over every 16 and 32 consecutive elements: [K/16] and [K/32]. */
+/* What the decode dots need of an input vector x, computed once per vector and shared by every
+ * row of every matrix that reads it:
+ *   s16, s32: sums of x over every 16 / 32 consecutive elements, [K/16] and [K/32];
+ *   xp:       x in the lanes' order, [K]: xp[32c + 8t + i] = x[32c + 4i + t] * 2^-8t.
+ * xp lets the AVX2 Q4_K / Q6_K dots take quants from a plain 32-byte load: dword lane i holds
+ * bytes 4i..4i+3, and masking byte t in place yields q * 2^8t, an exact integer, whose 2^8t
+ * the 2^-8t cancels exactly in the product (power-of-two scalings are exact in binary floating
+ * point, barring underflow below 2^-102, far under anything that reaches a logit). */
 typedef struct cpu_xsums {
     float *s16;
     float *s32;
+    float *xp;
 } cpu_xsums;
 
 typedef struct cpu_kernels {
     bool simd; /* AVX2+FMA+F16C */
-    /* sums of x (n a multiple of 32, or else only s16/s32 of whole groups are filled) */
+    /* sums and lane order of x (n a multiple of 32, or else only whole groups are filled) */
     void (*xsums)(const float *x, uint64_t n, cpu_xsums *out);
     /* Dot of one weight row (type, n elements) with f32 x; xs are x's sums (Q4_K / Q6_K use
      * them). Types without a kernel here go through quant_dot. */

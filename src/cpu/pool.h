@@ -1,10 +1,14 @@
 /* pool.h — a persistent pthread worker pool for the CPU engine.
  *
- * cpu_pool_run(pool, fn, arg) calls fn(arg, t, n) once on each of the n threads (the caller is
- * thread 0) and returns when all have finished. Workers spin briefly between jobs (a decode step
- * issues a few hundred jobs, so a sleep/wake per job would cost more than the job) and then sleep
- * on a condition variable. Work splitting is the job's business: jobs usually hand out row blocks
- * through an atomic counter (cpu_pool_grab) so a slow core does not hold the others up. */
+ * cpu_pool_run(pool, fn, arg) calls fn(arg, t, n) on the caller (thread 0) and on every worker
+ * that picks the job up before the caller has finished its own call, and returns when those
+ * have finished. A worker that is late (descheduled on a busy machine, or asleep) simply misses
+ * the job: the caller never waits for a thread that has not started. So a job must be complete
+ * when run by any subset of the threads that includes the caller: jobs hand out their work
+ * through an atomic counter (cpu_pool_grab), and each thread index t is used by at most one
+ * thread at a time (per-thread scratch stays safe). Workers spin briefly between jobs (a decode
+ * step issues a few hundred jobs, so a sleep/wake per job would cost more than the job) and
+ * then sleep on a condition variable. */
 #ifndef MUSER_CPU_POOL_H
 #define MUSER_CPU_POOL_H
 

@@ -1,0 +1,157 @@
+/* test_cpu_units.c — the CPU engine's pieces on their own:
+ *
+ * - the worker pool (src/cpu/pool.c): many jobs of varying size on 1-4 threads; every item is
+ *   processed exactly once, no thread index is used by two threads at once, and no thread is
+ *   still inside a job when cpu_pool_run returns (late workers must skip a finished job, not
+ *   run it against the next job's arguments);
+ * - the decode dots (src/cpu/kernels.c) for Q4_K / Q6_K, whose AVX2 versions read x through the
+ *   lane-order copy xp (x scaled by 2^-8t): each row against the f64 dequantize-then-dot, for
+ *   x of ordinary, tiny (1e-20) and large (1e20) magnitude, AVX2 and scalar tables. */
+#include "check.h"
+#include "cpu/kernels.h"
+#include "cpu/pool.h"
+#include "quant.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* ---- pool ---- */
+
+#define MAX_ITEMS 512
+#define MAX_T 4
+
+typedef struct pool_job {
+    uint64_t id, n_items;
+    atomic_uint_fast64_t next;
+    atomic_int hits[MAX_ITEMS];
+} pool_job;
+
+static atomic_uint_fast64_t current_id; /* the job cpu_pool_run is running now */
+static atomic_int inside;               /* threads inside a job function */
+static atomic_int t_busy[MAX_T];
+static atomic_int stale, index_clash;
+
+static void job_fn(void *arg, uint32_t t, uint32_t nt)
+{
+    pool_job *j = arg;
+    atomic_fetch_add(&inside, 1);
+    if (t >= nt || atomic_exchange(&t_busy[t], 1) != 0)
+        atomic_fetch_add(&index_clash, 1);
+    if (j->id != atomic_load(&current_id))
+        atomic_fetch_add(&stale, 1);
+    uint64_t lo, hi;
+    while (cpu_pool_grab(&j->next, j->n_items, 3, &lo, &hi))
+        for (uint64_t i = lo; i < hi; i++) {
+            atomic_fetch_add(&j->hits[i], 1);
+            for (volatile int spin = 0; spin < 50; spin++) {
+            }
+        }
+    if (t < MAX_T)
+        atomic_store(&t_busy[t], 0);
+    atomic_fetch_sub(&inside, 1);
+}
+
+static void test_pool(uint32_t n_threads, int jobs)
+{
+    muser_error err = {0};
+    cpu_pool *p = NULL;
+    CHECK_OK(cpu_pool_new(&p, n_threads, &err), &err);
+    if (!p)
+        return;
+    CHECK(cpu_pool_threads(p) == n_threads);
+    static pool_job j; /* reused by every job: a late worker would see the next one's id */
+    int bad_items = 0, left_inside = 0;
+    for (int k = 0; k < jobs; k++) {
+        j.id = (uint64_t)k + 1;
+        j.n_items = 1 + (uint64_t)(k * 37) % MAX_ITEMS;
+        atomic_init(&j.next, 0);
+        for (uint64_t i = 0; i < MAX_ITEMS; i++)
+            atomic_init(&j.hits[i], 0);
+        atomic_store(&current_id, j.id);
+        cpu_pool_run(p, job_fn, &j);
+        left_inside += atomic_load(&inside) != 0;
+        atomic_store(&current_id, 0);
+        for (uint64_t i = 0; i < MAX_ITEMS; i++)
+            bad_items += atomic_load(&j.hits[i]) != (i < j.n_items ? 1 : 0);
+    }
+    CHECKF(bad_items == 0, "%u threads: %d items not processed exactly once", n_threads, bad_items);
+    CHECKF(left_inside == 0, "%u threads: a thread was inside a job after it returned (%d)",
+           n_threads, left_inside);
+    CHECKF(atomic_load(&stale) == 0, "%u threads: a job ran with another job's arguments",
+           n_threads);
+    CHECKF(atomic_load(&index_clash) == 0, "%u threads: a thread index was used twice", n_threads);
+    cpu_pool_free(p);
+}
+
+/* ---- decode dots ---- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float frand(void)
+{
+    return (float)(rnd() % 2000001) / 1000000.0f - 1.0f;
+}
+
+static void test_dots(const cpu_kernels *kn, const char *name)
+{
+    enum { K = 1024 };
+    static float x[K], w[K], xs16[K / 16], xs32[K / 32], xp[K];
+    static uint8_t row[K / QK_K * Q6_K_BLOCK_BYTES];
+    const uint32_t types[2] = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
+    const float mags[3] = {1.0f, 1e-20f, 1e20f};
+    for (int ti = 0; ti < 2; ti++)
+        for (int mi = 0; mi < 3; mi++) {
+            double worst = 0.0;
+            for (int trial = 0; trial < 20; trial++) {
+                for (int i = 0; i < K; i++) {
+                    w[i] = frand() * (trial % 3 == 0 ? 4.0f : 0.05f);
+                    x[i] = frand() * mags[mi];
+                }
+                if (trial % 5 == 1) /* one-signed rows stress the Q4_K min term */
+                    for (int i = 0; i < K; i++)
+                        w[i] = fabsf(w[i]);
+                CHECK(quant_quantize_row(types[ti], w, row, K) == 0);
+                cpu_xsums xs = {xs16, xs32, xp};
+                kn->xsums(x, K, &xs);
+                const float got = kn->dot_row(types[ti], row, x, &xs, K);
+                const double ref = quant_dot_f64(types[ti], row, x, K);
+                /* |error| against the sum of |terms|: f32 accumulation of 1024 products */
+                static float deq[K];
+                CHECK(quant_dequantize_row(types[ti], row, deq, K) == 0);
+                double mag = 0.0;
+                for (int i = 0; i < K; i++)
+                    mag += fabs((double)deq[i] * x[i]);
+                const double rel = fabs(got - ref) / (mag > 0 ? mag : 1.0);
+                worst = rel > worst ? rel : worst;
+            }
+            CHECKF(worst < 2e-6, "%s %s, |x| ~ %g: error %.3g of sum|w*x|", name,
+                   quant_info(types[ti])->name, mags[mi], worst);
+            printf("%s %-5s |x|~%-6g max error / sum|w*x| = %.2e\n", name,
+                   quant_info(types[ti])->name, mags[mi], worst);
+        }
+}
+
+int main(void)
+{
+    const char *san = getenv("MUSER_SANITIZED");
+    const int jobs = san && !strcmp(san, "1") ? 2000 : 20000;
+    for (uint32_t nt = 1; nt <= MAX_T; nt++)
+        test_pool(nt, jobs);
+
+    cpu_kernels kn;
+    cpu_kernels_init(&kn, false);
+    test_dots(&kn, kn.simd ? "avx2  " : "scalar");
+    cpu_kernels_init(&kn, true);
+    test_dots(&kn, "scalar");
+
+    printf("%d checks, %d failures\n", check_count, check_failures);
+    return check_failures ? 1 : 0;
+}
