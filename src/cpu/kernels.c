@@ -169,6 +169,12 @@ static TGT_INLINE float hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* Decode dots prefetch the weight bytes this far ahead of the block they are on. A thread's rows
+ * are contiguous, so this runs into the next row; the hardware prefetcher alone left one core at
+ * ~5 GB/s of a ~12 GB/s stream (measured: +16-30% decode with one thread, +18% with two).
+ * Prefetching past the end of the tensor cannot fault. */
+#define CPU_PREFETCH 1536
+
 /* An f16 scale from a block header, through F16C (no call per block). */
 static TGT_INLINE float f16_at(const uint8_t *p)
 {
@@ -260,6 +266,9 @@ static TGT float dot_q4k_avx2(const uint8_t *row, const float *xp, const float *
     float dsc_s[8] __attribute__((aligned(32)));
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
+        _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
         __m256 dsc, dmn;
         q4k_scales_vec(blk, &dsc, &dmn);
         mins = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(s32 + b * 8), mins);
@@ -319,6 +328,10 @@ static TGT float dot_q6k_avx2(const uint8_t *row, const float *xp, const float *
     __m256 offs = _mm256_setzero_ps();
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
+        _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + CPU_PREFETCH + 192, _MM_HINT_T0);
         const __m256 d = _mm256_set1_ps(f16_at(blk + 208));
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
         __m256 ds[2];
