@@ -2,6 +2,7 @@
 # Run ON THE GPU MACHINE, from the repository root: unpack the carried .deps/*.deb into a private
 # prefix (never into /), point pkg-config and CMake at it, and build with CUDA.
 #   usage: scripts/device-build.sh [build-dir] [extra cmake args...]
+#   MUSER_BUILD_TARGETS="muser test_cuda ..." builds only those targets (default: all).
 set -eu
 BUILD=${1:-build-cuda}
 [ $# -gt 0 ] && shift
@@ -19,6 +20,8 @@ export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_DEPS_PREFIX="$PREFIX" -DMUSER_CUDA=ON "$@" >"$BUILD.configure.log" 2>&1 \
     || { cat "$BUILD.configure.log"; exit 1; }
 grep -E "CUDA backend" "$BUILD.configure.log" || true
-cmake --build "$BUILD" -j "$(nproc)" 2>&1 | grep -E "error|warning|Error" || true
+# shellcheck disable=SC2086 # the target list is meant to split
+cmake --build "$BUILD" -j "$(nproc)" ${MUSER_BUILD_TARGETS:+--target $MUSER_BUILD_TARGETS} 2>&1 \
+    | grep -E "error|warning|Error" || true
 test -x "$BUILD/muser"
 echo "device-build: ok ($BUILD)"

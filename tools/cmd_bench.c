@@ -11,11 +11,21 @@
  * + the K/V bytes its attention reads (f16, every allowed position of every layer); achieved
  * GB/s = bytes/token x tok/s, reported as a % of a bandwidth measured in the same run (a
  * multi-threaded streaming read of a buffer much larger than the caches). A backend whose
- * memory is not host memory (cuda) adds its own measurement in measure_bandwidth. */
+ * memory is not host memory (cuda) adds its own measurement in measure_bandwidth.
+ *
+ * --backend cuda runs the device's own decode lane instead (muser_cuda_bench: the route recorded
+ * once as a CUDA graph, greedy tokens fed back on the device, no logits readback), so the numbers
+ * are the device's: per depth tok/s, ms/token, weight + KV bytes per token, achieved GB/s and its
+ * share of a streaming read of device memory measured in the same run. --prompt and --threads do
+ * not apply to it. */
 #include "cli.h"
 #include "quant.h"
 #include "session.h"
 #include "util.h"
+
+#ifdef MUSER_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -119,7 +129,7 @@ out:
 /* The bandwidth decode is bounded by on this backend; name says what was measured. */
 static double measure_bandwidth(int backend, uint32_t threads, const char **name)
 {
-    (void)backend; /* cuda: device memory bandwidth goes here */
+    (void)backend; /* the cuda lane measures device memory itself (bench_cuda) */
     *name = "host memory, streaming read";
     return host_bandwidth(threads);
 }
@@ -234,6 +244,35 @@ out:
     return rc;
 }
 
+/* The CUDA lane: one muser_cuda_bench call over every depth (weights uploaded once). */
+static int bench_cuda(const bench_opts *o, const muser_model *m)
+{
+#ifdef MUSER_HAVE_CUDA
+    muser_cuda_bench_result res;
+    muser_cuda_bench_row rows[BENCH_MAX_CTX];
+    muser_error err = {0};
+    if (muser_cuda_bench(m, 0, o->ctx, o->n_ctx, o->gen, &res, rows, &err)) {
+        fprintf(stderr, "muser bench: %s\n", err.msg);
+        return 1;
+    }
+    const char *mv = getenv("MUSER_CUDA_MATVEC");
+    printf("backend cuda: %s, matvec %s; bandwidth %.1f GB/s (device memory, streaming read); "
+           "upload %.1f s; weights read per token %.1f MB\n",
+           res.device, mv && *mv ? mv : "v5", res.read_gbs, res.upload_s, res.weight_bytes / 1e6);
+    for (uint32_t i = 0; i < o->n_ctx; i++)
+        printf("ctx %-7llu decode %4u tok: %7.2f tok/s (%.3f ms/tok) | %.1f MB/tok -> %.1f GB/s = %.1f%% "
+               "of %.1f GB/s\n",
+               (unsigned long long)rows[i].ctx, rows[i].gen, rows[i].tok_per_s, rows[i].ms_per_token,
+               rows[i].bytes_per_token / 1e6, rows[i].gbs, rows[i].pct_of_read, res.read_gbs);
+    return 0;
+#else
+    (void)o;
+    (void)m;
+    fprintf(stderr, "muser bench: this build has no CUDA backend\n");
+    return 1;
+#endif
+}
+
 static int parse_ctx_list(const char *s, bench_opts *o)
 {
     o->n_ctx = 0;
@@ -314,14 +353,24 @@ int cmd_bench(int argc, char **argv)
         return 1;
     }
     const muser_hparams *hp = &m->hp;
+    const bool cuda = o.backend == MUSER_BACKEND_CUDA;
+    const uint32_t prompt = cuda ? 0 : o.prompt; /* the cuda lane has no prefill phase */
     for (uint32_t c = 0; c < o.n_ctx; c++)
-        if (o.ctx[c] + o.prompt + o.gen > hp->n_ctx_train) {
+        if (o.ctx[c] + prompt + o.gen > hp->n_ctx_train) {
             fprintf(stderr,
                     "muser bench: ctx %llu + prompt %u + gen %u exceeds the model's context %u\n",
-                    (unsigned long long)o.ctx[c], o.prompt, o.gen, hp->n_ctx_train);
+                    (unsigned long long)o.ctx[c], prompt, o.gen, hp->n_ctx_train);
             muser_model_free(m);
             return 1;
         }
+    if (cuda) {
+        printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights\n", o.model,
+               muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_ff, hp->n_vocab,
+               m->weight_bytes / 1e6);
+        const int rc = bench_cuda(&o, m);
+        muser_model_free(m);
+        return rc;
+    }
     uint32_t threads = o.threads;
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);

@@ -10,6 +10,9 @@
  *   v3  R=2: two rows per warp share the x registers
  *   v4  R=4
  *   v5  the library's choice: a kernel per format (no run-time type switch), R by format
+ *   v6  v5 with the mantissa trick for Q4_K/Q6_K (128 + q floats, Σx sums in registers)
+ *   v6b v6 with Σx read from a per-token buffer of 8-element sums (mv_sum8, timed separately)
+ * Each cell prints the relative L2 error against the f64 reference next to the time.
  * Also: a streaming-read kernel (the bandwidth ceiling measured in the same run), the four
  * attention projections as one launch, and the ffn gate·up pair with SiLU fused.
  *   usage: kbench_matvec [reps] */
@@ -229,6 +232,28 @@ static void launch_v5(const devmat &dm, int copy, const float *x, float *y)
     L.n_warps = (dm.m.rows + R - 1) / R;
     mv_launch_typed(0, L, x);
 }
+/* v6 / v6b: MUSER_CUDA_MATVEC=v6 in the library (K-quants; other formats as v5). */
+static const float *g_sx8; /* Σx in groups of 8 for the current x (v6b) */
+static void launch_v6_common(const devmat &dm, int copy, const float *x, float *y, const float *sx8)
+{
+    mv_launch L;
+    memset(&L, 0, sizeof L);
+    const uint32_t R = (uint32_t)mv_rows_per_warp(dm.m.type);
+    L.n_seg = 1;
+    L.seg[0].a = dm.m;
+    L.seg[0].a.data = dm.copies[copy];
+    L.seg[0].out = y;
+    L.seg[0].op = MV_OP_STORE;
+    L.n_warps = (dm.m.rows + R - 1) / R;
+    mv_launch_typed_v6(0, L, x, sx8);
+}
+static void launch_v6(const devmat &dm, int copy, const float *x, float *y) { launch_v6_common(dm, copy, x, y, NULL); }
+static void launch_v6b(const devmat &dm, int copy, const float *x, float *y) { launch_v6_common(dm, copy, x, y, g_sx8); }
+static void launch_var(int var, const mv_launch &L, const float *x, const float *sx8)
+{
+    if (var == 0) mv_launch_typed(0, L, x);
+    else mv_launch_typed_v6(0, L, x, var == 2 ? sx8 : NULL);
+}
 static void launch_v1(const devmat &dm, int copy, const float *x, float *y)
 {
     mv_mat m = dm.m;
@@ -294,14 +319,22 @@ int main(int argc, char **argv)
 
     const uint32_t shapes[][2] = {{6656, 4096}, {6656, 256}, {4096, 6656}, {6656, 19968}, {19968, 6656}, {6656, 202048}};
     const uint32_t types[] = {MV_T_Q4_K, MV_T_Q6_K, MV_T_Q8_0, MV_T_F16, MV_T_F32};
-    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)"};
-    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>, launch_v5};
+    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)", "v6", "v6b"};
+    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>, launch_v5, launch_v6, launch_v6b};
+    const int NV = 7;
+    /* MUSER_KBENCH_FAST=1: v5, v6, v6b only (the device run's short budget) */
+    const bool fast = getenv("MUSER_KBENCH_FAST") && atoi(getenv("MUSER_KBENCH_FAST")) != 0;
 
-    float *x, *y;
+    float *x, *y, *sx8;
+    CK(cudaMalloc(&sx8, 20000 * 4 / 8 * 4));
+    g_sx8 = sx8;
     CK(cudaMalloc(&x, 20000 * 4 * 4));
     CK(cudaMalloc(&y, 202048 * 4 * 2));
     std::vector<float> hx(20000 * 4), hy(202048 * 2);
-    printf("\n%-6s %-14s %10s | %-26s | %-26s | %-26s | %-26s | %-26s\n", "type", "shape", "MB", "v1 us GB/s %", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)");
+    printf("\n%-6s %-14s %10s", "type", "shape", "MB");
+    for (int v = 0; v < NV; v++)
+        if (!fast || v >= 4) printf(" | %-34s", v == 0 ? "v1 us GB/s % relerr" : vname[v]);
+    printf("\n");
     int fails = 0;
     for (uint32_t t : types) {
         for (auto &sh : shapes) {
@@ -311,9 +344,11 @@ int main(int argc, char **argv)
             const int n_copy = (int)std::min<size_t>(8, std::max<size_t>(2, (size_t)(400u << 20) / bytes + 1));
             make_mat(dm, t, rows, cols, n_copy, 1000 + t * 7 + cols);
             fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + t);
+            mv_sum8_launch(0, x, sx8, cols);
             CK(cudaMemcpy(hx.data(), x, cols * 4, cudaMemcpyDeviceToHost));
             printf("%-6s %6u->%-7u %10.1f |", tname(t), cols, rows, bytes / 1e6);
-            for (int v = 0; v < 5; v++) {
+            for (int v = 0; v < NV; v++) {
+                if (fast && v < 4) continue;
                 CK(cudaMemset(y, 0xFF, rows * 4)); /* NaN poison */
                 vf[v](dm, 0, x, y);
                 CK(cudaDeviceSynchronize());
@@ -325,7 +360,7 @@ int main(int argc, char **argv)
                 const double gbs = bytes / (ms * 1e-3) / 1e9;
                 const bool ok = unw == 0 && err >= 0 && err < 1e-5;
                 fails += !ok;
-                printf(" %8.1f %6.0f %5.1f%% %s |", ms * 1e3, gbs, 100 * gbs / read_gbs, ok ? "ok" : "BAD");
+                printf(" %8.1f %6.0f %5.1f%% %.1e %s |", ms * 1e3, gbs, 100 * gbs / read_gbs, err, ok ? "ok" : "BAD");
                 if (!ok) fprintf(stderr, "  %s %s %ux%u: unwritten %d rel err %.3g\n", tname(t), vname[v], cols, rows, unw, err);
             }
             printf("\n");
@@ -346,87 +381,91 @@ int main(int argc, char **argv)
         CK(cudaMemcpy(hx.data(), x, 6656 * 4, cudaMemcpyDeviceToHost));
         float *out;
         CK(cudaMalloc(&out, 40000 * 4));
-        const devmat *mats[4] = {&q, &k, &v, &g};
-        std::vector<float> ts;
-        for (int it = 0; it < reps + 2; it++) {
-            mv_launch L;
-            memset(&L, 0, sizeof L);
-            L.n_seg = 4;
-            uint32_t wb = 0, ob = 0;
-            for (int s = 0; s < 4; s++) {
-                L.seg[s].a = mats[s]->m;
-                L.seg[s].a.data = mats[s]->copies[it % 4];
-                L.seg[s].out = out + ob;
-                L.seg[s].warp_begin = wb;
-                wb += (mats[s]->m.rows + 3) / 4;
-                ob += mats[s]->m.rows;
-            }
-            L.n_warps = wb;
-            if (it == 0) CK(cudaMemset(out, 0xFF, 40000 * 4));
-            CK(cudaEventRecord(a));
-            mv_launch_typed(0, L, x);
-            CK(cudaEventRecord(b));
-            CK(cudaEventSynchronize(b));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, a, b));
-            if (it >= 2) ts.push_back(ms);
-            if (it == 0) {
-                CK(cudaMemcpy(hy.data(), out, 8704 * 4, cudaMemcpyDeviceToHost));
-                uint32_t ob2 = 0;
+        const char *varname[3] = {"v5", "v6", "v6b"};
+        mv_sum8_launch(0, x, sx8, 6656);
+        for (int var = 0; var < 3; var++) {
+            const devmat *mats[4] = {&q, &k, &v, &g};
+            std::vector<float> ts;
+            for (int it = 0; it < reps + 2; it++) {
+                mv_launch L;
+                memset(&L, 0, sizeof L);
+                L.n_seg = 4;
+                uint32_t wb = 0, ob = 0;
                 for (int s = 0; s < 4; s++) {
-                    const double e = check(*mats[s], hx.data(), hy.data() + ob2, 6656);
-                    if (!(e >= 0 && e < 1e-5)) { fails++; fprintf(stderr, "qkvg seg %d err %g\n", s, e); }
-                    ob2 += mats[s]->m.rows;
+                    L.seg[s].a = mats[s]->m;
+                    L.seg[s].a.data = mats[s]->copies[it % 4];
+                    L.seg[s].out = out + ob;
+                    L.seg[s].warp_begin = wb;
+                    wb += (mats[s]->m.rows + 3) / 4;
+                    ob += mats[s]->m.rows;
                 }
-                fails += count_unwritten(hy.data(), 8704) != 0;
+                L.n_warps = wb;
+                if (it == 0) CK(cudaMemset(out, 0xFF, 40000 * 4));
+                CK(cudaEventRecord(a));
+                launch_var(var, L, x, sx8);
+                CK(cudaEventRecord(b));
+                CK(cudaEventSynchronize(b));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, a, b));
+                if (it >= 2) ts.push_back(ms);
+                if (it == 0) {
+                    CK(cudaMemcpy(hy.data(), out, 8704 * 4, cudaMemcpyDeviceToHost));
+                    uint32_t ob2 = 0;
+                    for (int s = 0; s < 4; s++) {
+                        const double e = check(*mats[s], hx.data(), hy.data() + ob2, 6656);
+                        if (!(e >= 0 && e < 1e-5)) { fails++; fprintf(stderr, "%s qkvg seg %d err %g\n", varname[var], s, e); }
+                        ob2 += mats[s]->m.rows;
+                    }
+                    fails += count_unwritten(hy.data(), 8704) != 0;
+                }
             }
-        }
-        std::sort(ts.begin(), ts.end());
-        const double qb = 2.0 * (q.bytes + k.bytes);
-        printf("\nq4_k QKVG one launch (8704 rows): %.1f us, %.0f GB/s, %.1f%%\n", ts[ts.size() / 2] * 1e3,
-               qb / (ts[ts.size() / 2] * 1e-3) / 1e9, 100 * qb / (ts[ts.size() / 2] * 1e-3) / 1e9 / read_gbs);
+            std::sort(ts.begin(), ts.end());
+            const double qb = 2.0 * (q.bytes + k.bytes);
+            printf("\n%-4s q4_k QKVG one launch (8704 rows): %.1f us, %.0f GB/s, %.1f%%\n", varname[var], ts[ts.size() / 2] * 1e3,
+                   qb / (ts[ts.size() / 2] * 1e-3) / 1e9, 100 * qb / (ts[ts.size() / 2] * 1e-3) / 1e9 / read_gbs);
 
-        ts.clear();
-        for (int it = 0; it < reps + 2; it++) {
-            mv_launch L;
-            memset(&L, 0, sizeof L);
-            L.n_seg = 1;
-            L.seg[0].a = fg.m;
-            L.seg[0].a.data = fg.copies[it % 2];
-            L.seg[0].b = fu.m;
-            L.seg[0].b.data = fu.copies[it % 2];
-            L.seg[0].op = MV_OP_SILU_MUL;
-            L.seg[0].out = out;
-            L.n_warps = 19968;
-            CK(cudaEventRecord(a));
-            mv_launch_typed(0, L, x);
-            CK(cudaEventRecord(b));
-            CK(cudaEventSynchronize(b));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, a, b));
-            if (it >= 2) ts.push_back(ms);
-            if (it == 0) { /* check silu(g)*u on sampled rows */
-                CK(cudaMemcpy(hy.data(), out, 19968 * 4, cudaMemcpyDeviceToHost));
-                std::vector<float> wg(6656), wu(6656);
-                double num = 0, den = 0;
-                const size_t rb = mv_row_bytes(MV_T_Q4_K, 6656);
-                for (size_t i = 0; i < fg.sample_rows.size(); i++) {
-                    quant_dequantize_row(GGML_TYPE_Q4_K, fg.host_raw.data() + i * rb, wg.data(), 6656);
-                    quant_dequantize_row(GGML_TYPE_Q4_K, fu.host_raw.data() + i * rb, wu.data(), 6656);
-                    double sg = 0, su = 0;
-                    for (int c = 0; c < 6656; c++) { sg += (double)wg[c] * hx[c]; su += (double)wu[c] * hx[c]; }
-                    const double ref = sg / (1 + exp(-sg)) * su, got = hy[fg.sample_rows[i]];
-                    num += (got - ref) * (got - ref);
-                    den += ref * ref;
+            ts.clear();
+            for (int it = 0; it < reps + 2; it++) {
+                mv_launch L;
+                memset(&L, 0, sizeof L);
+                L.n_seg = 1;
+                L.seg[0].a = fg.m;
+                L.seg[0].a.data = fg.copies[it % 2];
+                L.seg[0].b = fu.m;
+                L.seg[0].b.data = fu.copies[it % 2];
+                L.seg[0].op = MV_OP_SILU_MUL;
+                L.seg[0].out = out;
+                L.n_warps = 19968;
+                CK(cudaEventRecord(a));
+                launch_var(var, L, x, sx8);
+                CK(cudaEventRecord(b));
+                CK(cudaEventSynchronize(b));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, a, b));
+                if (it >= 2) ts.push_back(ms);
+                if (it == 0) { /* check silu(g)*u on sampled rows */
+                    CK(cudaMemcpy(hy.data(), out, 19968 * 4, cudaMemcpyDeviceToHost));
+                    std::vector<float> wg(6656), wu(6656);
+                    double num = 0, den = 0;
+                    const size_t rb = mv_row_bytes(MV_T_Q4_K, 6656);
+                    for (size_t i = 0; i < fg.sample_rows.size(); i++) {
+                        quant_dequantize_row(GGML_TYPE_Q4_K, fg.host_raw.data() + i * rb, wg.data(), 6656);
+                        quant_dequantize_row(GGML_TYPE_Q4_K, fu.host_raw.data() + i * rb, wu.data(), 6656);
+                        double sg = 0, su = 0;
+                        for (int c = 0; c < 6656; c++) { sg += (double)wg[c] * hx[c]; su += (double)wu[c] * hx[c]; }
+                        const double ref = sg / (1 + exp(-sg)) * su, got = hy[fg.sample_rows[i]];
+                        num += (got - ref) * (got - ref);
+                        den += ref * ref;
+                    }
+                    const double e = sqrt(num / den);
+                    if (!(e < 1e-5)) { fails++; fprintf(stderr, "%s gate-up err %g\n", varname[var], e); }
                 }
-                const double e = sqrt(num / den);
-                if (!(e < 1e-5)) { fails++; fprintf(stderr, "gate-up err %g\n", e); }
             }
+            std::sort(ts.begin(), ts.end());
+            const double gb = 2.0 * fg.bytes;
+            printf("%-4s q4_k ffn gate+up+SiLU one launch (2x 6656->19968): %.1f us, %.0f GB/s, %.1f%%\n", varname[var], ts[ts.size() / 2] * 1e3,
+                   gb / (ts[ts.size() / 2] * 1e-3) / 1e9, 100 * gb / (ts[ts.size() / 2] * 1e-3) / 1e9 / read_gbs);
         }
-        std::sort(ts.begin(), ts.end());
-        const double gb = 2.0 * fg.bytes;
-        printf("q4_k ffn gate+up+SiLU one launch (2x 6656->19968): %.1f us, %.0f GB/s, %.1f%%\n", ts[ts.size() / 2] * 1e3,
-               gb / (ts[ts.size() / 2] * 1e-3) / 1e9, 100 * gb / (ts[ts.size() / 2] * 1e-3) / 1e9 / read_gbs);
         free_mat(q); free_mat(k); free_mat(v); free_mat(g); free_mat(fg); free_mat(fu);
     }
     printf("\nkbench_matvec: %s\n", fails ? "FAILED" : "all checks ok");

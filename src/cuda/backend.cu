@@ -67,6 +67,9 @@ typedef struct cu_ctx {
     muser_kv kv;               /* host metadata (no storage) */
     cudaGraphExec_t g_fwd, g_bench;
     bool gate_up_paired;
+    int mv_ver;                /* MUSER_CUDA_MATVEC: 5 (default), 6 (mantissa trick, Σx in registers),
+                                * 7 ("v6b": v6 with Σx from sx8, summed once per matvec input) */
+    float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
     double upload_s;
 } cu_ctx;
 
@@ -278,19 +281,36 @@ static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint
     L->n_warps += (a->rows + R - 1) / R;
 }
 
+/* One matvec launch with the kernel version chosen at context creation (MUSER_CUDA_MATVEC).
+ * *summed: whether c->sx8 already holds x's sums (v6b sums x once per matvec input). */
+static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, bool *summed)
+{
+    const uint32_t t = L->seg[0].a.type;
+    if (c->mv_ver == 5 || (t != MV_T_Q4_K && t != MV_T_Q6_K)) {
+        mv_launch_typed(st, *L, x);
+        return;
+    }
+    if (c->mv_ver == 7 && !*summed) {
+        mv_sum8_launch(st, x, c->sx8, L->seg[0].a.cols);
+        *summed = true;
+    }
+    mv_launch_typed_v6(st, *L, x, c->mv_ver == 7 ? c->sx8 : NULL);
+}
+
 /* matvec of several matrices over the same x; consecutive same-type matrices share one launch. */
-static void mv_group(cudaStream_t st, const mv_mat *const *mats, float *const *outs, int n, const float *x)
+static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, float *const *outs, int n, const float *x)
 {
     mv_launch L;
+    bool summed = false;
     memset(&L, 0, sizeof L);
     for (int i = 0; i < n; i++) {
         if (L.n_seg && (L.n_seg == MV_MAX_SEG || L.seg[0].a.type != mats[i]->type)) {
-            mv_launch_typed(st, L, x);
+            mv_go(c, st, &L, x, &summed);
             memset(&L, 0, sizeof L);
         }
         seg_set(&L, mats[i], outs[i], MV_OP_STORE, (uint32_t)mv_rows_per_warp(mats[i]->type));
     }
-    if (L.n_seg) mv_launch_typed(st, L, x);
+    if (L.n_seg) mv_go(c, st, &L, x, &summed);
 }
 
 static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
@@ -318,7 +338,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         pf_mark(pf, st, PF_QKVG);
         const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
         float *outs[4] = {q, k, v, g};
-        mv_group(st, mats, outs, hp->attn_gate ? 4 : 3, c->a);
+        mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a);
         pf_mark(pf, st, PF_ROPE);
         cu_qk_rope_store(st, c->qkvg, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
                          hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
@@ -330,7 +350,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         pf_mark(pf, st, PF_OPROJ);
         const mv_mat *om[1] = {&L->o};
         float *oo[1] = {c->y};
-        mv_group(st, om, oo, 1, c->attn_o);
+        mv_group(c, st, om, oo, 1, c->attn_o);
         pf_mark(pf, st, PF_TAIL);
         cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E);
         pf_mark(pf, st, PF_FFN_UP);
@@ -339,17 +359,18 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             memset(&ml, 0, sizeof ml);
             seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, 1);
             ml.seg[0].b = L->ffn_up;
-            mv_launch_typed(st, ml, c->a);
+            bool summed = false;
+            mv_go(c, st, &ml, c->a, &summed);
         } else {
             const mv_mat *gm[2] = {&L->ffn_gate, &L->ffn_up};
             float *go[2] = {c->ffn_g, c->ffn_u};
-            mv_group(st, gm, go, 2, c->a);
+            mv_group(c, st, gm, go, 2, c->a);
             cu_silu_mul(st, c->ffn_g, c->ffn_u, c->ffn, hp->n_ff);
         }
         pf_mark(pf, st, PF_DOWN);
         const mv_mat *dm[1] = {&L->ffn_down};
         float *dout[1] = {c->y};
-        mv_group(st, dm, dout, 1, c->ffn);
+        mv_group(c, st, dm, dout, 1, c->ffn);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
         cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
@@ -361,7 +382,8 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(c->out.type));
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
-    mv_launch_typed(st, hl, c->a);
+    bool head_summed = false;
+    mv_go(c, st, &hl, c->a, &head_summed);
     cu_argmax(st, c->logits, hp->n_vocab, c->am_v, c->am_i, c->d_token, c->d_nonfinite);
     cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
     cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
@@ -483,7 +505,9 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
                  KD = (size_t)hp->n_head_kv * hp->head_dim;
     const size_t n_part = (size_t)hp->n_head_kv * max_split * G;
     const size_t fl = 2 * E + (2 * QD + 2 * KD) + QD + E + 3 * F + V + 256;
-    e = cudaMalloc((void **)&c->h, fl * sizeof(float) + 260 * sizeof(int32_t));
+    const size_t n_sx8 = ((E > QD ? (E > F ? E : F) : (QD > F ? QD : F)) + 7) / 8;
+    const size_t sx8_off = (fl * sizeof(float) + 260 * sizeof(int32_t) + 15) / 16 * 16;
+    e = cudaMalloc((void **)&c->h, sx8_off + n_sx8 * sizeof(float));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: activations: %s", cudaGetErrorString(e)));
     c->a = c->h + E;                      /* [E] normed input of the next matvec */
     c->qkvg = c->a + E;                   /* [H·D | HKV·D | HKV·D | H·D] */
@@ -497,6 +521,12 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     c->am_i = (int32_t *)(c->am_v + 256);
     c->d_token = c->am_i + 256;
     c->d_nonfinite = c->d_token + 1;
+    c->sx8 = (float *)((uint8_t *)c->h + sx8_off); /* 16-byte aligned: read as float2 */
+    {
+        const char *mv = getenv("MUSER_CUDA_MATVEC");
+        c->mv_ver = !mv || !*mv || !strcmp(mv, "v5") ? 5 : !strcmp(mv, "v6") ? 6 : !strcmp(mv, "v6b") ? 7 : -1;
+        if (c->mv_ver < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_MATVEC=%s: expected v5, v6 or v6b", mv));
+    }
     e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));
     if (!e) e = cudaMalloc((void **)&c->part_acc, n_part * hp->head_dim * sizeof(float));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: attention partials: %s", cudaGetErrorString(e)));
