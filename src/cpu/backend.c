@@ -29,10 +29,11 @@
 
 #define CPU_PASS_ROWS 128u /* rows per batch pass: bounds activation memory */
 /* Below these sizes a job runs on the caller alone: handing it to another core (cache lines
- * travel, a worker may have to be woken) costs more than the job. In weights of a matrix
- * group, multiply-adds of an attention call, and elements of a per-row op. */
-#define CPU_PAR_MIN_WEIGHTS (1u << 18)
-#define CPU_PAR_MIN_ATTN (1u << 17)
+ * travel, a worker may have to be woken) costs more than the job (a few microseconds). In
+ * weight x activation-row products of a matrix group, multiply-adds of an attention call, and
+ * elements of a per-row op. */
+#define CPU_PAR_MIN_WEIGHTS (1u << 15)
+#define CPU_PAR_MIN_ATTN (1u << 16)
 #define CPU_PAR_MIN_ELEMS (1u << 14)
 
 typedef struct cpu_thread_scratch {
@@ -456,7 +457,7 @@ static void run_matmul(cpu_state *st, fwd_route route, const float *x, uint64_t 
     uint64_t weights = 0;
     for (uint32_t a = 0; a < n_mm; a++)
         weights += w[a]->rows * w[a]->cols;
-    const bool alone = weights < CPU_PAR_MIN_WEIGHTS;
+    const bool alone = weights * m < CPU_PAR_MIN_WEIGHTS;
     if (route == FWD_ROUTE_DECODE) {
         st->kn.xsums(x, j.cols, &st->xs);
         const uint64_t nt = cpu_pool_threads(st->pool);
