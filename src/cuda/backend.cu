@@ -67,7 +67,7 @@ typedef struct cu_ctx {
     muser_kv kv;               /* host metadata (no storage) */
     cudaGraphExec_t g_fwd, g_bench;
     bool gate_up_paired;
-    int mv_ver;                /* MUSER_CUDA_MATVEC: 5 (default), 6 (mantissa trick, Σx in registers),
+    int mv_ver;                /* MUSER_CUDA_MATVEC: 6 (default: mantissa trick, Σx in registers), 5 (v5),
                                 * 7 ("v6b": v6 with Σx from sx8, summed once per matvec input) */
     float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
     double upload_s;
@@ -524,7 +524,9 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     c->sx8 = (float *)((uint8_t *)c->h + sx8_off); /* 16-byte aligned: read as float2 */
     {
         const char *mv = getenv("MUSER_CUDA_MATVEC");
-        c->mv_ver = !mv || !*mv || !strcmp(mv, "v5") ? 5 : !strcmp(mv, "v6") ? 6 : !strcmp(mv, "v6b") ? 7 : -1;
+        /* v6 is the default: it passed parity on the device (tiny all formats, small 4.9e-4) and
+         * decodes Glimmer 8% faster than v5 (bench/RESULTS.md). */
+        c->mv_ver = !mv || !*mv || !strcmp(mv, "v6") ? 6 : !strcmp(mv, "v5") ? 5 : !strcmp(mv, "v6b") ? 7 : -1;
         if (c->mv_ver < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_MATVEC=%s: expected v5, v6 or v6b", mv));
     }
     e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));
