@@ -10,10 +10,10 @@
  *               value d*sc*(q-32), one scale per 16 elements.
  *   Q8_0 [34]:  f16 d, int8 q[32].
  *
- * The AVX2 decode dots pull each 8-byte group of quants into 8 dword lanes with one
- * zero-extending load, take both nibbles from it, and convert to f32; the element order then
- * equals x's order, so x is read directly. Sub-block scales are applied once per 32 (or 16)
- * elements; constant terms use the precomputed sums of x. */
+ * The AVX2 Q4_K / Q6_K decode dots read each 32-byte group of quants with one load and mask
+ * byte t of every dword lane in place, giving q * 2^8t exactly; x comes in through xp, a copy in
+ * lane order scaled by 2^-8t (kernels.h), so every product equals q * x. Sub-block scales are
+ * applied once per 32 (or 16) elements; constant terms use the precomputed sums of x. */
 #include "cpu/kernels.h"
 
 #include "quant.h"
