@@ -89,8 +89,9 @@ typedef struct fwd_ops {
 } fwd_ops;
 
 /* The forward pass of SPEC §1 (muse) and its llama / qwen3 variants over ops. want_logits:
- * 0 = none (a prefill pass whose logits nobody reads), 1 = last row, 2 = every row. On success
- * the pass's K/V are committed; on error nothing is. */
+ * 0 = none wanted (a prefill pass whose logits nobody reads: the last row is still computed into
+ * the backend's scratch, because it is the non-finite check), 1 = last row, 2 = every row. On
+ * success the pass's K/V are committed; on error (non-finite logits included) nothing is. */
 int fwd_run(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *r,
             int want_logits, muser_error *err);
 

@@ -44,11 +44,11 @@ int fwd_run(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *
             l + 1 < hp->n_layer ? &m->layers[l + 1].attn_norm : &m->output_norm;
         ops->tail(be, r, hp->sandwich ? &L->post_ffw_norm : NULL, post_eps, next, eps, FWD_X);
     }
-    if (want_logits) {
-        int rc = ops->lm_head(be, r, FWD_X, &m->output, hp->logit_scale, hp->final_softcap,
-                              want_logits == 2, err);
-        if (rc)
-            return rc;
-    }
+    /* The last row's logits are computed even when nobody reads them (want_logits 0): they are
+     * the NaN/Inf check, so a prefill pass with a poisoned row fails closed like any other. */
+    int rc = ops->lm_head(be, r, FWD_X, &m->output, hp->logit_scale, hp->final_softcap,
+                          want_logits == 2, err);
+    if (rc)
+        return rc;
     return ops->kv_commit(be, r, err);
 }

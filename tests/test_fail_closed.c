@@ -1,0 +1,104 @@
+/* test_fail_closed.c — SPEC §4 "fail closed", across backends: a forward call whose rows produce
+ * non-finite values returns MUSER_E_NUMERIC, does not advance the session and leaves its cache as
+ * it was — also for a prefill that asks for no logits at all (logits == NULL), and also when the
+ * poisoned row sits in a later pass of a multi-pass call. Afterwards the session must continue
+ * exactly like one that never saw the bad call (bit-identical logits).
+ *
+ * The poison: token 5's embedding row is set to NaN in a tiny F32 model. */
+#include "check.h"
+#include "session.h"
+#include "synth.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAN_TOKEN 5
+
+static int poison_embedding_row(const char *path, int32_t token, muser_error *err)
+{
+    gguf_file *f = NULL;
+    int rc = gguf_open(&f, path, err);
+    if (rc)
+        return rc;
+    const gguf_tensor *t = gguf_find_tensor(f, "token_embd.weight");
+    if (!t || t->type != 0) {
+        gguf_close(f);
+        return muser_errorf(err, MUSER_E_SHAPE, "token_embd.weight missing or not F32");
+    }
+    const uint64_t off = f->data_offset + t->offset + (uint64_t)token * t->ne[0] * 4;
+    const uint64_t ne0 = t->ne[0];
+    gguf_close(f);
+    FILE *fp = fopen(path, "r+b");
+    if (!fp || fseek(fp, (long)off, SEEK_SET) != 0)
+        return muser_errorf(err, MUSER_E_IO, "cannot patch %s", path);
+    const float nan_value = NAN;
+    for (uint64_t i = 0; i < ne0; i++)
+        fwrite(&nan_value, 4, 1, fp);
+    fclose(fp);
+    return MUSER_OK;
+}
+
+int main(void)
+{
+    const char *dir = getenv("MUSER_BUILD_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/fail_closed_tiny.gguf", dir ? dir : ".");
+    muser_synth_opts o;
+    muser_synth_opts_default(&o);
+    o.type = 0; /* F32: the NaN row reaches the forward pass exactly */
+    muser_error err = {0};
+    CHECK_OK(muser_synth_write(&o, path, NULL, &err), &err);
+    CHECK_OK(poison_embedding_row(path, NAN_TOKEN, &err), &err);
+    muser_model *m = NULL;
+    CHECK_OK(muser_model_load(&m, path, &err), &err);
+    if (!m)
+        return check_report("fail_closed");
+    const uint32_t V = m->hp.n_vocab;
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
+    const int32_t good[12] = {1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13};
+    const int32_t bad[10] = {20, 21, 22, 23, 24, NAN_TOKEN, 26, 27, 28, 29};
+
+    const muser_backend_kind kinds[] = {MUSER_BACKEND_CPU, MUSER_BACKEND_ORACLE};
+    for (int k = 0; k < 2; k++) {
+        const char *name = muser_backend_name(kinds[k]);
+        /* max_batch 4: the 10-row call runs in 3 passes and the NaN row is in the second */
+        muser_session_opts so = {.backend = kinds[k], .n_ctx = 64, .n_threads = 2, .max_batch = 4};
+        muser_session *s1 = NULL, *s2 = NULL, *s3 = NULL;
+        CHECK_OK(muser_session_new(&s1, m, &so, &err), &err);
+        CHECK_OK(muser_session_new(&s2, m, &so, &err), &err);
+        CHECK_OK(muser_session_new(&s3, m, &so, &err), &err);
+        if (!s1 || !s2 || !s3)
+            break;
+        CHECK_OK(muser_session_forward(s1, good, 4, NULL, false, &err), &err);
+        CHECK_OK(muser_session_forward(s2, good, 4, NULL, false, &err), &err);
+
+        int rc = muser_session_forward(s1, bad, 10, a, false, &err);
+        CHECKF(rc == MUSER_E_NUMERIC, "%s: poisoned call with logits returned %d", name, rc);
+        CHECKF(s1->n_past == 4, "%s: n_past %llu after a failed call", name,
+               (unsigned long long)s1->n_past);
+        CHECK_OK(muser_session_forward(s1, good + 4, 8, a, false, &err), &err);
+        CHECK_OK(muser_session_forward(s2, good + 4, 8, b, false, &err), &err);
+        CHECKF(!memcmp(a, b, sizeof(float) * V),
+               "%s: after a failed call the session differs from a clean one", name);
+
+        /* a prefill that wants no logits must fail closed too */
+        rc = muser_session_forward(s3, bad, 10, NULL, false, &err);
+        CHECKF(rc == MUSER_E_NUMERIC, "%s: poisoned prefill without logits returned %d", name, rc);
+        CHECKF(s3->n_past == 0, "%s: n_past %llu after a failed prefill", name,
+               (unsigned long long)s3->n_past);
+        CHECK_OK(muser_session_forward(s3, good, 4, NULL, false, &err), &err);
+        CHECK_OK(muser_session_forward(s3, good + 4, 8, a, false, &err), &err);
+        CHECKF(!memcmp(a, b, sizeof(float) * V),
+               "%s: after a failed prefill the session differs from a clean one", name);
+        printf("%s: fails closed (with and without logits, multi-pass)\n", name);
+        muser_session_free(s1);
+        muser_session_free(s2);
+        muser_session_free(s3);
+    }
+    free(a);
+    free(b);
+    muser_model_free(m);
+    remove(path);
+    return check_report("fail_closed");
+}
