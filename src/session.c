@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define SESSION_MAX_THREADS 512
 #define SESSION_DEFAULT_MAX_BATCH 512u
 
 #ifndef MUSER_HAVE_CUDA
@@ -77,6 +78,9 @@ int muser_session_new(muser_session **out, const muser_model *m, const muser_ses
         opts.n_ctx = m->hp.n_ctx_train;
     if (opts.max_batch == 0)
         opts.max_batch = SESSION_DEFAULT_MAX_BATCH;
+    if (opts.n_threads > SESSION_MAX_THREADS) /* each thread gets per-thread scratch */
+        return muser_errorf(err, MUSER_E_ARG, "session: %u threads requested, at most %u",
+                            opts.n_threads, SESSION_MAX_THREADS);
 
     muser_session *s = calloc(1, sizeof *s);
     if (!s)

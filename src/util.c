@@ -195,7 +195,7 @@ void muser_sha256_hex(const void *data, size_t n, char out[65])
 
 bool muser_parse_u64(const char *s, uint64_t *out)
 {
-    if (!s || !*s || *s == '-' || *s == '+')
+    if (!s || *s < '0' || *s > '9') /* strtoull would accept " -1" as 2^64-1 */
         return false;
     errno = 0;
     char *end;

@@ -315,7 +315,13 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
     r->stop = GEN_STOP_LIMIT;
     muser_detok_stream ds;
     muser_detok_stream_init(&ds, g->tok);
-    char text[256];
+    /* one reply's text buffer, big enough for the longest token (a smaller one truncates it) */
+    size_t text_cap = muser_detok_stream_min_cap(g->tok);
+    text_cap = text_cap < 256 ? 256 : text_cap;
+    char *text = malloc(text_cap);
+    if (!text)
+        return muser_errorf(err, MUSER_E_NOMEM, "out of memory for a %zu-byte text buffer",
+                            text_cap);
     int rc = MUSER_OK;
     double t0 = muser_now_s();
     while (r->n_tokens < max_tokens) {
@@ -336,7 +342,7 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
             r->stop = GEN_STOP_END;
             break;
         }
-        size_t k = muser_detok_stream_push(&ds, id, text, sizeof text);
+        size_t k = muser_detok_stream_push(&ds, id, text, text_cap);
         if (k) {
             fwrite(text, 1, k, out);
             fflush(out);
@@ -353,10 +359,11 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
         muser_sampler_accept(g->smp, id); /* in the context now, so it counts for penalties */
         r->pending = -1;
     }
-    size_t k = muser_detok_stream_flush(&ds, text, sizeof text);
+    size_t k = muser_detok_stream_flush(&ds, text, text_cap);
     if (k)
         fwrite(text, 1, k, out);
     fflush(out);
+    free(text);
     r->seconds = muser_now_s() - t0;
     return rc;
 }
