@@ -2,7 +2,9 @@
  * non-finite values returns MUSER_E_NUMERIC, does not advance the session and leaves its cache as
  * it was — also for a prefill that asks for no logits at all (logits == NULL), and also when the
  * poisoned row sits in a later pass of a multi-pass call. Afterwards the session must continue
- * exactly like one that never saw the bad call (bit-identical logits).
+ * exactly like one that never saw the bad call (bit-identical logits). The bad call wraps the
+ * 16-row SWA ring over stored rows, so rows it overwrote must come back too. The CUDA backend is
+ * checked when a device is present (it runs a multi-row call row by row).
  *
  * The poison: token 5's embedding row is set to NaN in a tiny F32 model. */
 #include "check.h"
@@ -56,12 +58,23 @@ int main(void)
         return check_report("fail_closed");
     const uint32_t V = m->hp.n_vocab;
     float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V);
-    const int32_t good[12] = {1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13};
+    const int32_t good[20] = {1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 30, 31};
+    const uint32_t P = 12; /* prefix; P + 10 rows > the 16-row window: the bad call wraps the ring */
     const int32_t bad[10] = {20, 21, 22, 23, 24, NAN_TOKEN, 26, 27, 28, 29};
 
-    const muser_backend_kind kinds[] = {MUSER_BACKEND_CPU, MUSER_BACKEND_ORACLE};
-    for (int k = 0; k < 2; k++) {
+    const muser_backend_kind kinds[] = {MUSER_BACKEND_CPU, MUSER_BACKEND_ORACLE, MUSER_BACKEND_CUDA};
+    for (int k = 0; k < 3; k++) {
         const char *name = muser_backend_name(kinds[k]);
+        if (kinds[k] == MUSER_BACKEND_CUDA) {
+            muser_session_opts probe = {.backend = MUSER_BACKEND_CUDA, .n_ctx = 64};
+            muser_session *s = NULL;
+            muser_error perr = {0};
+            if (muser_session_new(&s, m, &probe, &perr) != 0) {
+                printf("cuda: SKIP (%s)\n", perr.msg);
+                continue;
+            }
+            muser_session_free(s);
+        }
         /* max_batch 4: the 10-row call runs in 3 passes and the NaN row is in the second */
         muser_session_opts so = {.backend = kinds[k], .n_ctx = 64, .n_threads = 2, .max_batch = 4};
         muser_session *s1 = NULL, *s2 = NULL, *s3 = NULL;
@@ -70,15 +83,15 @@ int main(void)
         CHECK_OK(muser_session_new(&s3, m, &so, &err), &err);
         if (!s1 || !s2 || !s3)
             break;
-        CHECK_OK(muser_session_forward(s1, good, 4, NULL, false, &err), &err);
-        CHECK_OK(muser_session_forward(s2, good, 4, NULL, false, &err), &err);
+        CHECK_OK(muser_session_forward(s1, good, P, NULL, false, &err), &err);
+        CHECK_OK(muser_session_forward(s2, good, P, NULL, false, &err), &err);
 
         int rc = muser_session_forward(s1, bad, 10, a, false, &err);
         CHECKF(rc == MUSER_E_NUMERIC, "%s: poisoned call with logits returned %d", name, rc);
-        CHECKF(s1->n_past == 4, "%s: n_past %llu after a failed call", name,
+        CHECKF(s1->n_past == P, "%s: n_past %llu after a failed call", name,
                (unsigned long long)s1->n_past);
-        CHECK_OK(muser_session_forward(s1, good + 4, 8, a, false, &err), &err);
-        CHECK_OK(muser_session_forward(s2, good + 4, 8, b, false, &err), &err);
+        CHECK_OK(muser_session_forward(s1, good + P, 8, a, false, &err), &err);
+        CHECK_OK(muser_session_forward(s2, good + P, 8, b, false, &err), &err);
         CHECKF(!memcmp(a, b, sizeof(float) * V),
                "%s: after a failed call the session differs from a clean one", name);
 
@@ -87,8 +100,8 @@ int main(void)
         CHECKF(rc == MUSER_E_NUMERIC, "%s: poisoned prefill without logits returned %d", name, rc);
         CHECKF(s3->n_past == 0, "%s: n_past %llu after a failed prefill", name,
                (unsigned long long)s3->n_past);
-        CHECK_OK(muser_session_forward(s3, good, 4, NULL, false, &err), &err);
-        CHECK_OK(muser_session_forward(s3, good + 4, 8, a, false, &err), &err);
+        CHECK_OK(muser_session_forward(s3, good, P, NULL, false, &err), &err);
+        CHECK_OK(muser_session_forward(s3, good + P, 8, a, false, &err), &err);
         CHECKF(!memcmp(a, b, sizeof(float) * V),
                "%s: after a failed prefill the session differs from a clean one", name);
         printf("%s: fails closed (with and without logits, multi-pass)\n", name);

@@ -65,6 +65,11 @@ typedef struct cu_ctx {
     float *h_logits;           /* pinned */
     int32_t *h_flags;          /* pinned: [0] argmax token, [1] non-finite count */
     muser_kv kv;               /* host metadata (no storage) */
+    kv_plane *meta_step;       /* [n_layer] plane metadata before the current token (decode_one undo) */
+    kv_plane *meta_call;       /* [n_layer] before the current forward call (be_forward undo) */
+    uint16_t *ring_undo;       /* a copy of every SWA ring (K then V, layer order), taken before a
+                                * multi-row call that wraps a ring over stored rows */
+    size_t ring_bytes;         /* bytes of all rings (= of ring_undo) */
     cudaGraphExec_t g_fwd, g_bench;
     bool gate_up_paired;
     int mv_ver;                /* MUSER_CUDA_MATVEC: 6 (default: mantissa trick, Σx in registers), 5 (v5),
@@ -417,13 +422,15 @@ static void ctx_free(cu_ctx *c)
     if (!c) return;
     if (c->g_fwd) cudaGraphExecDestroy(c->g_fwd);
     if (c->g_bench) cudaGraphExecDestroy(c->g_bench);
-    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc};
+    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_logits) cudaFreeHost(c->h_logits);
     if (c->h_flags) cudaFreeHost(c->h_flags);
     if (c->st) cudaStreamDestroy(c->st);
     kv_free(&c->kv);
+    free(c->meta_step);
+    free(c->meta_call);
     free(c->layers);
     free(c);
 }
@@ -453,6 +460,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     c->device = device;
     cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device);
     c->layers = (cu_layer *)calloc(hp->n_layer, sizeof *c->layers);
+    c->meta_step = (kv_plane *)calloc(hp->n_layer, sizeof(kv_plane));
+    c->meta_call = (kv_plane *)calloc(hp->n_layer, sizeof(kv_plane));
     int rc = MUSER_OK;
 #define FAIL(call)                   \
     do {                             \
@@ -461,7 +470,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
             return rc;               \
         }                            \
     } while (0)
-    if (!c->layers) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
+    if (!c->layers || !c->meta_step || !c->meta_call) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
     FAIL(kv_init(&c->kv, hp, n_ctx, false, err));
     cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
     if (e) FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: stream: %s", cudaGetErrorString(e)));
@@ -482,6 +491,13 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         const uint64_t want = (pl->capacity + 63) / 64;
         g->n_split = (uint32_t)(want < 1 ? 1 : (want > 128 ? 128 : want));
         if (g->n_split > max_split) max_split = g->n_split;
+    }
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        if (c->kv.planes[l].ring)
+            c->ring_bytes += 2 * c->kv.planes[l].capacity * hp->n_head_kv * hp->head_dim * 2;
+    if (c->ring_bytes) {
+        e = cudaMalloc((void **)&c->ring_undo, c->ring_bytes);
+        if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: ring undo copy (%zu bytes): %s", c->ring_bytes, cudaGetErrorString(e)));
     }
     e = cudaMalloc((void **)&c->kv_mem, kv_bytes);
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: KV planes (%zu bytes): %s", kv_bytes, cudaGetErrorString(e)));
@@ -572,8 +588,8 @@ static void step_fill(cu_ctx *c, uint64_t pos, int32_t token)
 /* One token at pos through the forward graph; logits (if non-NULL) copied out. */
 static int decode_one(cu_ctx *c, int32_t token, uint64_t pos, float *logits, muser_error *err)
 {
-    kv_plane saved_meta[256];
-    const uint32_t nl = c->kv.n_layer < 256 ? c->kv.n_layer : 256;
+    kv_plane *saved_meta = c->meta_step;
+    const uint32_t nl = c->kv.n_layer;
     memcpy(saved_meta, c->kv.planes, nl * sizeof(kv_plane));
     for (uint32_t l = 0; l < c->kv.n_layer; l++) {
         int rc = kv_plane_append(&c->kv.planes[l], pos, NULL, NULL, err);
@@ -615,17 +631,55 @@ static void be_free(muser_session *s)
     s->be_state = NULL;
 }
 
+/* Copy every SWA ring to ring_undo (to_undo) or back. Device-to-device, on the stream. */
+static cudaError_t rings_copy(cu_ctx *c, bool to_undo)
+{
+    const size_t re = (size_t)c->m->hp.n_head_kv * c->m->hp.head_dim;
+    size_t off = 0;
+    for (uint32_t l = 0; l < c->kv.n_layer; l++) {
+        const kv_plane *pl = &c->kv.planes[l];
+        if (!pl->ring) continue;
+        const size_t n = pl->capacity * re; /* f16 elements of one plane */
+        uint16_t *k = c->ring_undo + off, *v = c->ring_undo + off + n;
+        cudaError_t e = cudaMemcpyAsync(to_undo ? k : c->layers[l].kp, to_undo ? c->layers[l].kp : k, n * 2,
+                                        cudaMemcpyDeviceToDevice, c->st);
+        if (!e) e = cudaMemcpyAsync(to_undo ? v : c->layers[l].vp, to_undo ? c->layers[l].vp : v, n * 2,
+                                    cudaMemcpyDeviceToDevice, c->st);
+        if (e) return e;
+        off += 2 * n;
+    }
+    return cudaSuccess;
+}
+
 /* n == 1 is the graph route; n > 1 runs it row by row (the batch route is not on the GPU yet). */
 static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
                       muser_error *err)
 {
     cu_ctx *c = (cu_ctx *)s->be_state;
     const uint64_t V = s->model->hp.n_vocab;
+    /* A call is all or nothing: if row i fails, rows 0..i-1 must not stay appended either, or
+     * every later call would meet a cache that is ahead of n_past (CacheDiscontinuity), and ring
+     * rows they overwrote must come back. (FULL-plane rows past n_past are never read.) */
+    memcpy(c->meta_call, c->kv.planes, c->kv.n_layer * sizeof(kv_plane));
+    /* A multi-row call that wraps a ring overwrites rows a retry's window still reads: keep a copy. */
+    bool wraps = false;
+    for (uint32_t l = 0; n > 1 && l < c->kv.n_layer; l++)
+        wraps |= c->kv.planes[l].ring && c->kv.planes[l].len + n > c->kv.planes[l].capacity;
+    if (wraps) CU_TRY(rings_copy(c, true), "ring undo copy");
     for (uint32_t i = 0; i < n; i++) {
         float *out = NULL;
         if (logits && (all_logits || i + 1 == n)) out = all_logits ? logits + (size_t)i * V : logits;
         int rc = decode_one(c, tokens[i], s->n_past + i, out, err);
-        if (rc) return rc;
+        if (rc) {
+            memcpy(c->kv.planes, c->meta_call, c->kv.n_layer * sizeof(kv_plane));
+            if (wraps && (rings_copy(c, false) != cudaSuccess || cudaStreamSynchronize(c->st) != cudaSuccess)) {
+                char first[sizeof err->msg];
+                snprintf(first, sizeof first, "%s", err ? err->msg : "forward failed");
+                return muser_errorf(err, MUSER_E_BACKEND, "cuda: %s; and the ring restore failed too: reset the session",
+                                    first);
+            }
+            return rc;
+        }
     }
     return MUSER_OK;
 }
@@ -653,8 +707,8 @@ static int be_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
     cu_ctx *c = (cu_ctx *)s->be_state;
     if (!c->kv.has_checkpoint) return muser_errorf(err, MUSER_E_ARG, "KV rollback without a checkpoint");
     const size_t re = (size_t)s->model->hp.n_head_kv * s->model->hp.head_dim;
-    kv_plane before[256];
-    const uint32_t nl = c->kv.n_layer < 256 ? c->kv.n_layer : 256;
+    kv_plane *before = c->meta_call;
+    const uint32_t nl = c->kv.n_layer;
     memcpy(before, c->kv.planes, nl * sizeof(kv_plane));
     int rc = kv_rollback(&c->kv, n_keep, err);
     if (rc) return rc;
