@@ -1,27 +1,35 @@
 #!/usr/bin/env bash
-# fuzz.sh — build and run the libFuzzer harness of the GGUF reader (fuzz/fuzz_gguf.c) with
-# ASan + UBSan, straight from the sources (src/gguf.c src/util.c), seeded from fuzz/corpus/gguf/.
+# fuzz.sh — build and run muser's libFuzzer harnesses with ASan + UBSan, straight from the sources,
+# each seeded from fuzz/corpus/<target>/ (docs/fuzzing.md says what each one checks):
+#   gguf      fuzz/fuzz_gguf.c      the GGUF reader on raw bytes
+#   tok       fuzz/fuzz_tok.c       muser_tokenize / detokenize / streaming on arbitrary text
+#   tok_load  fuzz/fuzz_tok_load.c  muser_tokenizer_load on hostile tokenizer.ggml.* metadata
+#   model     fuzz/fuzz_model.c     muser_model_bind (+ a 1-token oracle forward) on mutated models
 #
-#   scripts/fuzz.sh --short          ~30 s (the ctest cli_fuzz_gguf runs this)
-#   scripts/fuzz.sh --long [SECONDS] default 3600 s
-#   scripts/fuzz.sh --seeds          regenerate fuzz/corpus/gguf/ with fuzz/make_seeds.c
+#   scripts/fuzz.sh --short [TARGET...]          gguf ~30 s, the others ~20 s each
+#   scripts/fuzz.sh --long [SECONDS] [TARGET...] default 3600 s per target
+#   scripts/fuzz.sh --seeds                      regenerate fuzz/corpus/gguf/ with fuzz/make_seeds.c
+# TARGET defaults to gguf (what tests/cli_fuzz_gguf.sh runs); "all" runs the four in turn.
+# MUSER_FUZZ_SECONDS overrides the time per target; MUSER_FUZZ_JOBS=N runs N workers (--long).
 #
-# Exits non-zero on a finding (the crashing input is left in $MUSER_FUZZ_DIR as crash-*),
-# 77 when clang is missing. New inputs go to $MUSER_FUZZ_DIR/corpus, never into the seeds.
+# Exits non-zero on a finding (the crashing input is left in $MUSER_FUZZ_DIR as crash-*, or
+# $MUSER_FUZZ_DIR/<target>/ for the non-gguf targets), 77 when clang is missing. New inputs go to
+# $MUSER_FUZZ_DIR[/<target>]/corpus, never into the seeds.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODE=${1:---short}
+[ $# -gt 0 ] && shift
 OUT=${MUSER_FUZZ_DIR:-$ROOT/build-fuzz}
 CLANG=${CLANG:-$(command -v clang || command -v clang-14 || true)}
-SEEDS=$ROOT/fuzz/corpus/gguf
 
 if [ -z "$CLANG" ]; then
-  echo "fuzz.sh: clang not found; cannot build the libFuzzer harness" >&2
+  echo "fuzz.sh: clang not found; cannot build the libFuzzer harnesses" >&2
   exit 77
 fi
-mkdir -p "$OUT/corpus"
+mkdir -p "$OUT"
 
 if [ "$MODE" = "--seeds" ]; then
+  SEEDS=$ROOT/fuzz/corpus/gguf
   "$CLANG" -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$ROOT/include" -I"$ROOT/src" \
     "$ROOT/fuzz/make_seeds.c" "$ROOT/src/gguf.c" "$ROOT/src/util.c" -lcrypto -lm \
     -o "$OUT/make_seeds"
@@ -31,20 +39,96 @@ if [ "$MODE" = "--seeds" ]; then
   exit 0
 fi
 
+LONG_SECONDS=
 case "$MODE" in
-  --short) SECONDS_TO_RUN=${MUSER_FUZZ_SECONDS:-30} ;;
-  --long) SECONDS_TO_RUN=${2:-${MUSER_FUZZ_SECONDS:-3600}} ;;
-  *) echo "usage: scripts/fuzz.sh [--short | --long [SECONDS] | --seeds]" >&2; exit 2 ;;
+  --short) ;;
+  --long)
+    if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then LONG_SECONDS=$1; shift; fi
+    LONG_SECONDS=${LONG_SECONDS:-${MUSER_FUZZ_SECONDS:-3600}} ;;
+  *) echo "usage: scripts/fuzz.sh [--short | --long [SECONDS] | --seeds] [gguf|tok|tok_load|model|all ...]" >&2
+     exit 2 ;;
 esac
+TARGETS=("$@")
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(gguf)
+[ "${TARGETS[0]}" = all ] && TARGETS=(gguf tok tok_load model)
 
-"$CLANG" -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer \
-  -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-  -I"$ROOT/include" -I"$ROOT/src" \
-  "$ROOT/fuzz/fuzz_gguf.c" "$ROOT/src/gguf.c" "$ROOT/src/util.c" -lcrypto -lm \
-  -o "$OUT/fuzz_gguf"
+S=$ROOT/src
+TOK_SOURCES=("$S/tokenizer.c" "$S/vocab_o200k.c" "$S/gguf.c" "$S/util.c")
+ENGINE_SOURCES=("$S/model.c" "$S/kv.c" "$S/session.c" "$S/reference.c" "$S/quant.c" "$S/cpu/"*.c
+                "$S/gguf.c" "$S/util.c")
 
-echo "fuzz.sh: running fuzz_gguf for ${SECONDS_TO_RUN}s (seeds: $SEEDS, new inputs: $OUT/corpus)"
-# -max_len: seeds are < 4 KB; room to grow a little. -rss_limit_mb guards runaway allocation.
-exec "$OUT/fuzz_gguf" "$OUT/corpus" "$SEEDS" \
-  -max_total_time="$SECONDS_TO_RUN" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
-  -print_final_stats=1 -artifact_prefix="$OUT/"
+# build TARGET: compile fuzz/fuzz_TARGET.c and what it drives into $dir/fuzz_TARGET.
+build() {
+  local target=$1 dir=$2 srcs=() libs=(-lcrypto -lm) flags=()
+  case "$target" in
+    gguf) srcs=("$S/gguf.c" "$S/util.c") ;;
+    tok | tok_load) srcs=("${TOK_SOURCES[@]}"); libs+=(-lpcre2-8) ;;
+    # clang 14 does not know __builtin_cpu_supports("f16c"): fuzz_model.c supplies the answer.
+    model) srcs=("${ENGINE_SOURCES[@]}"); libs+=(-lpthread)
+           flags=(-DMUSER_FUZZ_CPU_SHIM "-D__builtin_cpu_supports=muser_fuzz_cpu_supports"
+                  -include "$ROOT/fuzz/fuzz_cpu_shim.h") ;;
+    *) echo "fuzz.sh: unknown target '$target' (gguf, tok, tok_load, model, all)" >&2; return 2 ;;
+  esac
+  local bin=$dir/fuzz_$target
+  local all=("$ROOT/fuzz/fuzz_$target.c" "${srcs[@]}")
+  # Up to date when newer than every source, header and this script (reruns skip the build).
+  if [ -x "$bin" ] && [ -z "$(find "${all[@]}" "$ROOT"/fuzz/*.h "$S"/*.h "$S"/cpu/*.h \
+        "$ROOT/include" "$ROOT/scripts/fuzz.sh" -newer "$bin" 2>/dev/null | head -n 1)" ]; then
+    echo "fuzz.sh: $bin is up to date"
+    return 0
+  fi
+  # One object per source, ${MUSER_FUZZ_BUILD_JOBS:-2} compiles at a time, then one link.
+  local objs=() i=0 running=0 fail=0
+  mkdir -p "$dir/obj"
+  for src in "${all[@]}"; do
+    local obj=$dir/obj/$i-$(basename "$src" .c).o
+    objs+=("$obj")
+    i=$((i + 1))
+    "$CLANG" -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer \
+      -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+      -DMUSER_FUZZ_ROOT="\"$ROOT\"" -DMUSER_DATA_DIR="\"$ROOT/data\"" \
+      "${flags[@]}" -I"$ROOT/include" -I"$S" -c "$src" -o "$obj" &
+    running=$((running + 1))
+    if [ $running -ge "${MUSER_FUZZ_BUILD_JOBS:-2}" ]; then
+      wait -n || fail=1
+      running=$((running - 1))
+    fi
+  done
+  while [ $running -gt 0 ]; do
+    wait -n || fail=1
+    running=$((running - 1))
+  done
+  [ $fail -eq 0 ] || { echo "fuzz.sh: building fuzz_$target failed" >&2; return 1; }
+  "$CLANG" -fsanitize=fuzzer,address,undefined "${objs[@]}" "${libs[@]}" -o "$bin"
+}
+
+status=0
+for target in "${TARGETS[@]}"; do
+  # gguf keeps its historical layout ($OUT/corpus, $OUT/crash-*); the others get a folder each.
+  if [ "$target" = gguf ]; then dir=$OUT; else dir=$OUT/$target; fi
+  mkdir -p "$dir/corpus"
+  build "$target" "$dir" || { status=$?; break; }
+  if [ -n "$LONG_SECONDS" ]; then
+    secs=$LONG_SECONDS
+  elif [ "$target" = gguf ]; then
+    secs=${MUSER_FUZZ_SECONDS:-30}
+  else
+    secs=${MUSER_FUZZ_SECONDS:-20}
+  fi
+  jobs=()
+  if [ -n "$LONG_SECONDS" ] && [ "${MUSER_FUZZ_JOBS:-1}" -gt 1 ]; then
+    jobs=(-fork="$MUSER_FUZZ_JOBS" -ignore_crashes=0)
+  fi
+  echo "fuzz.sh: running fuzz_$target for ${secs}s (seeds: $ROOT/fuzz/corpus/$target, new inputs: $dir/corpus)"
+  # -max_len: the seeds are < 4 KB; room to grow a little. -rss_limit_mb guards runaway
+  # allocation. -error_exitcode=1: libFuzzer's default (77) would read as SKIP in ctest.
+  rc=0
+  "$dir/fuzz_$target" "$dir/corpus" "$ROOT/fuzz/corpus/$target" "${jobs[@]}" \
+    -max_total_time="$secs" -max_len=16384 -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -error_exitcode=1 -artifact_prefix="$dir/" || rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "fuzz.sh: fuzz_$target found something (exit $rc); inputs in $dir/" >&2
+    status=$rc
+  fi
+done
+exit $status

@@ -237,8 +237,11 @@ static int hparams_read(const gguf_file *f, muser_hparams *hp, muser_error *err)
         hp->entry_norm = hp->sandwich = hp->attn_gate = hp->qk_norm = true;
         if ((rc = get_u32_req(f, a, "attention.sliding_window", &hp->swa_window, err)))
             return rc;
-        if (hp->swa_window == 0)
-            return hparam_error(err, f, a, "attention.sliding_window", 0, "must be positive");
+        /* Every session sizes a ring of W rows per SWA layer: a window wider than the
+         * context is meaningless, and a hostile one (2^32-1) would ask for gigabytes. */
+        if (hp->swa_window == 0 || hp->swa_window > hp->n_ctx_train)
+            return hparam_error(err, f, a, "attention.sliding_window", hp->swa_window,
+                                "must be in 1..context_length");
         hp->swa_pattern = MUSE_DEFAULT_SWA_PATTERN;
         if ((rc = get_u32_opt(f, a, "attention.sliding_window_pattern", &hp->swa_pattern,
                               &present, err)))
