@@ -426,14 +426,8 @@ static void gemm_main(void *arg, uint32_t t, uint32_t nt)
         const muser_tensor *w = j->w[a];
         const uint64_t r0 = (lo - j->start[a]) * CPU_PANEL;
         const uint32_t nc = (uint32_t)(w->rows - r0 < CPU_PANEL ? w->rows - r0 : CPU_PANEL);
-        for (uint32_t r = 0; r < CPU_PANEL; r++) {
-            float *dst = tmp + (uint64_t)r * K;
-            if (r < nc)
-                kn->dequant_row(w->type, muser_tensor_row(w, r0 + r), dst, K);
-            else
-                memset(dst, 0, K * sizeof(float));
-        }
-        kn->transpose_panel(tmp, panel, K);
+        /* the type and shape were checked when the model was bound */
+        (void)kn->unpack_panel(w->type, muser_tensor_row(w, r0), w->row_bytes, nc, K, tmp, panel);
         kn->gemm_panel(j->x, j->ldx, j->m, panel, K, j->dst[a] + r0, j->ldd[a], nc);
     }
 }

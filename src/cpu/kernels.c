@@ -37,19 +37,6 @@ static inline float load_f16(const uint8_t *p)
     return muser_f16_to_f32(h);
 }
 
-/* The 8 (scale, min) pairs of a Q4_K block from its 12 packed bytes. */
-static inline void q4k_scales(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
-{
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        mn[j] = q[j + 4] & 63;
-    }
-    for (int j = 4; j < 8; j++) {
-        sc[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        mn[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
-
 /* ---- scalar versions ---- */
 
 static void xsums_scalar(const float *x, uint64_t n, cpu_xsums *out)
@@ -75,11 +62,39 @@ static float dot_row_scalar(uint32_t type, const void *row, const float *x, cons
     return quant_dot_scalar(type, row, x, n);
 }
 
-static void transpose_panel_scalar(const float *tmp, float *panel, uint64_t K)
+/* src rows r < CPU_PANEL, lds floats apart, K elements -> panel [K][CPU_PANEL]. */
+static void transpose_scalar(const float *src, uint64_t lds, float *panel, uint64_t K)
 {
     for (uint64_t k = 0; k < K; k++)
         for (int r = 0; r < CPU_PANEL; r++)
-            panel[k * CPU_PANEL + r] = tmp[(uint64_t)r * K + k];
+            panel[k * CPU_PANEL + r] = src[(uint64_t)r * lds + k];
+}
+
+/* Whole rows into tmp [CPU_PANEL][K] (rows nc.. zero), then one transpose. */
+static int unpack_rows(int (*dequant)(uint32_t, const void *, float *, uint64_t),
+                       void (*transpose)(const float *, uint64_t, float *, uint64_t),
+                       uint32_t type, const uint8_t *row0, uint64_t row_bytes, uint32_t nc,
+                       uint64_t K, float *tmp, float *panel)
+{
+    for (uint32_t r = 0; r < CPU_PANEL; r++) {
+        float *dst = tmp + (uint64_t)r * K;
+        if (r >= nc) {
+            memset(dst, 0, K * sizeof(float));
+            continue;
+        }
+        const int rc = dequant(type, row0 + r * row_bytes, dst, K);
+        if (rc)
+            return rc;
+    }
+    transpose(tmp, K, panel, K);
+    return MUSER_OK;
+}
+
+static int unpack_panel_scalar(uint32_t type, const uint8_t *row0, uint64_t row_bytes, uint32_t nc,
+                               uint64_t K, float *tmp, float *panel)
+{
+    return unpack_rows(quant_dequantize_row, transpose_scalar, type, row0, row_bytes, nc, K, tmp,
+                       panel);
 }
 
 static void gemm_panel_scalar(const float *X, uint64_t ldx, uint64_t m, const float *panel,
@@ -454,15 +469,20 @@ static TGT void dequant_q4k_avx2(const uint8_t *row, float *dst, uint64_t nb)
     const __m256i m4 = _mm256_set1_epi32(0xF);
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
-        const float d = f16_at(blk), dmin = f16_at(blk + 2);
-        uint8_t sc[8], mn[8];
-        q4k_scales(blk + 4, sc, mn);
+        /* d*sc and dmin*m as f32 products, the same values the scalar d * sc[j] gives */
+        float ds[8], dm[8];
+        __m256 dsc, dmn;
+        q4k_scales_vec(blk, &dsc, &dmn);
+        _mm256_storeu_ps(ds, dsc);
+        _mm256_storeu_ps(dm, dmn);
         const uint8_t *qs = blk + 16;
         float *o = dst + b * QK_K;
+#pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
-            const __m256 dl = _mm256_set1_ps(d * sc[2 * j]), ml = _mm256_set1_ps(dmin * mn[2 * j]);
-            const __m256 dh = _mm256_set1_ps(d * sc[2 * j + 1]),
-                         mh = _mm256_set1_ps(dmin * mn[2 * j + 1]);
+            const __m256 dl = _mm256_broadcast_ss(ds + 2 * j), ml = _mm256_broadcast_ss(dm + 2 * j);
+            const __m256 dh = _mm256_broadcast_ss(ds + 2 * j + 1),
+                         mh = _mm256_broadcast_ss(dm + 2 * j + 1);
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 const __m256i w = load8_u8(qs + 32 * j + 8 * k);
                 _mm256_storeu_ps(o + 64 * j + 8 * k,
@@ -516,45 +536,92 @@ static TGT int dequant_row_avx2(uint32_t type, const void *row, float *dst, uint
     }
 }
 
-/* 8x8 transpose of r[0..8) in registers. */
+/* 8x8 transpose of r[0..8) in registers (every loop fully unrolled: at -O2 GCC otherwise keeps
+ * the arrays on the stack, which made the transpose cost more than the dequantization). */
 static TGT_INLINE void transpose8(__m256 r[8])
 {
     __m256 t[8], s[8];
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     }
+#pragma GCC unroll 2
     for (int i = 0; i < 2; i++) {
         s[4 * i + 0] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], 0x44);
         s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], 0xEE);
         s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
         s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
     }
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
         r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
     }
 }
 
-static TGT void transpose_panel_avx2(const float *tmp, float *panel, uint64_t K)
+static TGT void transpose_avx2(const float *src, uint64_t lds, float *panel, uint64_t K)
 {
     uint64_t k = 0;
     for (; k + 8 <= K; k += 8) {
+#pragma GCC unroll 2
         for (int rb = 0; rb < CPU_PANEL; rb += 8) {
             __m256 r[8];
+#pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
-                r[i] = _mm256_loadu_ps(tmp + (uint64_t)(rb + i) * K + k);
+                r[i] = _mm256_loadu_ps(src + (uint64_t)(rb + i) * lds + k);
             transpose8(r);
+#pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
                 _mm256_storeu_ps(panel + (k + i) * CPU_PANEL + rb, r[i]);
         }
     }
     for (; k < K; k++)
         for (int r = 0; r < CPU_PANEL; r++)
-            panel[k * CPU_PANEL + r] = tmp[(uint64_t)r * K + k];
+            panel[k * CPU_PANEL + r] = src[(uint64_t)r * lds + k];
 }
 
-/* MR activation rows x 16 outputs over the whole K: 2*MR accumulators stay in registers. */
+/* Row stride of the block-column buffer: 256 floats plus one line, so its 16 rows spread over
+ * L1 sets instead of sharing them (a 1 KB stride repeats every 4 rows). */
+#define CPU_BLOCK_LDS (QK_K + 16)
+
+/* K-quant panels one block column at a time: dequantize block b of each row into
+ * buf [CPU_PANEL][CPU_BLOCK_LDS] (in L1), transpose it into panel rows 256b..256b+255. Rows nc..
+ * stay zero in buf. Same per-element arithmetic as dequant_q4k_avx2 / dequant_q6k_avx2. */
+static TGT void unpack_kquant_avx2(void (*dq)(const uint8_t *, float *, uint64_t), uint64_t bb,
+                                   const uint8_t *row0, uint64_t row_bytes, uint32_t nc,
+                                   uint64_t K, float *buf, float *panel)
+{
+    memset(buf + (uint64_t)nc * CPU_BLOCK_LDS, 0,
+           (uint64_t)(CPU_PANEL - nc) * CPU_BLOCK_LDS * sizeof(float));
+    for (uint64_t b = 0; b < K / QK_K; b++) {
+        for (uint32_t r = 0; r < nc; r++)
+            dq(row0 + r * row_bytes + b * bb, buf + (uint64_t)r * CPU_BLOCK_LDS, 1);
+        transpose_avx2(buf, CPU_BLOCK_LDS, panel + b * QK_K * CPU_PANEL, QK_K);
+    }
+}
+
+static TGT int unpack_panel_avx2(uint32_t type, const uint8_t *row0, uint64_t row_bytes,
+                                 uint32_t nc, uint64_t K, float *tmp, float *panel)
+{
+    if (K % QK_K == 0 && (uint64_t)CPU_PANEL * CPU_BLOCK_LDS <= (uint64_t)CPU_PANEL * K) {
+        if (type == GGML_TYPE_Q4_K) {
+            unpack_kquant_avx2(dequant_q4k_avx2, Q4_K_BLOCK_BYTES, row0, row_bytes, nc, K, tmp,
+                               panel);
+            return MUSER_OK;
+        }
+        if (type == GGML_TYPE_Q6_K) {
+            unpack_kquant_avx2(dequant_q6k_avx2, Q6_K_BLOCK_BYTES, row0, row_bytes, nc, K, tmp,
+                               panel);
+            return MUSER_OK;
+        }
+    }
+    return unpack_rows(dequant_row_avx2, transpose_avx2, type, row0, row_bytes, nc, K, tmp, panel);
+}
+
+/* MR activation rows x 16 outputs over the whole K: 2*MR accumulators stay in registers (6x16:
+ * 12 FMAs per 2 panel loads and 6 broadcasts; measured at 99% of the 2-FMA/cycle peak with the
+ * panel in L1 and 96-99% with it in L2, so the micro-kernel is not where prefill time goes). */
 static TGT_INLINE void gemm_mk(int MR, const float *X, uint64_t ldx, const float *P, uint64_t K,
                                float *C, uint64_t ldc, uint32_t nc)
 {
@@ -590,15 +657,26 @@ static TGT_INLINE void gemm_mk(int MR, const float *X, uint64_t ldx, const float
 static TGT void gemm_panel_avx2(const float *X, uint64_t ldx, uint64_t m, const float *panel,
                                 uint64_t K, float *C, uint64_t ldc, uint32_t nc)
 {
-    uint64_t i = 0;
-    for (; i + CPU_MR <= m; i += CPU_MR)
+    /* A tail of 1 or 2 rows has only 2 or 4 independent FMA chains (latency-bound at a quarter
+     * or half of peak): take it with the last full group as 4 + 3 or 4 + 4 rows instead. Every
+     * output is still one sequential sum over K, so the split changes no bits. */
+    uint64_t i = 0, full = m;
+    if (m > CPU_MR && m % CPU_MR != 0 && m % CPU_MR <= 2)
+        full = m - CPU_MR - m % CPU_MR;
+    for (; i + CPU_MR <= full; i += CPU_MR)
         gemm_mk(CPU_MR, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc);
+    if (m - i > CPU_MR) {
+        gemm_mk(4, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc);
+        i += 4;
+    }
+    X += i * ldx;
+    C += i * ldc;
     switch (m - i) {
-    case 5: gemm_mk(5, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc); break;
-    case 4: gemm_mk(4, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc); break;
-    case 3: gemm_mk(3, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc); break;
-    case 2: gemm_mk(2, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc); break;
-    case 1: gemm_mk(1, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc); break;
+    case 5: gemm_mk(5, X, ldx, panel, K, C, ldc, nc); break;
+    case 4: gemm_mk(4, X, ldx, panel, K, C, ldc, nc); break;
+    case 3: gemm_mk(3, X, ldx, panel, K, C, ldc, nc); break;
+    case 2: gemm_mk(2, X, ldx, panel, K, C, ldc, nc); break;
+    case 1: gemm_mk(1, X, ldx, panel, K, C, ldc, nc); break;
     default: break;
     }
 }
@@ -718,7 +796,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         .xsums = xsums_scalar,
         .dot_row = dot_row_scalar,
         .dequant_row = quant_dequantize_row,
-        .transpose_panel = transpose_panel_scalar,
+        .unpack_panel = unpack_panel_scalar,
         .gemm_panel = gemm_panel_scalar,
         .dot_f16 = dot_f16_scalar,
         .axpy_f16 = axpy_f16_scalar,
@@ -741,7 +819,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         .xsums = xsums_avx2,
         .dot_row = dot_row_avx2,
         .dequant_row = dequant_row_avx2,
-        .transpose_panel = transpose_panel_avx2,
+        .unpack_panel = unpack_panel_avx2,
         .gemm_panel = gemm_panel_avx2,
         .dot_f16 = dot_f16_avx2,
         .axpy_f16 = axpy_f16_avx2,

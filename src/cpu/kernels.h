@@ -9,7 +9,10 @@
  *
  * Batch kernels unpack a panel of CPU_PANEL weight rows to f32 ONCE, transposed to [K][CPU_PANEL]
  * so the micro-kernel can broadcast one activation and FMA it against 16 output rows at a time,
- * then reuse that panel for every activation row of the chunk. */
+ * then reuse that panel for every activation row of the chunk. K-quant panels are unpacked one
+ * 256-element block column at a time through a small buffer that stays in L1 (16 rows x 1 KB),
+ * not whole rows: 16 whole rows K floats apart map to the same L1 sets, and the transpose of
+ * such a buffer cost twice the dequantization itself. */
 #ifndef MUSER_CPU_KERNELS_H
 #define MUSER_CPU_KERNELS_H
 
@@ -42,8 +45,11 @@ typedef struct cpu_kernels {
                      uint64_t n);
     /* Dequantize one row to f32 (n elements). Returns 0 or a muser_status. */
     int (*dequant_row)(uint32_t type, const void *row, float *dst, uint64_t n);
-    /* tmp [CPU_PANEL][K] rows -> panel [K][CPU_PANEL]. */
-    void (*transpose_panel)(const float *tmp, float *panel, uint64_t K);
+    /* Weight rows row0, row0 + row_bytes, ... (nc <= CPU_PANEL of them, K elements each) ->
+     * panel [K][CPU_PANEL] f32, columns nc.. zero. tmp is scratch of CPU_PANEL * K floats.
+     * Values equal dequant_row's. Returns 0 or a muser_status. */
+    int (*unpack_panel)(uint32_t type, const uint8_t *row0, uint64_t row_bytes, uint32_t nc,
+                        uint64_t K, float *tmp, float *panel);
     /* C[i*ldc + 0..nc) = sum_k X[i*ldx + k] * panel[k][0..nc), i < m (any m). nc <= CPU_PANEL. */
     void (*gemm_panel)(const float *X, uint64_t ldx, uint64_t m, const float *panel, uint64_t K,
                        float *C, uint64_t ldc, uint32_t nc);
