@@ -6,7 +6,12 @@
  *   run it against the next job's arguments);
  * - the decode dots (src/cpu/kernels.c) for Q4_K / Q6_K, whose AVX2 versions read x through the
  *   lane-order copy xp (x scaled by 2^-8t): each row against the f64 dequantize-then-dot, for
- *   x of ordinary, tiny (1e-20) and large (1e20) magnitude, AVX2 and scalar tables. */
+ *   x of ordinary, tiny (1e-20) and large (1e20) magnitude, AVX2 and scalar tables;
+ * - the batch route's panel unpack and GEMM: unpack_panel of 1..16 rows of every K-quant and
+ *   plain type equals the table's dequant_row transposed, bit for bit, with the missing columns
+ *   zero (K-quants take the block-column path, a K below one buffer the whole-row path); the
+ *   GEMM of m = 1..20 rows equals the same rows run one at a time bit for bit (the m % 6 = 1, 2
+ *   tails are split 4 + 3 / 4 + 4) and is within f32 rounding of an f64 reference. */
 #include "check.h"
 #include "cpu/kernels.h"
 #include "cpu/pool.h"
@@ -139,6 +144,74 @@ static void test_dots(const cpu_kernels *kn, const char *name)
         }
 }
 
+/* ---- batch panels ---- */
+
+static void test_panels(const cpu_kernels *kn, const char *name)
+{
+    enum { KMAX = 1024, ROWS = CPU_PANEL };
+    static float w[KMAX], deq[ROWS][KMAX], tmp[CPU_PANEL * KMAX], panel[KMAX * CPU_PANEL];
+    static uint8_t rows[ROWS * KMAX * 4];
+    const uint32_t types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_F16,
+                              GGML_TYPE_F32};
+    const uint64_t Ks[] = {256, 512, 1024};
+    int bad_unpack = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+            const uint64_t K = Ks[ki], rb = quant_row_bytes(types[ti], K);
+            for (uint32_t r = 0; r < ROWS; r++) {
+                for (uint64_t i = 0; i < K; i++)
+                    w[i] = frand() * (r % 3 == 0 ? 3.0f : 0.1f);
+                CHECK(quant_quantize_row(types[ti], w, rows + r * rb, K) == 0);
+                CHECK(kn->dequant_row(types[ti], rows + r * rb, deq[r], K) == 0);
+            }
+            for (uint32_t nc = 1; nc <= CPU_PANEL; nc += (nc < 3 ? 1 : 6)) {
+                memset(panel, 0x7f, sizeof panel); /* garbage the unpack must overwrite */
+                CHECK(kn->unpack_panel(types[ti], rows, rb, nc, K, tmp, panel) == 0);
+                for (uint64_t k = 0; k < K; k++)
+                    for (uint32_t r = 0; r < CPU_PANEL; r++) {
+                        const float want = r < nc ? deq[r][k] : 0.0f;
+                        bad_unpack += memcmp(&panel[k * CPU_PANEL + r], &want, sizeof want) != 0;
+                    }
+            }
+        }
+    CHECKF(bad_unpack == 0, "%s: %d panel values differ from dequantize + transpose", name,
+           bad_unpack);
+
+    /* GEMM: m rows at once vs one at a time (bit-identical), and vs f64 */
+    enum { K = 512, M = 20, LDX = K + 8, LDC = CPU_PANEL + 3 };
+    static float X[M * LDX], C[M * LDC], C1[LDC];
+    for (uint64_t i = 0; i < (uint64_t)K * CPU_PANEL; i++)
+        panel[i] = frand();
+    for (int i = 0; i < M * LDX; i++)
+        X[i] = frand();
+    int bad_split = 0;
+    double worst = 0.0;
+    for (uint32_t m = 1; m <= M; m++)
+        for (uint32_t nc = CPU_PANEL - 1; nc <= CPU_PANEL; nc++) {
+            memset(C, 0, sizeof C);
+            kn->gemm_panel(X, LDX, m, panel, K, C, LDC, nc);
+            for (uint32_t i = 0; i < m; i++) {
+                memset(C1, 0, sizeof C1);
+                kn->gemm_panel(X + (uint64_t)i * LDX, LDX, 1, panel, K, C1, LDC, nc);
+                bad_split += memcmp(C + (uint64_t)i * LDC, C1, sizeof C1) != 0;
+                for (uint32_t c = 0; c < nc; c++) {
+                    double ref = 0.0, mag = 0.0;
+                    for (uint64_t k = 0; k < K; k++) {
+                        ref += (double)X[i * LDX + k] * panel[k * CPU_PANEL + c];
+                        mag += fabs((double)X[i * LDX + k] * panel[k * CPU_PANEL + c]);
+                    }
+                    const double e = fabs(C[(uint64_t)i * LDC + c] - ref) / mag;
+                    worst = e > worst ? e : worst;
+                }
+            }
+        }
+    CHECKF(bad_split == 0, "%s: %d GEMM rows differ between m rows at once and one at a time",
+           name, bad_split);
+    CHECKF(worst < 1e-5, "%s: GEMM error %.3g of sum|x*w|", name, worst);
+    printf("%s panels: unpack exact, GEMM m=1..%d split-exact, max error / sum|x*w| = %.2e\n", name,
+           M, worst);
+}
+
 int main(void)
 {
     const char *san = getenv("MUSER_SANITIZED");
@@ -149,8 +222,10 @@ int main(void)
     cpu_kernels kn;
     cpu_kernels_init(&kn, false);
     test_dots(&kn, kn.simd ? "avx2  " : "scalar");
+    test_panels(&kn, kn.simd ? "avx2  " : "scalar");
     cpu_kernels_init(&kn, true);
     test_dots(&kn, "scalar");
+    test_panels(&kn, "scalar");
 
     printf("%d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;
