@@ -212,6 +212,27 @@ static void test_panels(const cpu_kernels *kn, const char *name)
            M, worst);
 }
 
+/* Non-finite inputs must stay non-finite through the vector exp (gate, softmax), so the engine
+ * fails closed on them like the oracle instead of turning a NaN gate into a factor of ~1. */
+static void test_nan_propagates(const cpu_kernels *kn, const char *name)
+{
+    float o[16], g[16], x[16];
+    for (int i = 0; i < 16; i++) {
+        o[i] = 1.0f;
+        g[i] = 0.5f;
+        x[i] = -1.0f;
+    }
+    g[3] = NAN;
+    g[12] = NAN;
+    kn->sigmoid_gate(o, g, 16);
+    CHECKF(isnan(o[3]) && isnan(o[12]), "%s: sigmoid gate of NaN gave %g, %g", name, o[3], o[12]);
+    CHECKF(fabsf(o[0] - 1.0f / (1.0f + expf(-0.5f))) < 1e-6f, "%s: sigmoid gate of 0.5 gave %g",
+           name, o[0]);
+    x[5] = NAN;
+    const float sum = kn->exp_sum(x, 16);
+    CHECKF(isnan(sum) && isnan(x[5]), "%s: exp of NaN gave %g (sum %g)", name, x[5], sum);
+}
+
 int main(void)
 {
     const char *san = getenv("MUSER_SANITIZED");
@@ -223,9 +244,11 @@ int main(void)
     cpu_kernels_init(&kn, false);
     test_dots(&kn, kn.simd ? "avx2  " : "scalar");
     test_panels(&kn, kn.simd ? "avx2  " : "scalar");
+    test_nan_propagates(&kn, kn.simd ? "avx2" : "scalar");
     cpu_kernels_init(&kn, true);
     test_dots(&kn, "scalar");
     test_panels(&kn, "scalar");
+    test_nan_propagates(&kn, "scalar");
 
     printf("%d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;

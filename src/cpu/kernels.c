@@ -205,10 +205,12 @@ static TGT_INLINE __m256i load8_u8(const uint8_t *p)
 }
 
 /* exp of 8 lanes: x = n*ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial (rel. error ~1e-7),
- * times 2^n built in the exponent field. Inputs are clamped to [-87.3, 88.7] (NaN -> clamped). */
+ * times 2^n built in the exponent field. Inputs are clamped to [-87.3, 88.7]; a NaN stays NaN
+ * (max/min return their second operand when unordered, so x goes second), so a NaN gate or
+ * attention score poisons the logits and fails closed like the oracle instead of passing as ~1. */
 static TGT_INLINE __m256 exp256(__m256 x)
 {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    x = _mm256_min_ps(_mm256_set1_ps(88.7f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -827,7 +829,8 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
     if (force_scalar || (env && !strcmp(env, "0")))
         return;
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        !__builtin_cpu_supports("f16c")) /* the kernels convert halves with F16C */
         return;
     *k = (cpu_kernels){
         .simd = true,
