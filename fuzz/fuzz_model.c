@@ -4,8 +4,9 @@
  * it to an edge value (0, 1, odd, 2^20+1, 2^31, UINT32_MAX, NaN, Inf, negative...), changes the
  * architecture name or the tokenizer's token count, deletes, renames, duplicates or retypes a
  * tensor or changes its dims — or re-draws the whole model consistently at other small sizes
- * (so unusual but valid shapes reach the forward pass). Weights are quantized from seeded random
- * floats, or left as random bytes (NaN scales included) when the script says so.
+ * (so unusual but valid shapes reach the forward pass). Weights are two rows quantized from
+ * seeded random floats, repeated, or random bytes (NaN scales included) when the script says
+ * so; tensors past 2 MiB or 2^19 elements in all are left out: every exec takes milliseconds.
  * The model is written with the real GGUF writer (memfd), opened, and bound. Checks: a refusal is
  * a negative status, a message naming the file, no model, and the file still ours to close; a
  * model that binds has the hyper-parameters' invariants (H % HKV == 0, D even, every tensor's
@@ -21,10 +22,10 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#ifdef MUSER_FUZZ_CPU_SHIM
+#ifdef __builtin_cpu_supports
 /* clang 14's __builtin_cpu_supports does not know "f16c" (src/quant.c asks for it), so
- * scripts/fuzz.sh builds the engine with __builtin_cpu_supports renamed to this: the same answer
- * from the builtin for the names clang knows, from CPUID leaf 1 (ECX bit 29) for f16c. */
+ * scripts/fuzz.sh builds every source with __builtin_cpu_supports renamed to this: the same
+ * answer from the builtin for the names clang knows, from CPUID leaf 1 (ECX bit 29) for f16c. */
 #include <cpuid.h>
 #undef __builtin_cpu_supports
 int muser_fuzz_cpu_supports(const char *feature);
@@ -47,6 +48,7 @@ int muser_fuzz_cpu_supports(const char *feature)
 #define H "fuzz_model"
 #define MAX_T 128
 #define MAX_BYTES (2u << 20) /* a file above this is not written: the harness must stay fast */
+#define MAX_ELEMS (1u << 19) /* nor one whose weights hold more elements (each is drawn) */
 
 enum { K_ABSENT, K_U32, K_I32, K_U64, K_F32, K_STR, K_BOOL, K_AU32 };
 
@@ -290,7 +292,7 @@ static bool write_model(gguf_file **out)
         }
         gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, n);
     }
-    uint64_t sizes[MAX_T], total = 0;
+    uint64_t sizes[MAX_T], total = 0, elems = 0;
     uint32_t order[MAX_T], n = 0;
     for (uint32_t i = 0; i < M.n_t; i++) {
         const mtensor *t = &M.t[i];
@@ -300,13 +302,15 @@ static bool write_model(gguf_file **out)
         uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
         uint64_t rb = qi ? quant_row_bytes(t->type, t->ne[0]) : 0;
         if (!rb || t->ne[1] > MAX_BYTES || rows > MAX_BYTES || rb > MAX_BYTES ||
-            rb * rows > MAX_BYTES || total + rb * rows > MAX_BYTES)
+            rb * rows > MAX_BYTES || total + rb * rows > MAX_BYTES || t->ne[0] > MAX_ELEMS ||
+            elems + t->ne[0] * rows > MAX_ELEMS)
             continue;
         if (gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, &err))
             continue;
         sizes[n] = rb * rows;
         order[n++] = i;
         total += rb * rows;
+        elems += t->ne[0] * rows;
     }
     const char *path = fuzz_memfd_path();
     if (gguf_writer_begin(w, path, &err)) {
@@ -321,8 +325,14 @@ static bool write_model(gguf_file **out)
         uint64_t rows = sizes[k] / quant_row_bytes(t->type, t->ne[0]);
         bool quantize = !M.raw_bytes && qi->supported && t->ne[0] <= (1 << 16);
         if (quantize) {
+            /* Two quantized rows, repeated: quantizing every row (the K-quant searches) would
+             * take most of the exec time. */
             uint64_t rb = quant_row_bytes(t->type, t->ne[0]);
             for (uint64_t r = 0; r < rows; r++) {
+                if (r >= 2) {
+                    memcpy(buf + r * rb, buf + (r % 2) * rb, rb);
+                    continue;
+                }
                 for (uint64_t c = 0; c < t->ne[0]; c++)
                     src[c] = (float)((int64_t)(rng() % 2001) - 1000) / 1000.0f;
                 if (quant_quantize_row(t->type, src, buf + r * rb, t->ne[0]))

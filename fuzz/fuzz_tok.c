@@ -4,7 +4,9 @@
  *   1  a small SentencePiece vocabulary built here (byte fallback <0xNN>, scores, '▁');
  *   2  a small byte-level BPE with pre "gpt-4o" (the o200k regex, ignore_merges);
  *   3  the same vocabulary with pre "llama3";   4  with pre "qwen2";
- *   5  the peer Phi-3 SentencePiece vocabulary when $MUSER_SHARED_DIR has it (else vocab 1).
+ *   5  the peer Phi-3 SentencePiece vocabulary when $MUSER_SHARED_DIR has it (else vocab 1);
+ *   6  the real o200k vocabulary (src/vocab.h, 200k tokens) when MUSER_FUZZ_O200K=1 — a few
+ *      seconds to build, so long runs only — else vocab 2.
  * Input: byte 0 picks the vocabulary (low bits), parse_special (bit 4) and add_bos (bit 5); the
  * rest is the text. Checks (a failure aborts):
  *   - invalid UTF-8 (judged by fuzz_common.h's own validator) -> MUSER_E_TOKENIZE, nothing out;
@@ -17,12 +19,13 @@
 #include "fuzz_common.h"
 #include "fuzz_vocab.h"
 #include "tokenizer.h"
+#include "vocab.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define H "fuzz_tok"
-#define N_VOCABS 6
+#define N_VOCABS 7
 
 static muser_tokenizer *vocabs[N_VOCABS];
 static bool byte_level[N_VOCABS];
@@ -94,6 +97,17 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         vocabs[5] = vocabs[1];
         fprintf(stderr, H ": no $MUSER_SHARED_DIR Phi-3 vocabulary; vocabulary 5 = the small "
                         "SentencePiece one\n");
+    }
+    vocabs[6] = vocabs[2];
+    const char *o200k = getenv("MUSER_FUZZ_O200K");
+    if (o200k && !strcmp(o200k, "1")) {
+        muser_vocab v;
+        muser_error err = {0};
+        if (muser_vocab_o200k(NULL, &v, &err) || muser_tokenizer_load_vocab(&vocabs[6], &v, &err))
+            die_err("o200k", &err);
+        muser_vocab_free(&v);
+        fprintf(stderr, H ": vocabulary 6 is o200k (%u tokens)\n",
+                muser_tokenizer_n_vocab(vocabs[6]));
     }
     for (int i = 0; i < N_VOCABS; i++)
         byte_level[i] = !strcmp(muser_tokenizer_model(vocabs[i]), "gpt2");

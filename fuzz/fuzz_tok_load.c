@@ -270,7 +270,8 @@ static void write_vals(gguf_writer *w)
 }
 
 static const char *const texts[] = {
-    "hello world, the 2024 \xd0\xbf\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 \xe4\xbd\xa0\xe5\xa5\xbd",
+    "hello world, the 2024 \xd0\xbf\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82"
+    " \xe4\xbd\xa0\xe5\xa5\xbd",
     "<|im_start|>user\n<tool>hi<|im_end|><s> </s><|user|>",
     "\xf0\x9f\x98\x80  \n\n e\xcc\x81...'s",
     "",

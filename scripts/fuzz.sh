@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# fuzz.sh — build and run muser's libFuzzer harnesses with ASan + UBSan, straight from the sources,
-# each seeded from fuzz/corpus/<target>/ (docs/fuzzing.md says what each one checks):
+# fuzz.sh — build and run muser's libFuzzer harnesses with ASan + UBSan, straight from the
+# sources, each seeded from fuzz/corpus/<target>/ (docs/fuzzing.md says what each one checks):
 #   gguf      fuzz/fuzz_gguf.c      the GGUF reader on raw bytes
 #   tok       fuzz/fuzz_tok.c       muser_tokenize / detokenize / streaming on arbitrary text
 #   tok_load  fuzz/fuzz_tok_load.c  muser_tokenizer_load on hostile tokenizer.ggml.* metadata
 #   model     fuzz/fuzz_model.c     muser_model_bind (+ a 1-token oracle forward) on mutated models
 #
-#   scripts/fuzz.sh --short [TARGET...]          gguf ~30 s, the others ~20 s each
+#   scripts/fuzz.sh --short [TARGET...]          gguf 20 s, the others 15 s each
 #   scripts/fuzz.sh --long [SECONDS] [TARGET...] default 3600 s per target
 #   scripts/fuzz.sh --seeds                      regenerate fuzz/corpus/gguf/ with fuzz/make_seeds.c
 # TARGET defaults to gguf (what tests/cli_fuzz_gguf.sh runs); "all" runs the four in turn.
@@ -45,7 +45,8 @@ case "$MODE" in
   --long)
     if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then LONG_SECONDS=$1; shift; fi
     LONG_SECONDS=${LONG_SECONDS:-${MUSER_FUZZ_SECONDS:-3600}} ;;
-  *) echo "usage: scripts/fuzz.sh [--short | --long [SECONDS] | --seeds] [gguf|tok|tok_load|model|all ...]" >&2
+  *) echo "usage: scripts/fuzz.sh [--short | --long [SECONDS] | --seeds]" \
+          "[gguf|tok|tok_load|model|all ...]" >&2
      exit 2 ;;
 esac
 TARGETS=("$@")
@@ -59,14 +60,16 @@ ENGINE_SOURCES=("$S/model.c" "$S/kv.c" "$S/session.c" "$S/reference.c" "$S/quant
 
 # build TARGET: compile fuzz/fuzz_TARGET.c and what it drives into $dir/fuzz_TARGET.
 build() {
-  local target=$1 dir=$2 srcs=() libs=(-lcrypto -lm) flags=()
+  # clang 14 does not know __builtin_cpu_supports("f16c") (src/quant.c asks): every source is
+  # built with the builtin renamed to fuzz_model.c's muser_fuzz_cpu_supports (the same flags for
+  # all targets, so they share the objects of src/).
+  local target=$1 dir=$2 srcs=() libs=(-lcrypto -lm)
+  local flags=("-D__builtin_cpu_supports=muser_fuzz_cpu_supports"
+               -include "$ROOT/fuzz/fuzz_cpu_shim.h")
   case "$target" in
     gguf) srcs=("$S/gguf.c" "$S/util.c") ;;
     tok | tok_load) srcs=("${TOK_SOURCES[@]}"); libs+=(-lpcre2-8) ;;
-    # clang 14 does not know __builtin_cpu_supports("f16c"): fuzz_model.c supplies the answer.
-    model) srcs=("${ENGINE_SOURCES[@]}"); libs+=(-lpthread)
-           flags=(-DMUSER_FUZZ_CPU_SHIM "-D__builtin_cpu_supports=muser_fuzz_cpu_supports"
-                  -include "$ROOT/fuzz/fuzz_cpu_shim.h") ;;
+    model) srcs=("${ENGINE_SOURCES[@]}"); libs+=(-lpthread) ;;
     *) echo "fuzz.sh: unknown target '$target' (gguf, tok, tok_load, model, all)" >&2; return 2 ;;
   esac
   local bin=$dir/fuzz_$target
@@ -78,16 +81,27 @@ build() {
     return 0
   fi
   # One object per source, ${MUSER_FUZZ_BUILD_JOBS:-2} compiles at a time, then one link.
-  local objs=() i=0 running=0 fail=0
-  mkdir -p "$dir/obj"
+  # Objects are shared by the targets ($OUT/obj/) and rebuilt only when older than their source
+  # or a header; each lands by an atomic mv, so ctests running side by side never link a
+  # half-written one.
+  local objs=() running=0 fail=0
+  mkdir -p "$OUT/obj"
   for src in "${all[@]}"; do
-    local obj=$dir/obj/$i-$(basename "$src" .c).o
+    local obj=$OUT/obj/$(basename "$(dirname "$src")")-$(basename "$src" .c).o
     objs+=("$obj")
-    i=$((i + 1))
-    "$CLANG" -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer \
-      -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-      -DMUSER_FUZZ_ROOT="\"$ROOT\"" -DMUSER_DATA_DIR="\"$ROOT/data\"" \
-      "${flags[@]}" -I"$ROOT/include" -I"$S" -c "$src" -o "$obj" &
+    if [ -f "$obj" ] && [ -z "$(find "$src" "$ROOT"/fuzz/*.h "$S"/*.h "$S"/cpu/*.h \
+          "$ROOT/include" "$ROOT/scripts/fuzz.sh" -newer "$obj" 2>/dev/null | head -n 1)" ]; then
+      continue
+    fi
+    # The CPU engine is linked (session.c refers to it) but never run by a harness (fuzz_model
+    # uses the oracle): -O0 without coverage builds it in a tenth of the time.
+    local cc=(-O1 -fsanitize=fuzzer,address,undefined)
+    case "$src" in "$S"/cpu/*) cc=(-O0 -fsanitize=address,undefined) ;; esac
+    ( "$CLANG" -std=c11 -D_GNU_SOURCE "${cc[@]}" -g -fno-omit-frame-pointer \
+        -fno-sanitize-recover=all \
+        -DMUSER_FUZZ_ROOT="\"$ROOT\"" -DMUSER_DATA_DIR="\"$ROOT/data\"" \
+        "${flags[@]}" -I"$ROOT/include" -I"$S" -c "$src" -o "$obj.$$.tmp" &&
+      mv -f "$obj.$$.tmp" "$obj" ) &
     running=$((running + 1))
     if [ $running -ge "${MUSER_FUZZ_BUILD_JOBS:-2}" ]; then
       wait -n || fail=1
@@ -99,7 +113,8 @@ build() {
     running=$((running - 1))
   done
   [ $fail -eq 0 ] || { echo "fuzz.sh: building fuzz_$target failed" >&2; return 1; }
-  "$CLANG" -fsanitize=fuzzer,address,undefined "${objs[@]}" "${libs[@]}" -o "$bin"
+  "$CLANG" -fsanitize=fuzzer,address,undefined "${objs[@]}" "${libs[@]}" -o "$bin.$$.tmp" &&
+    mv -f "$bin.$$.tmp" "$bin"
 }
 
 status=0
@@ -111,15 +126,16 @@ for target in "${TARGETS[@]}"; do
   if [ -n "$LONG_SECONDS" ]; then
     secs=$LONG_SECONDS
   elif [ "$target" = gguf ]; then
-    secs=${MUSER_FUZZ_SECONDS:-30}
-  else
     secs=${MUSER_FUZZ_SECONDS:-20}
+  else
+    secs=${MUSER_FUZZ_SECONDS:-15}
   fi
   jobs=()
   if [ -n "$LONG_SECONDS" ] && [ "${MUSER_FUZZ_JOBS:-1}" -gt 1 ]; then
     jobs=(-fork="$MUSER_FUZZ_JOBS" -ignore_crashes=0)
   fi
-  echo "fuzz.sh: running fuzz_$target for ${secs}s (seeds: $ROOT/fuzz/corpus/$target, new inputs: $dir/corpus)"
+  echo "fuzz.sh: running fuzz_$target for ${secs}s" \
+       "(seeds: $ROOT/fuzz/corpus/$target, new inputs: $dir/corpus)"
   # -max_len: the seeds are < 4 KB; room to grow a little. -rss_limit_mb guards runaway
   # allocation. -error_exitcode=1: libFuzzer's default (77) would read as SKIP in ctest.
   rc=0

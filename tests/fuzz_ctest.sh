@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# fuzz_ctest.sh TARGET — the body of the tests/cli_fuzz_<target>.sh ctests: one short libFuzzer run
-# (scripts/fuzz.sh --short TARGET, ASan + UBSan) that fails on any finding or when the fuzzer did
-# not really run, and skips (77) with a message when clang is absent. Not a test itself (the
-# ctest glob takes tests/cli_*.sh only).
+# fuzz_ctest.sh TARGET — the body of the tests/cli_fuzz_<target>.sh ctests: one short libFuzzer
+# run (scripts/fuzz.sh --short TARGET, ASan + UBSan) that fails on any finding or when the
+# fuzzer did not really run, and skips (77) with a message when clang is absent. Not a test
+# itself (the ctest glob takes tests/cli_*.sh only).
 set -uo pipefail
 TARGET=${1:?usage: fuzz_ctest.sh TARGET}
 SRC=${MUSER_SOURCE_DIR:?MUSER_SOURCE_DIR not set}
