@@ -10,8 +10,9 @@
  * - the batch route's panel unpack and GEMM: unpack_panel of 1..16 rows of every K-quant and
  *   plain type equals the table's dequant_row transposed, bit for bit, with the missing columns
  *   zero (K-quants take the block-column path, a K below one buffer the whole-row path); the
- *   GEMM of m = 1..20 rows equals the same rows run one at a time bit for bit (the m % 6 = 1, 2
- *   tails are split 4 + 3 / 4 + 4) and is within f32 rounding of an f64 reference. */
+ *   GEMM of m = 1..20 rows (packed by pack_x into its row groups) equals the same rows run one
+ *   at a time bit for bit (the m % 6 = 1, 2 tails are split 4 + 3 / 4 + 4) and is within f32
+ *   rounding of an f64 reference on the unpacked rows (a wrong packing fails it). */
 #include "check.h"
 #include "cpu/kernels.h"
 #include "cpu/pool.h"
@@ -179,7 +180,7 @@ static void test_panels(const cpu_kernels *kn, const char *name)
 
     /* GEMM: m rows at once vs one at a time (bit-identical), and vs f64 */
     enum { K = 512, M = 20, LDX = K + 8, LDC = CPU_PANEL + 3 };
-    static float X[M * LDX], C[M * LDC], C1[LDC];
+    static float X[M * LDX], Xp[M * K], C[M * LDC], C1[LDC];
     for (uint64_t i = 0; i < (uint64_t)K * CPU_PANEL; i++)
         panel[i] = frand();
     for (int i = 0; i < M * LDX; i++)
@@ -189,10 +190,12 @@ static void test_panels(const cpu_kernels *kn, const char *name)
     for (uint32_t m = 1; m <= M; m++)
         for (uint32_t nc = CPU_PANEL - 1; nc <= CPU_PANEL; nc++) {
             memset(C, 0, sizeof C);
-            kn->gemm_panel(X, LDX, m, panel, K, C, LDC, nc);
+            kn->pack_x(X, LDX, m, K, Xp);
+            kn->gemm_panel(Xp, m, panel, K, C, LDC, nc);
             for (uint32_t i = 0; i < m; i++) {
                 memset(C1, 0, sizeof C1);
-                kn->gemm_panel(X + (uint64_t)i * LDX, LDX, 1, panel, K, C1, LDC, nc);
+                /* one row packs to itself */
+                kn->gemm_panel(X + (uint64_t)i * LDX, 1, panel, K, C1, LDC, nc);
                 bad_split += memcmp(C + (uint64_t)i * LDC, C1, sizeof C1) != 0;
                 for (uint32_t c = 0; c < nc; c++) {
                     double ref = 0.0, mag = 0.0;

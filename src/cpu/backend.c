@@ -58,6 +58,7 @@ typedef struct cpu_state {
     float *rope_cos, *rope_sin;   /* [pass_rows][D/2] */
     double *inv_freq;             /* [D/2] theta^(-2i/D) */
     cpu_xsums xs;                 /* a decode row's input: sums [kmax/16], [kmax/32], xp [kmax] */
+    float *xpack;                 /* [pass_rows * kmax] a batch GEMM's input in pack_x's groups */
     cpu_thread_scratch *ts;       /* [n_threads] */
     float *logits;                /* [V] last-row logits of the call in flight */
     float *out_logits;            /* where lm_head writes this pass: logits or the caller's */
@@ -387,7 +388,7 @@ typedef struct mm_job {
     uint64_t ldd[FWD_MAX_GROUP];
     uint64_t start[FWD_MAX_GROUP + 1]; /* cumulative rows (decode) or panels (batch) */
     const float *x;
-    uint64_t ldx, cols, block;
+    uint64_t cols, block;
     atomic_uint_fast64_t next;
 } mm_job;
 
@@ -428,7 +429,7 @@ static void gemm_main(void *arg, uint32_t t, uint32_t nt)
         const uint32_t nc = (uint32_t)(w->rows - r0 < CPU_PANEL ? w->rows - r0 : CPU_PANEL);
         /* the type and shape were checked when the model was bound */
         (void)kn->unpack_panel(w->type, muser_tensor_row(w, r0), w->row_bytes, nc, K, tmp, panel);
-        kn->gemm_panel(j->x, j->ldx, j->m, panel, K, j->dst[a] + r0, j->ldd[a], nc);
+        kn->gemm_panel(j->x, j->m, panel, K, j->dst[a] + r0, j->ldd[a], nc);
     }
 }
 
@@ -437,7 +438,7 @@ static void run_matmul(cpu_state *st, fwd_route route, const float *x, uint64_t 
                        const muser_tensor *const *w, float *const *dst, const uint64_t *ldd,
                        uint32_t n_mm)
 {
-    mm_job j = {.st = st, .n_mm = n_mm, .m = m, .x = x, .ldx = ldx, .cols = w[0]->cols};
+    mm_job j = {.st = st, .n_mm = n_mm, .m = m, .x = x, .cols = w[0]->cols};
     j.start[0] = 0;
     for (uint32_t a = 0; a < n_mm; a++) {
         j.w[a] = w[a];
@@ -462,10 +463,13 @@ static void run_matmul(cpu_state *st, fwd_route route, const float *x, uint64_t 
             matvec_main(&j, 0, 1);
         else
             cpu_pool_run(st->pool, matvec_main, &j);
-    } else if (alone) {
-        gemm_main(&j, 0, 1);
     } else {
-        cpu_pool_run(st->pool, gemm_main, &j);
+        st->kn.pack_x(x, ldx, m, j.cols, st->xpack);
+        j.x = st->xpack;
+        if (alone)
+            gemm_main(&j, 0, 1);
+        else
+            cpu_pool_run(st->pool, gemm_main, &j);
     }
 }
 
@@ -599,6 +603,7 @@ static void cpu_free(muser_session *s)
     free(st->xs.s16);
     free(st->xs.s32);
     muser_free_aligned(st->xs.xp);
+    muser_free_aligned(st->xpack);
     for (uint32_t t = 0; st->ts && t < st->n_threads; t++) {
         muser_free_aligned(st->ts[t].tmp);
         muser_free_aligned(st->ts[t].panel);
@@ -680,6 +685,8 @@ static int cpu_init(muser_session *s, muser_error *err)
     ok &= (st->xs.s16 = calloc(st->kmax / 16 + 1, sizeof(float))) != NULL;
     ok &= (st->xs.s32 = calloc(st->kmax / 32 + 1, sizeof(float))) != NULL;
     ok &= (st->xs.xp = muser_alloc_aligned(((uint64_t)st->kmax + 32) * sizeof(float))) != NULL;
+    ok &= (st->xpack = muser_alloc_aligned((uint64_t)st->pass_rows * st->kmax * sizeof(float))) !=
+          NULL;
     ok &= (st->logits = calloc(st->V, sizeof(float))) != NULL;
     ok &= (st->commit_k = calloc(st->KVD, sizeof(float))) != NULL;
     ok &= (st->commit_v = calloc(st->KVD, sizeof(float))) != NULL;

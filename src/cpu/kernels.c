@@ -97,16 +97,44 @@ static int unpack_panel_scalar(uint32_t type, const uint8_t *row0, uint64_t row_
                        panel);
 }
 
-static void gemm_panel_scalar(const float *X, uint64_t ldx, uint64_t m, const float *panel,
-                              uint64_t K, float *C, uint64_t ldc, uint32_t nc)
+/* Rows in the GEMM group that starts at row i of m: CPU_MR while whole groups last. A tail of 1
+ * or 2 rows would have only 2 or 4 independent FMA chains (latency-bound at a quarter or half of
+ * peak): it is taken with the last full group as 4 + 3 or 4 + 4 rows instead. Every output is
+ * one sequential sum over K whatever its group, so the grouping changes no bits. */
+static uint64_t gemm_group(uint64_t m, uint64_t i)
 {
-    for (uint64_t i = 0; i < m; i++) {
-        float acc[CPU_PANEL] = {0};
-        const float *x = X + i * ldx;
+    uint64_t full = m;
+    if (m > CPU_MR && m % CPU_MR != 0 && m % CPU_MR <= 2)
+        full = m - CPU_MR - m % CPU_MR;
+    if (i + CPU_MR <= full)
+        return CPU_MR;
+    return m - i > CPU_MR ? 4 : m - i;
+}
+
+static void pack_x(const float *X, uint64_t ldx, uint64_t m, uint64_t K, float *Xp)
+{
+    for (uint64_t i = 0, r; i < m; i += r) {
+        r = gemm_group(m, i);
+        float *dst = Xp + i * K;
         for (uint64_t k = 0; k < K; k++)
-            for (int r = 0; r < CPU_PANEL; r++)
-                acc[r] += x[k] * panel[k * CPU_PANEL + r];
-        memcpy(C + i * ldc, acc, nc * sizeof(float));
+            for (uint64_t ii = 0; ii < r; ii++)
+                dst[k * r + ii] = X[(i + ii) * ldx + k];
+    }
+}
+
+static void gemm_panel_scalar(const float *Xp, uint64_t m, const float *panel, uint64_t K,
+                              float *C, uint64_t ldc, uint32_t nc)
+{
+    for (uint64_t i0 = 0, r; i0 < m; i0 += r) {
+        r = gemm_group(m, i0);
+        for (uint64_t ii = 0; ii < r; ii++) {
+            float acc[CPU_PANEL] = {0};
+            const float *x = Xp + i0 * K + ii;
+            for (uint64_t k = 0; k < K; k++)
+                for (int c = 0; c < CPU_PANEL; c++)
+                    acc[c] += x[k * r] * panel[k * CPU_PANEL + c];
+            memcpy(C + (i0 + ii) * ldc, acc, nc * sizeof(float));
+        }
     }
 }
 
@@ -636,11 +664,11 @@ static TGT int unpack_panel_avx2(uint32_t type, const uint8_t *row0, uint64_t ro
     return unpack_rows(dequant_row_avx2, transpose_avx2, type, row0, row_bytes, nc, K, tmp, panel);
 }
 
-/* MR activation rows x 16 outputs over the whole K: 2*MR accumulators stay in registers (6x16:
- * 12 FMAs per 2 panel loads and 6 broadcasts; measured at 99% of the 2-FMA/cycle peak with the
- * panel in L1 and 96-99% with it in L2, so the micro-kernel is not where prefill time goes). */
-static TGT_INLINE void gemm_mk(int MR, const float *X, uint64_t ldx, const float *P, uint64_t K,
-                               float *C, uint64_t ldc, uint32_t nc)
+/* MR activation rows x 16 outputs over the whole K, the rows packed [K][MR] at X: 2*MR
+ * accumulators stay in registers (6x16: 12 FMAs per 2 panel loads and 6 broadcasts from one
+ * 24-byte step of a single stream; 99% of the 2-FMA/cycle peak with the panel in L1). */
+static TGT_INLINE void gemm_mk(int MR, const float *X, const float *P, uint64_t K, float *C,
+                               uint64_t ldc, uint32_t nc)
 {
     __m256 c0[CPU_MR], c1[CPU_MR];
 #pragma GCC unroll 8
@@ -651,7 +679,7 @@ static TGT_INLINE void gemm_mk(int MR, const float *X, uint64_t ldx, const float
         const __m256 w1 = _mm256_loadu_ps(P + k * CPU_PANEL + 8);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
-            const __m256 b = _mm256_broadcast_ss(X + (uint64_t)i * ldx + k);
+            const __m256 b = _mm256_broadcast_ss(X + k * MR + i);
             c0[i] = _mm256_fmadd_ps(b, w0, c0[i]);
             c1[i] = _mm256_fmadd_ps(b, w1, c1[i]);
         }
@@ -671,30 +699,21 @@ static TGT_INLINE void gemm_mk(int MR, const float *X, uint64_t ldx, const float
     }
 }
 
-static TGT void gemm_panel_avx2(const float *X, uint64_t ldx, uint64_t m, const float *panel,
-                                uint64_t K, float *C, uint64_t ldc, uint32_t nc)
+static TGT void gemm_panel_avx2(const float *Xp, uint64_t m, const float *panel, uint64_t K,
+                                float *C, uint64_t ldc, uint32_t nc)
 {
-    /* A tail of 1 or 2 rows has only 2 or 4 independent FMA chains (latency-bound at a quarter
-     * or half of peak): take it with the last full group as 4 + 3 or 4 + 4 rows instead. Every
-     * output is still one sequential sum over K, so the split changes no bits. */
-    uint64_t i = 0, full = m;
-    if (m > CPU_MR && m % CPU_MR != 0 && m % CPU_MR <= 2)
-        full = m - CPU_MR - m % CPU_MR;
-    for (; i + CPU_MR <= full; i += CPU_MR)
-        gemm_mk(CPU_MR, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc);
-    if (m - i > CPU_MR) {
-        gemm_mk(4, X + i * ldx, ldx, panel, K, C + i * ldc, ldc, nc);
-        i += 4;
-    }
-    X += i * ldx;
-    C += i * ldc;
-    switch (m - i) {
-    case 5: gemm_mk(5, X, ldx, panel, K, C, ldc, nc); break;
-    case 4: gemm_mk(4, X, ldx, panel, K, C, ldc, nc); break;
-    case 3: gemm_mk(3, X, ldx, panel, K, C, ldc, nc); break;
-    case 2: gemm_mk(2, X, ldx, panel, K, C, ldc, nc); break;
-    case 1: gemm_mk(1, X, ldx, panel, K, C, ldc, nc); break;
-    default: break;
+    for (uint64_t i = 0, r; i < m; i += r) {
+        r = gemm_group(m, i);
+        const float *X = Xp + i * K;
+        float *Ci = C + i * ldc;
+        switch (r) {
+        case 6: gemm_mk(6, X, panel, K, Ci, ldc, nc); break;
+        case 5: gemm_mk(5, X, panel, K, Ci, ldc, nc); break;
+        case 4: gemm_mk(4, X, panel, K, Ci, ldc, nc); break;
+        case 3: gemm_mk(3, X, panel, K, Ci, ldc, nc); break;
+        case 2: gemm_mk(2, X, panel, K, Ci, ldc, nc); break;
+        default: gemm_mk(1, X, panel, K, Ci, ldc, nc); break;
+        }
     }
 }
 
@@ -814,6 +833,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         .dot_row = dot_row_scalar,
         .dequant_row = quant_dequantize_row,
         .unpack_panel = unpack_panel_scalar,
+        .pack_x = pack_x,
         .gemm_panel = gemm_panel_scalar,
         .dot_f16 = dot_f16_scalar,
         .axpy_f16 = axpy_f16_scalar,
@@ -838,6 +858,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         .dot_row = dot_row_avx2,
         .dequant_row = dequant_row_avx2,
         .unpack_panel = unpack_panel_avx2,
+        .pack_x = pack_x,
         .gemm_panel = gemm_panel_avx2,
         .dot_f16 = dot_f16_avx2,
         .axpy_f16 = axpy_f16_avx2,

@@ -50,9 +50,15 @@ typedef struct cpu_kernels {
      * Values equal dequant_row's. Returns 0 or a muser_status. */
     int (*unpack_panel)(uint32_t type, const uint8_t *row0, uint64_t row_bytes, uint32_t nc,
                         uint64_t K, float *tmp, float *panel);
-    /* C[i*ldc + 0..nc) = sum_k X[i*ldx + k] * panel[k][0..nc), i < m (any m). nc <= CPU_PANEL. */
-    void (*gemm_panel)(const float *X, uint64_t ldx, uint64_t m, const float *panel, uint64_t K,
-                       float *C, uint64_t ldc, uint32_t nc);
+    /* m activation rows X (row stride ldx, K elements) -> Xp [m * K], packed in the row groups
+     * gemm_panel takes them in: a group of r rows starting at row i is stored at Xp + i*K as
+     * [K][r], so the micro-kernel reads one contiguous stream instead of r rows K floats apart.
+     * One row packs to itself. Done once per matrix group and shared by every panel. */
+    void (*pack_x)(const float *X, uint64_t ldx, uint64_t m, uint64_t K, float *Xp);
+    /* C[i*ldc + 0..nc) = sum_k X[i][k] * panel[k][0..nc), i < m (any m), from Xp = pack_x of the
+     * m rows. nc <= CPU_PANEL. */
+    void (*gemm_panel)(const float *Xp, uint64_t m, const float *panel, uint64_t K, float *C,
+                       uint64_t ldc, uint32_t nc);
     /* dot of f32 q with n f16 values */
     float (*dot_f16)(const float *q, const uint16_t *k, uint32_t n);
     /* o[0..n) += p * f16 v */
