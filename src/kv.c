@@ -288,3 +288,88 @@ void kv_commit(muser_kv *kv)
     if (kv)
         kv->has_checkpoint = false;
 }
+
+/* ---- undo for one forward call ---- */
+
+/* Physical ring row that the i-th append from now will write. */
+static uint64_t ring_next_row(const kv_plane *pl, uint64_t i)
+{
+    return (pl->origin_physical + pl->len + i) % pl->capacity;
+}
+
+int kv_undo_init(kv_undo *u, const muser_kv *kv, muser_error *err)
+{
+    memset(u, 0, sizeof *u);
+    u->n_layer = kv->n_layer;
+    u->meta = calloc(kv->n_layer, sizeof *u->meta);
+    u->k = calloc(kv->n_layer, sizeof *u->k);
+    u->v = calloc(kv->n_layer, sizeof *u->v);
+    bool ok = u->meta && u->k && u->v;
+    for (uint32_t l = 0; ok && l < kv->n_layer; l++) {
+        const kv_plane *pl = &kv->planes[l];
+        if (!pl->ring || !pl->k)
+            continue;
+        const uint64_t bytes = pl->capacity * pl->n_head_kv * pl->head_dim * sizeof(uint16_t);
+        ok = (u->k[l] = muser_alloc_aligned(bytes)) != NULL &&
+             (u->v[l] = muser_alloc_aligned(bytes)) != NULL;
+    }
+    if (!ok) {
+        kv_undo_free(u);
+        return muser_errorf(err, MUSER_E_NOMEM, "kv: out of memory for the undo copy");
+    }
+    return MUSER_OK;
+}
+
+void kv_undo_free(kv_undo *u)
+{
+    for (uint32_t l = 0; u->k && l < u->n_layer; l++) {
+        muser_free_aligned(u->k[l]);
+        muser_free_aligned(u->v[l]);
+    }
+    free(u->k);
+    free(u->v);
+    free(u->meta);
+    memset(u, 0, sizeof *u);
+}
+
+void kv_undo_save(kv_undo *u, const muser_kv *kv, uint64_t n_rows)
+{
+    for (uint32_t l = 0; l < kv->n_layer; l++) {
+        const kv_plane *pl = &kv->planes[l];
+        u->meta[l] = *pl;
+        if (!u->k[l])
+            continue;
+        const uint64_t re = (uint64_t)pl->n_head_kv * pl->head_dim;
+        const uint64_t rows = n_rows < pl->capacity ? n_rows : pl->capacity;
+        for (uint64_t i = 0; i < rows; i++) {
+            const uint64_t r = ring_next_row(pl, i);
+            memcpy(u->k[l] + i * re, pl->k + r * re, re * sizeof(uint16_t));
+            memcpy(u->v[l] + i * re, pl->v + r * re, re * sizeof(uint16_t));
+        }
+    }
+}
+
+void kv_undo_restore(const kv_undo *u, muser_kv *kv)
+{
+    for (uint32_t l = 0; l < kv->n_layer; l++) {
+        kv_plane *pl = &kv->planes[l];
+        const kv_plane *was = &u->meta[l];
+        const uint64_t added = pl->next_pos - was->next_pos;
+        if (u->k[l]) {
+            const uint64_t re = (uint64_t)pl->n_head_kv * pl->head_dim;
+            const uint64_t rows = added < pl->capacity ? added : pl->capacity;
+            for (uint64_t i = 0; i < rows; i++) {
+                const uint64_t r = ring_next_row(was, i);
+                memcpy(pl->k + r * re, u->k[l] + i * re, re * sizeof(uint16_t));
+                memcpy(pl->v + r * re, u->v[l] + i * re, re * sizeof(uint16_t));
+            }
+        } else if (!pl->ring && pl->k) {
+            for (uint32_t h = 0; h < pl->n_head_kv && added; h++) {
+                const uint64_t off = ((uint64_t)h * pl->capacity + was->next_pos) * pl->head_dim;
+                memset(pl->k + off, 0, added * pl->head_dim * sizeof(uint16_t));
+                memset(pl->v + off, 0, added * pl->head_dim * sizeof(uint16_t));
+            }
+        }
+        *pl = *was;
+    }
+}

@@ -61,6 +61,21 @@ const uint16_t *kv_plane_v(const kv_plane *pl, uint32_t h, uint64_t p);
 /* Oldest logical position still stored (for a ring after wrapping). */
 uint64_t kv_plane_first_pos(const kv_plane *pl);
 
+/* Undo for one forward call of any length (fail closed: a call that errors anywhere must leave
+ * the cache byte-identical): every plane's metadata and, for rings, the rows the call's appends
+ * will land on. Storage (capacity rows per ring) is allocated once by kv_undo_init, so saving
+ * and restoring allocate nothing. Restoring re-zeroes the FULL rows the call appended. */
+typedef struct kv_undo {
+    uint32_t n_layer;
+    kv_plane *meta;           /* [n_layer] */
+    uint16_t **k, **v;        /* [n_layer]: [capacity][HKV*D] for rings, NULL for FULL planes */
+} kv_undo;
+
+int kv_undo_init(kv_undo *u, const muser_kv *kv, muser_error *err);
+void kv_undo_free(kv_undo *u);
+void kv_undo_save(kv_undo *u, const muser_kv *kv, uint64_t n_rows);
+void kv_undo_restore(const kv_undo *u, muser_kv *kv);
+
 /* Speculation: checkpoint before a block of <= KV_MAX_SPEC_ROWS rows; rollback to keep only
  * positions < n_keep (n_keep >= checkpointed next_pos); commit drops the checkpoint. */
 int kv_checkpoint(muser_kv *kv, muser_error *err);

@@ -210,29 +210,15 @@ typedef struct oracle_state {
     double *ffn_gate, *ffn_up;/* [F] */
     double *logits;           /* [V] */
     float *row;               /* [max cols] for the embedding row */
-    /* undo copy: the cache as it was before the current call, for fail-closed errors */
-    kv_plane *undo_meta;      /* [n_layer] */
-    uint16_t **undo_k, **undo_v; /* [n_layer]: ring planes only, up to capacity rows each */
+    kv_undo undo;             /* the cache before the current call, for fail-closed errors */
 } oracle_state;
-
-static uint64_t plane_row_elems(const kv_plane *pl)
-{
-    return (uint64_t)pl->n_head_kv * pl->head_dim;
-}
 
 static void oracle_free(muser_session *s)
 {
     oracle_state *st = s->be_state;
     if (!st)
         return;
-    if (st->undo_k)
-        for (uint32_t l = 0; l < st->kv.n_layer; l++) {
-            free(st->undo_k[l]);
-            free(st->undo_v[l]);
-        }
-    free(st->undo_k);
-    free(st->undo_v);
-    free(st->undo_meta);
+    kv_undo_free(&st->undo);
     kv_free(&st->kv);
     pool_free(&st->pool);
     free(st->h);
@@ -329,27 +315,14 @@ static int oracle_init(muser_session *s, muser_error *err)
     st->ffn_up = malloc(F * sizeof(double));
     st->logits = malloc(V * sizeof(double));
     st->row = malloc(E * sizeof(float));
-    st->undo_meta = calloc(hp->n_layer, sizeof *st->undo_meta);
-    st->undo_k = calloc(hp->n_layer, sizeof *st->undo_k);
-    st->undo_v = calloc(hp->n_layer, sizeof *st->undo_v);
     if (!st->h || !st->a || !st->q || !st->g || !st->o || !st->k || !st->v || !st->k32 ||
         !st->v32 || !st->scores || !st->proj || !st->ffn_gate || !st->ffn_up || !st->logits ||
-        !st->row || !st->undo_meta || !st->undo_k || !st->undo_v) {
+        !st->row) {
         rc = muser_errorf(err, MUSER_E_NOMEM, "oracle: out of memory for activations");
         goto fail;
     }
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const kv_plane *pl = &st->kv.planes[l];
-        if (!pl->ring)
-            continue;
-        const size_t bytes = pl->capacity * plane_row_elems(pl) * sizeof(uint16_t);
-        st->undo_k[l] = malloc(bytes);
-        st->undo_v[l] = malloc(bytes);
-        if (!st->undo_k[l] || !st->undo_v[l]) {
-            rc = muser_errorf(err, MUSER_E_NOMEM, "oracle: out of memory for the undo copy");
-            goto fail;
-        }
-    }
+    if ((rc = kv_undo_init(&st->undo, &st->kv, err)) != 0)
+        goto fail;
     return MUSER_OK;
 fail:
     oracle_free(s);
@@ -539,56 +512,6 @@ static int lm_head(muser_session *s, oracle_state *st, uint64_t pos, float *out,
     return MUSER_OK;
 }
 
-/* Physical ring row that the i-th append from now will write. */
-static uint64_t ring_next_row(const kv_plane *pl, uint64_t i)
-{
-    return (pl->origin_physical + pl->len + i) % pl->capacity;
-}
-
-/* Save what a call of n tokens may overwrite: every plane's metadata and, for rings, the
- * min(n, capacity) rows the appends will land on. */
-static void undo_save(oracle_state *st, uint64_t n)
-{
-    for (uint32_t l = 0; l < st->kv.n_layer; l++) {
-        const kv_plane *pl = &st->kv.planes[l];
-        st->undo_meta[l] = *pl;
-        if (!pl->ring)
-            continue;
-        const uint64_t re = plane_row_elems(pl), rows = n < pl->capacity ? n : pl->capacity;
-        for (uint64_t i = 0; i < rows; i++) {
-            const uint64_t r = ring_next_row(pl, i);
-            memcpy(st->undo_k[l] + i * re, pl->k + r * re, re * sizeof(uint16_t));
-            memcpy(st->undo_v[l] + i * re, pl->v + r * re, re * sizeof(uint16_t));
-        }
-    }
-}
-
-/* Put the cache back as undo_save found it (every byte: appended FULL rows return to zero). */
-static void undo_restore(oracle_state *st)
-{
-    for (uint32_t l = 0; l < st->kv.n_layer; l++) {
-        kv_plane *pl = &st->kv.planes[l];
-        const kv_plane *was = &st->undo_meta[l];
-        const uint64_t added = pl->next_pos - was->next_pos;
-        if (pl->ring) {
-            const uint64_t re = plane_row_elems(pl);
-            const uint64_t rows = added < pl->capacity ? added : pl->capacity;
-            for (uint64_t i = 0; i < rows; i++) {
-                const uint64_t r = ring_next_row(was, i);
-                memcpy(pl->k + r * re, st->undo_k[l] + i * re, re * sizeof(uint16_t));
-                memcpy(pl->v + r * re, st->undo_v[l] + i * re, re * sizeof(uint16_t));
-            }
-        } else {
-            for (uint32_t h = 0; h < pl->n_head_kv && added; h++) {
-                const uint64_t off = ((uint64_t)h * pl->capacity + was->next_pos) * pl->head_dim;
-                memset(pl->k + off, 0, added * pl->head_dim * sizeof(uint16_t));
-                memset(pl->v + off, 0, added * pl->head_dim * sizeof(uint16_t));
-            }
-        }
-        *pl = *was;
-    }
-}
-
 static int oracle_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                           bool all_logits, muser_error *err)
 {
@@ -602,7 +525,7 @@ static int oracle_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
         return muser_errorf(err, MUSER_E_CONTEXT_FULL,
                             "oracle: %u tokens at position %llu exceed the context of %llu", n,
                             (unsigned long long)s->n_past, (unsigned long long)s->opts.n_ctx);
-    undo_save(st, n);
+    kv_undo_save(&st->undo, &st->kv, n);
     int rc = MUSER_OK;
     for (uint32_t t = 0; t < n && !rc; t++) {
         const uint64_t pos = s->n_past + t;
@@ -614,7 +537,7 @@ static int oracle_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
                          err);
     }
     if (rc)
-        undo_restore(st);
+        kv_undo_restore(&st->undo, &st->kv);
     return rc;
 }
 

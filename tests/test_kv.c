@@ -302,11 +302,46 @@ static void test_metadata_only(void)
     kv_free(&kv);
 }
 
+/* kv_undo: a call of n rows saved up front, any number of appends (wrapping the 8-row ring
+ * several times over), then restore -> the whole cache is byte-identical to before the call. */
+static void test_call_undo(void)
+{
+    const uint32_t starts[] = {0, 5, 8, 13};
+    const uint32_t calls[] = {1, 3, 8, 9, 20};
+    for (size_t a = 0; a < sizeof starts / sizeof starts[0]; a++)
+        for (size_t b = 0; b < sizeof calls / sizeof calls[0]; b++) {
+            muser_hparams hp = make_hp(8);
+            muser_kv kv;
+            kv_undo u;
+            muser_error err = {0};
+            CHECK_OK(kv_init(&kv, &hp, 64, true, &err), &err);
+            CHECK_OK(kv_undo_init(&u, &kv, &err), &err);
+            for (uint64_t p = 0; p < starts[a]; p++)
+                CHECK_OK(append_pos(&kv, p, &err), &err);
+            snapshot before;
+            snap_take(&before, &kv);
+            kv_undo_save(&u, &kv, calls[b]);
+            for (uint64_t p = starts[a]; p < starts[a] + calls[b]; p++)
+                CHECK_OK(append_pos(&kv, p, &err), &err);
+            CHECKF(calls[b] == 0 || !snap_equal(&before, &kv), "start %u call %u: no change?",
+                   starts[a], calls[b]);
+            kv_undo_restore(&u, &kv);
+            CHECKF(snap_equal(&before, &kv), "start %u, call of %u rows: restore differs",
+                   starts[a], calls[b]);
+            /* and the cache goes on as if the call never happened */
+            CHECK_OK(append_pos(&kv, starts[a], &err), &err);
+            snap_free(&before, kv.n_layer);
+            kv_undo_free(&u);
+            kv_free(&kv);
+        }
+}
+
 int main(void)
 {
     test_layout_and_wrap();
     test_discontinuity_and_full();
     test_checkpoint_rollback();
     test_metadata_only();
+    test_call_undo();
     return check_report("kv");
 }

@@ -65,10 +65,7 @@ typedef struct cpu_state {
     float *commit_k, *commit_v;   /* [KVD] f32 rows for kv_plane_append */
     uint64_t *pos;                /* [pass_rows] */
 
-    /* undo for calls of several passes */
-    kv_plane *undo_meta;          /* [n_layer] */
-    uint16_t **undo_k, **undo_v;  /* [n_layer] -> [capacity][KVD] for rings, NULL otherwise */
-    uint64_t undo_rows;
+    kv_undo undo;                 /* the cache before a call of several passes (kv.h) */
 } cpu_state;
 
 static float *row_of(cpu_state *st, fwd_buf b, uint32_t i)
@@ -532,58 +529,6 @@ static const fwd_ops cpu_ops = {
     .kv_commit = op_kv_commit,
 };
 
-/* ---- undo for calls of several passes ---- */
-
-static uint64_t ring_next_row(const kv_plane *pl, uint64_t i)
-{
-    return (pl->origin_physical + pl->len + i) % pl->capacity;
-}
-
-static void undo_save(cpu_state *st, uint64_t n)
-{
-    st->undo_rows = n;
-    for (uint32_t l = 0; l < st->kv.n_layer; l++) {
-        const kv_plane *pl = &st->kv.planes[l];
-        st->undo_meta[l] = *pl;
-        if (!pl->ring)
-            continue;
-        const uint64_t rows = n < pl->capacity ? n : pl->capacity;
-        for (uint64_t i = 0; i < rows; i++) {
-            const uint64_t ph = ring_next_row(pl, i);
-            memcpy(st->undo_k[l] + i * st->KVD, pl->k + ph * st->KVD, st->KVD * sizeof(uint16_t));
-            memcpy(st->undo_v[l] + i * st->KVD, pl->v + ph * st->KVD, st->KVD * sizeof(uint16_t));
-        }
-    }
-}
-
-static void undo_restore(cpu_state *st)
-{
-    for (uint32_t l = 0; l < st->kv.n_layer; l++) {
-        kv_plane *pl = &st->kv.planes[l];
-        const kv_plane *old = &st->undo_meta[l];
-        if (pl->ring) {
-            const uint64_t rows = st->undo_rows < pl->capacity ? st->undo_rows : pl->capacity;
-            for (uint64_t i = 0; i < rows; i++) {
-                const uint64_t ph = ring_next_row(old, i);
-                memcpy(pl->k + ph * st->KVD, st->undo_k[l] + i * st->KVD, st->KVD * sizeof(uint16_t));
-                memcpy(pl->v + ph * st->KVD, st->undo_v[l] + i * st->KVD, st->KVD * sizeof(uint16_t));
-            }
-        } else {
-            /* rows past the restored end go back to zero, as kv.c keeps them */
-            for (uint32_t g = 0; g < st->HKV; g++) {
-                const uint64_t at = ((uint64_t)g * pl->capacity + old->next_pos) * st->D;
-                const uint64_t cnt = (pl->next_pos - old->next_pos) * st->D;
-                memset(pl->k + at, 0, cnt * sizeof(uint16_t));
-                memset(pl->v + at, 0, cnt * sizeof(uint16_t));
-            }
-        }
-        pl->origin_logical = old->origin_logical;
-        pl->origin_physical = old->origin_physical;
-        pl->len = old->len;
-        pl->next_pos = old->next_pos;
-    }
-}
-
 /* ---- the vtable ---- */
 
 static void cpu_free(muser_session *s)
@@ -615,14 +560,7 @@ static void cpu_free(muser_session *s)
     free(st->commit_k);
     free(st->commit_v);
     free(st->pos);
-    if (st->undo_k)
-        for (uint32_t l = 0; l < st->m->hp.n_layer; l++) {
-            muser_free_aligned(st->undo_k[l]);
-            muser_free_aligned(st->undo_v[l]);
-        }
-    free(st->undo_k);
-    free(st->undo_v);
-    free(st->undo_meta);
+    kv_undo_free(&st->undo);
     free(st);
     s->be_state = NULL;
 }
@@ -700,17 +638,7 @@ static int cpu_init(muser_session *s, muser_error *err)
         ok &= (ts->scores = muser_alloc_aligned((uint64_t)st->group * st->n_ctx * sizeof(float))) != NULL;
         ok &= (ts->o = muser_alloc_aligned((uint64_t)st->group * st->D * sizeof(float))) != NULL;
     }
-    ok &= (st->undo_meta = calloc(hp->n_layer, sizeof *st->undo_meta)) != NULL;
-    ok &= (st->undo_k = calloc(hp->n_layer, sizeof *st->undo_k)) != NULL;
-    ok &= (st->undo_v = calloc(hp->n_layer, sizeof *st->undo_v)) != NULL;
-    for (uint32_t l = 0; ok && l < hp->n_layer; l++) {
-        const kv_plane *pl = &st->kv.planes[l];
-        if (!pl->ring)
-            continue;
-        const uint64_t bytes = pl->capacity * st->KVD * sizeof(uint16_t);
-        ok &= (st->undo_k[l] = muser_alloc_aligned(bytes)) != NULL;
-        ok &= (st->undo_v[l] = muser_alloc_aligned(bytes)) != NULL;
-    }
+    ok &= kv_undo_init(&st->undo, &st->kv, NULL) == MUSER_OK;
     if (!ok) {
         rc = muser_errorf(err, MUSER_E_NOMEM,
                           "cpu: out of memory for a pass of %u rows (E %u, F %u, context %llu)",
@@ -755,7 +683,7 @@ static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, floa
     const fwd_route route = n == 1 ? FWD_ROUTE_DECODE : FWD_ROUTE_BATCH;
     const bool several = n > st->pass_rows;
     if (several)
-        undo_save(st, n);
+        kv_undo_save(&st->undo, &st->kv, n);
     for (uint32_t off = 0; off < n; off += st->pass_rows) {
         const uint32_t c = n - off < st->pass_rows ? n - off : st->pass_rows;
         for (uint32_t i = 0; i < c; i++)
@@ -771,7 +699,7 @@ static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, floa
         int rc = fwd_run(&cpu_ops, st, st->m, &rows, want, err);
         if (rc) {
             if (several && off > 0)
-                undo_restore(st);
+                kv_undo_restore(&st->undo, &st->kv);
             return rc;
         }
     }
