@@ -4,9 +4,11 @@
  *   muser bench -m MODEL [--backend cpu|cuda|oracle] [--prompt 128] [--gen 32] [--threads N]
  *               [--ctx 0,4096,...] [--max-batch N]
  *
- * For each context length C in --ctx (default 0): a fresh session; C filler tokens are
- * prefilled untimed; then prefill = ONE forward call over --prompt tokens (the batch route),
- * decode = --gen calls of one token, each the greedy argmax of the previous logits.
+ * For each context length C in --ctx (default 0): a fresh session and one untimed warm-up prefill
+ * (the first forward of a process pays first-touch costs — measured ~10% on the CPU), then
+ * --reps times (default 3, medians reported): reset, C filler tokens prefilled untimed, prefill
+ * = ONE forward call over --prompt tokens (the batch route), decode = --gen calls of one token,
+ * each the greedy argmax of the previous logits.
  * Decode bytes/token = the weight bytes one token reads (every matrix once, one embedding row)
  * + the K/V bytes its attention reads (f16, every allowed position of every layer); achieved
  * GB/s = bytes/token x tok/s, reported as a % of a bandwidth measured in the same run (a
@@ -42,7 +44,7 @@
 typedef struct bench_opts {
     const char *model;
     int backend;
-    uint32_t prompt, gen, threads, max_batch;
+    uint32_t prompt, gen, threads, max_batch, reps;
     uint64_t ctx[BENCH_MAX_CTX];
     uint32_t n_ctx;
 } bench_opts;
@@ -175,6 +177,20 @@ static uint32_t argmax(const float *z, uint32_t n)
     return best;
 }
 
+#define BENCH_MAX_REPS 64
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, uint32_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 static int bench_one(const bench_opts *o, const muser_model *m, uint64_t ctx, double bw)
 {
     const muser_hparams *hp = &m->hp;
@@ -204,38 +220,50 @@ static int bench_one(const bench_opts *o, const muser_model *m, uint64_t ctx, do
         tok[i] = (int32_t)(x % V);
     }
     const uint32_t step = o->max_batch ? o->max_batch : 512;
-    for (uint64_t off = 0; off < ctx; off += step) {
-        const uint32_t n = (uint32_t)(ctx - off < step ? ctx - off : step);
-        if (muser_session_forward(s, tok + off, n, NULL, false, &err)) {
-            fprintf(stderr, "muser bench: filling the context: %s\n", err.msg);
-            goto out;
-        }
-    }
-    double t0 = muser_now_s();
+    /* warm-up: untimed, so the timed passes do not pay the process's first-touch costs */
     if (muser_session_forward(s, tok, o->prompt, logits, false, &err)) {
-        fprintf(stderr, "muser bench: prefill: %s\n", err.msg);
+        fprintf(stderr, "muser bench: warm-up prefill: %s\n", err.msg);
         goto out;
     }
-    const double t_prefill = muser_now_s() - t0;
+    double pre_tps[BENCH_MAX_REPS], dec_tps[BENCH_MAX_REPS], pre_s[BENCH_MAX_REPS];
     uint64_t kv_read = 0;
-    t0 = muser_now_s();
-    for (uint32_t g = 0; g < o->gen; g++) {
-        const int32_t next = (int32_t)argmax(logits, V);
-        kv_read += kv_bytes_at(hp, s->n_past);
-        if (muser_session_forward(s, &next, 1, logits, false, &err)) {
-            fprintf(stderr, "muser bench: decode: %s\n", err.msg);
+    for (uint32_t r = 0; r < o->reps; r++) {
+        muser_session_reset(s);
+        for (uint64_t off = 0; off < ctx; off += step) {
+            const uint32_t n = (uint32_t)(ctx - off < step ? ctx - off : step);
+            if (muser_session_forward(s, tok + off, n, NULL, false, &err)) {
+                fprintf(stderr, "muser bench: filling the context: %s\n", err.msg);
+                goto out;
+            }
+        }
+        double t0 = muser_now_s();
+        if (muser_session_forward(s, tok, o->prompt, logits, false, &err)) {
+            fprintf(stderr, "muser bench: prefill: %s\n", err.msg);
             goto out;
         }
+        pre_s[r] = muser_now_s() - t0;
+        pre_tps[r] = o->prompt / pre_s[r];
+        kv_read = 0;
+        t0 = muser_now_s();
+        for (uint32_t g = 0; g < o->gen; g++) {
+            const int32_t next = (int32_t)argmax(logits, V);
+            kv_read += kv_bytes_at(hp, s->n_past);
+            if (muser_session_forward(s, &next, 1, logits, false, &err)) {
+                fprintf(stderr, "muser bench: decode: %s\n", err.msg);
+                goto out;
+            }
+        }
+        dec_tps[r] = o->gen / (muser_now_s() - t0);
     }
-    const double t_decode = muser_now_s() - t0;
-    const double prefill_tps = o->prompt / t_prefill;
-    const double decode_tps = o->gen / t_decode;
+    const double t_prefill = median(pre_s, o->reps);
+    const double prefill_tps = median(pre_tps, o->reps);
+    const double decode_tps = median(dec_tps, o->reps);
     const double bytes_tok = (double)decode_weight_bytes(m) + (double)kv_read / o->gen;
     const double gbs = bytes_tok * decode_tps / 1e9;
     printf("ctx %-7llu prefill %4u tok: %8.2f tok/s (%.3f s) | decode %4u tok: %7.2f tok/s "
-           "(%.2f ms/tok) | %.1f MB/tok -> %.2f GB/s = %.0f%% of %.2f GB/s\n",
+           "(%.2f ms/tok) | %.1f MB/tok -> %.2f GB/s = %.0f%% of %.2f GB/s | median of %u\n",
            (unsigned long long)ctx, o->prompt, prefill_tps, t_prefill, o->gen, decode_tps,
-           1e3 / decode_tps, bytes_tok / 1e6, gbs, bw > 0 ? 100.0 * gbs / bw : 0.0, bw);
+           1e3 / decode_tps, bytes_tok / 1e6, gbs, bw > 0 ? 100.0 * gbs / bw : 0.0, bw, o->reps);
     rc = 0;
 out:
     muser_session_free(s);
@@ -301,21 +329,22 @@ int cmd_bench(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
         printf("usage: muser bench [-m MODEL] [--backend cpu|cuda|oracle] [--prompt N] [--gen N]\n"
-               "                   [--threads N] [--ctx C1,C2,...] [--max-batch N]\n"
+               "                   [--threads N] [--ctx C1,C2,...] [--max-batch N] [--reps N]\n"
                "Prefill (one batch call of --prompt tokens, default 128) and decode (--gen\n"
                "greedy tokens, default 32) speed after C tokens of context (--ctx, default 0),\n"
                "with decode bytes/token, achieved GB/s and its share of the memory bandwidth\n"
-               "measured in the same run.\n");
+               "measured in the same run. CPU/oracle: one untimed warm-up prefill, then --reps\n"
+               "timed repetitions (default 3, at most 64); the medians are printed.\n");
         return 0;
     }
     bench_opts o = {.model = NULL, .backend = MUSER_BACKEND_CPU, .prompt = 128, .gen = 32,
-                    .n_ctx = 1};
+                    .n_ctx = 1, .reps = 3};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--backend") ||
             !strcmp(a, "--prompt") || !strcmp(a, "--gen") || !strcmp(a, "--threads") ||
-            !strcmp(a, "--ctx") || !strcmp(a, "--max-batch")) {
+            !strcmp(a, "--ctx") || !strcmp(a, "--max-batch") || !strcmp(a, "--reps")) {
             if (!v)
                 return cli_usage_error("bench", "%s needs a value", a);
             i++;
@@ -339,6 +368,10 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--max-batch")) {
             if (!parse_u32(v, &o.max_batch, 1))
                 return cli_usage_error("bench", "--max-batch wants an integer >= 1, got '%s'", v);
+        } else if (!strcmp(a, "--reps")) {
+            if (!parse_u32(v, &o.reps, 1) || o.reps > BENCH_MAX_REPS)
+                return cli_usage_error("bench", "--reps wants an integer in [1, %d], got '%s'",
+                                       BENCH_MAX_REPS, v);
         } else if (!strcmp(a, "--ctx")) {
             if (parse_ctx_list(v, &o))
                 return cli_usage_error("bench", "--ctx wants a list like 0,4096, got '%s'", v);
