@@ -9,7 +9,7 @@
  *
  * KV protocol: attn_stage computes the layer's K and V for the pass's rows and keeps them STAGED
  * (rounded to f16, exactly the bytes the cache would hold); attention reads the cache's stored
- * positions plus the staged rows, so the cache is untouched during the pass. kv_commit appends
+ * positions plus the staged rows, so the cache is untouched during the pass. kv_append_staged appends
  * every layer's staged rows only after the logits were checked, so a pass that fails (NaN
  * logits) leaves the cache as it was. This also solves the sliding-window ring: a pass longer
  * than the ring's free rows would otherwise overwrite rows its own earlier queries still need.
@@ -85,7 +85,7 @@ typedef struct fwd_ops {
     int (*lm_head)(void *be, const fwd_rows *r, fwd_buf src, const muser_tensor *w, float scale,
                    float cap, bool all_rows, muser_error *err);
     /* Append every layer's staged K/V rows to the cache (positions were validated up front). */
-    int (*kv_commit)(void *be, const fwd_rows *r, muser_error *err);
+    int (*kv_append_staged)(void *be, const fwd_rows *r, muser_error *err);
 } fwd_ops;
 
 /* The forward pass of SPEC §1 (muse) and its llama / qwen3 variants over ops. want_logits:

@@ -501,7 +501,7 @@ static int op_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_tens
     return MUSER_OK;
 }
 
-static int op_kv_commit(void *be, const fwd_rows *r, muser_error *err)
+static int op_kv_append_staged(void *be, const fwd_rows *r, muser_error *err)
 {
     cpu_state *st = be;
     for (uint32_t l = 0; l < st->kv.n_layer; l++)
@@ -526,7 +526,7 @@ static const fwd_ops cpu_ops = {
     .swiglu = op_swiglu,
     .tail = op_tail,
     .lm_head = op_lm_head,
-    .kv_commit = op_kv_commit,
+    .kv_append_staged = op_kv_append_staged,
 };
 
 /* ---- the vtable ---- */

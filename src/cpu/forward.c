@@ -50,5 +50,5 @@ int fwd_run(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *
                           want_logits == 2, err);
     if (rc)
         return rc;
-    return ops->kv_commit(be, r, err);
+    return ops->kv_append_staged(be, r, err);
 }
