@@ -29,6 +29,14 @@
 #define MUSE_DEFAULT_SWA_PATTERN 4u
 #define LLAMA_DEFAULT_ROPE_THETA 10000.0f
 
+void muser_hparams_derive(muser_hparams *hp)
+{
+    const bool muse = hp->arch == MUSER_ARCH_MUSE;
+    hp->entry_norm = hp->sandwich = hp->attn_gate = muse;
+    hp->qk_norm = muse || hp->arch == MUSER_ARCH_QWEN3;
+    hp->attn_scale = hp->head_dim ? 1.0f / sqrtf((float)hp->head_dim) : 0.0f;
+}
+
 const char *muser_arch_name(muser_arch a)
 {
     switch (a) {
@@ -229,12 +237,9 @@ static int hparams_read(const gguf_file *f, muser_hparams *hp, muser_error *err)
         return hparam_error(err, f, a, "final_logit_softcapping", hp->final_softcap,
                             "must be >= 0 (0 = none)");
 
-    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    muser_hparams_derive(hp);
     hp->post_norm_eps = 0.0f;
-    hp->entry_norm = hp->sandwich = hp->attn_gate = false;
-    hp->qk_norm = a == MUSER_ARCH_QWEN3;
     if (a == MUSER_ARCH_MUSE) {
-        hp->entry_norm = hp->sandwich = hp->attn_gate = hp->qk_norm = true;
         if ((rc = get_u32_req(f, a, "attention.sliding_window", &hp->swa_window, err)))
             return rc;
         /* Every session sizes a ring of W rows per SWA layer: a window wider than the

@@ -38,6 +38,11 @@ typedef struct muser_hparams {
     bool qk_norm;          /* muse, qwen3 */
 } muser_hparams;
 
+/* Set the fields that follow from arch and head_dim: the architecture features (entry norm,
+ * sandwich post-norms, attention gate, QK-norm) and attn_scale = 1/sqrt(D). The one place they
+ * are decided: model binding and synth both call it. */
+void muser_hparams_derive(muser_hparams *hp);
+
 /* Layer l uses sliding-window attention with RoPE (muse) — otherwise FULL/NoPE for muse,
  * FULL with RoPE for llama/qwen3. */
 static inline bool muser_layer_is_swa(const muser_hparams *hp, uint32_t l)

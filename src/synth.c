@@ -121,8 +121,7 @@ int muser_synth_hparams(const muser_synth_opts *o, muser_hparams *hp, muser_erro
     hp->rope_dim = p->head_dim;
     hp->logit_scale = muse ? p->logit_scale : 1.0f;
     hp->final_softcap = muse ? p->final_softcap : 0.0f;
-    hp->attn_scale = 1.0f / sqrtf((float)p->head_dim);
-    hp->entry_norm = hp->sandwich = hp->attn_gate = hp->qk_norm = muse;
+    muser_hparams_derive(hp);
     return MUSER_OK;
 }
 
