@@ -3,6 +3,8 @@
 #ifndef MUSER_CHECK_H
 #define MUSER_CHECK_H
 
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -47,6 +49,26 @@ static int check_count;
         printf("\n");                                                                  \
         exit(77);                                                                      \
     } while (0)
+
+/* xorshift64*: deterministic test data; seed with check_rng_seed. */
+static uint64_t check_rng_state = 0x9e3779b97f4a7c15ull;
+static inline void check_rng_seed(uint64_t s) { check_rng_state = s; }
+static inline uint64_t check_rng_u64(void)
+{
+    check_rng_state ^= check_rng_state >> 12;
+    check_rng_state ^= check_rng_state << 25;
+    check_rng_state ^= check_rng_state >> 27;
+    return check_rng_state * 0x2545f4914f6cdd1dull;
+}
+static inline float check_rng_uniform(void)
+{
+    return (float)((check_rng_u64() >> 40) + 0.5) / 16777216.0f;
+}
+static inline float check_rng_gauss(void) /* needs <math.h> */
+{
+    float u = check_rng_uniform(), v = check_rng_uniform();
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
 
 /* A whole file, NUL-terminated (the NUL is not counted in *n); NULL if unreadable. */
 static inline char *check_read_file(const char *path, size_t *n)

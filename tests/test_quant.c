@@ -10,21 +10,6 @@
 #include <stdint.h>
 #include <string.h>
 
-/* xorshift64*: deterministic test data */
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint64_t rng_u64(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545f4914f6cdd1dull;
-}
-static float rng_uniform(void) { return (float)((rng_u64() >> 40) + 0.5) / 16777216.0f; }
-static float rng_gauss(void)
-{
-    float u = rng_uniform(), v = rng_uniform();
-    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
-}
 
 static void put_f16(uint8_t *p, uint16_t h) { memcpy(p, &h, 2); }
 
@@ -285,7 +270,7 @@ static void test_roundtrip(size_t n)
     float *x = malloc(n * 4), *y = malloc(n * 4);
     uint8_t *q = malloc(n * 4), *q2 = malloc(n * 4);
     for (size_t i = 0; i < n; i++)
-        x[i] = 0.02f * rng_gauss();
+        x[i] = 0.02f * check_rng_gauss();
     struct { uint32_t t; double bound; } cases[] = {
         {GGML_TYPE_F32, 0.0}, {GGML_TYPE_F16, 1e-3}, {GGML_TYPE_BF16, 5e-3},
         {GGML_TYPE_Q8_0, 0.01}, {GGML_TYPE_Q6_K, 0.03}, {GGML_TYPE_Q4_K, 0.10},
@@ -357,7 +342,7 @@ static void test_degenerate(void)
         float mags[2] = {1e-4f, 3000.0f};
         for (int k = 0; k < 2; k++) {
             for (int i = 0; i < 512; i++)
-                x[i] = mags[k] * rng_gauss();
+                x[i] = mags[k] * check_rng_gauss();
             CHECK(quant_quantize_row(ty, x, q, 512) == 0);
             CHECK(quant_dequantize_row(ty, q, y, 512) == 0);
             bool finite = true;
@@ -475,6 +460,7 @@ static void test_half_conversions(void)
 
 int main(void)
 {
+    check_rng_seed(0x9e3779b97f4a7c15ull);
     bool small = getenv("MUSER_SANITIZED") && getenv("MUSER_SANITIZED")[0] == '1';
     test_type_table();
     test_known_answers();

@@ -11,20 +11,6 @@
 #include <stdint.h>
 #include <string.h>
 
-static uint64_t rng_state = 0x243f6a8885a308d3ull;
-static uint64_t rng_u64(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545f4914f6cdd1dull;
-}
-static float rng_uniform(void) { return (float)((rng_u64() >> 40) + 0.5) / 16777216.0f; }
-static float rng_gauss(void)
-{
-    float u = rng_uniform(), v = rng_uniform();
-    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
-}
 
 #define REL_BOUND 1e-5
 
@@ -45,12 +31,12 @@ static void random_row(uint32_t type, uint8_t *row, uint64_t n)
 {
     uint64_t bytes = quant_row_bytes(type, n);
     for (uint64_t i = 0; i < bytes; i++)
-        row[i] = (uint8_t)rng_u64();
+        row[i] = (uint8_t)check_rng_u64();
     const quant_type_info *ti = quant_info(type);
     for (uint64_t b = 0; b < n / ti->block_elems; b++) {
         uint8_t *blk = row + b * ti->block_bytes;
-        uint16_t h1 = muser_f32_to_f16(0.001f + 0.01f * rng_uniform());
-        uint16_t h2 = muser_f32_to_f16(0.001f + 0.01f * rng_uniform());
+        uint16_t h1 = muser_f32_to_f16(0.001f + 0.01f * check_rng_uniform());
+        uint16_t h2 = muser_f32_to_f16(0.001f + 0.01f * check_rng_uniform());
         if (type == GGML_TYPE_Q8_0) {
             memcpy(blk, &h1, 2);
         } else if (type == GGML_TYPE_Q4_K) {
@@ -107,8 +93,8 @@ static void test_dots(uint64_t base_n)
             float *w = malloc(n * 4), *x = malloc(n * 4);
             uint8_t *row = malloc(n * 4 + 64);
             for (uint64_t i = 0; i < n; i++) {
-                w[i] = 0.05f * rng_gauss();
-                x[i] = rng_gauss();
+                w[i] = 0.05f * check_rng_gauss();
+                x[i] = check_rng_gauss();
             }
             CHECK(quant_quantize_row(type, w, row, n) == 0);
             check_row("quantized", type, row, x, n);
@@ -130,8 +116,8 @@ static void flip_case(const char *what, uint32_t type, uint64_t n, uint64_t byte
     float *w = malloc(n * 4), *x = malloc(n * 4);
     uint8_t *row = malloc(quant_row_bytes(type, n)), *bad = malloc(quant_row_bytes(type, n));
     for (uint64_t i = 0; i < n; i++) {
-        w[i] = 0.05f * rng_gauss();
-        x[i] = 1.0f + rng_uniform(); /* positive: a flipped field cannot cancel out */
+        w[i] = 0.05f * check_rng_gauss();
+        x[i] = 1.0f + check_rng_uniform(); /* positive: a flipped field cannot cancel out */
     }
     CHECK(quant_quantize_row(type, w, row, n) == 0);
     memcpy(bad, row, quant_row_bytes(type, n));
@@ -184,7 +170,7 @@ static void test_batched(void)
     const uint64_t n = 1024, rows = 9, m = 70, ldx = n + 8, ldo = 3;
     float *x = malloc(m * ldx * 4), *out = malloc(m * ldo * 4);
     for (uint64_t i = 0; i < m * ldx; i++)
-        x[i] = rng_gauss();
+        x[i] = check_rng_gauss();
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         uint32_t type = types[t];
         const char *nm = quant_info(type)->name;
@@ -193,7 +179,7 @@ static void test_batched(void)
         float *w = malloc(n * 4);
         for (uint64_t r = 0; r < rows; r++) {
             for (uint64_t i = 0; i < n; i++)
-                w[i] = 0.05f * rng_gauss();
+                w[i] = 0.05f * check_rng_gauss();
             quant_quantize_row(type, w, W + r * rb, n);
         }
         bool modes[2] = {false, true};
@@ -240,8 +226,8 @@ static void test_dot_f32_and_switch(void)
     float *a = malloc(n * 4), *b = malloc(n * 4);
     double ref = 0, mag = 0;
     for (uint64_t i = 0; i < n; i++) {
-        a[i] = rng_gauss();
-        b[i] = rng_gauss();
+        a[i] = check_rng_gauss();
+        b[i] = check_rng_gauss();
         ref += (double)a[i] * b[i];
         mag += fabs((double)a[i] * b[i]);
     }
@@ -259,6 +245,7 @@ static void test_dot_f32_and_switch(void)
 
 int main(void)
 {
+    check_rng_seed(0x243f6a8885a308d3ull);
     bool small = getenv("MUSER_SANITIZED") && getenv("MUSER_SANITIZED")[0] == '1';
     test_dot_f32_and_switch();
     test_dots(small ? 1024 : 4096);
