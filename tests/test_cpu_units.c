@@ -48,7 +48,9 @@ static void job_fn(void *arg, uint32_t t, uint32_t nt)
     if (j->id != atomic_load(&current_id))
         atomic_fetch_add(&stale, 1);
     uint64_t lo, hi;
-    while (cpu_pool_grab(&j->next, j->n_items, 3, &lo, &hi))
+    /* odd jobs hand out their items like the decode matvec (guided), even ones in fixed blocks */
+    while (j->id % 2 ? cpu_pool_grab_guided(&j->next, j->n_items, 2, 2 * (uint64_t)nt, &lo, &hi)
+                     : cpu_pool_grab(&j->next, j->n_items, 3, &lo, &hi))
         for (uint64_t i = lo; i < hi; i++) {
             atomic_fetch_add(&j->hits[i], 1);
             for (volatile int spin = 0; spin < 50; spin++) {
@@ -89,6 +91,29 @@ static void test_pool(uint32_t n_threads, int jobs)
            n_threads);
     CHECKF(atomic_load(&index_clash) == 0, "%u threads: a thread index was used twice", n_threads);
     cpu_pool_free(p);
+}
+
+/* cpu_pool_grab_guided on one thread: consecutive blocks tiling [0, total), each 1/share of
+ * what is left but at least min_block (only the last may be shorter), never growing. */
+static void test_grab_guided(void)
+{
+    const uint64_t totals[5] = {1, 7, 8, 100, 11264};
+    int bad = 0;
+    for (int k = 0; k < 5; k++)
+        for (uint64_t share = 1; share <= 4; share++) {
+            atomic_uint_fast64_t next;
+            atomic_init(&next, 0);
+            uint64_t lo, hi, end = 0, prev = UINT64_MAX;
+            while (cpu_pool_grab_guided(&next, totals[k], 8, share, &lo, &hi)) {
+                const uint64_t n = hi - lo, left = totals[k] - lo;
+                const uint64_t want = left / share < 8 ? 8 : left / share;
+                bad += lo != end || n == 0 || n > prev || n != (want < left ? want : left);
+                end = hi;
+                prev = n;
+            }
+            bad += end != totals[k];
+        }
+    CHECKF(bad == 0, "guided grab: %d bad blocks", bad);
 }
 
 /* ---- decode dots ---- */
@@ -242,6 +267,7 @@ int main(void)
     const int jobs = san && !strcmp(san, "1") ? 2000 : 20000;
     for (uint32_t nt = 1; nt <= MAX_T; nt++)
         test_pool(nt, jobs);
+    test_grab_guided();
 
     cpu_kernels kn;
     cpu_kernels_init(&kn, false);

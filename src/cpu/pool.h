@@ -38,4 +38,29 @@ static inline bool cpu_pool_grab(atomic_uint_fast64_t *next, uint64_t total, uin
     return true;
 }
 
+/* Guided variant: take a block of (items left) / share items, at least min_block. The first
+ * grabs are large (each thread reads one long contiguous stretch) and the last ones small, so
+ * threads finish within about min_block items of each other instead of one whole block. */
+static inline bool cpu_pool_grab_guided(atomic_uint_fast64_t *next, uint64_t total,
+                                        uint64_t min_block, uint64_t share, uint64_t *lo,
+                                        uint64_t *hi)
+{
+    uint64_t b = atomic_load_explicit(next, memory_order_relaxed);
+    for (;;) {
+        if (b >= total)
+            return false;
+        uint64_t n = (total - b) / share;
+        if (n < min_block)
+            n = min_block;
+        if (n > total - b)
+            n = total - b;
+        if (atomic_compare_exchange_weak_explicit(next, &b, b + n, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *lo = b;
+            *hi = b + n;
+            return true;
+        }
+    }
+}
+
 #endif
