@@ -5,7 +5,8 @@
  * and the same top-1 where the oracle's best two are > 1e-3 apart. Then: a replayed graph after
  * reset gives the same logits bit for bit; checkpoint / rollback of a 3-token block restores the
  * ring rows so re-decoding the rejected tokens reproduces the first logits bit for bit; a token
- * out of order is refused (cache discontinuity) and changes nothing.
+ * out of order is refused (cache discontinuity) and changes nothing. The default matvec (v7) runs
+ * everything; the older selectable versions (v6, v6b, v5) run the release mix and Q6_K.
  * SKIP (77) when built without CUDA or when no GPU is present. */
 #include "check.h"
 #include "session.h"
@@ -158,6 +159,14 @@ int main(void)
     const int types[] = {12 /* Q4_K */, 14 /* Q6_K */, 8 /* Q8_0 */, 1 /* F16 */, 30 /* BF16 */, 0 /* F32 */};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) parity_one(MUSER_ARCH_MUSE, types[i], 20, false);
     parity_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 20, false);
+    /* the older matvec versions stay selectable (MUSER_CUDA_MATVEC): they must pass too */
+    const char *older[] = {"v6", "v6b", "v5"};
+    for (size_t i = 0; i < sizeof older / sizeof older[0]; i++) {
+        setenv("MUSER_CUDA_MATVEC", older[i], 1);
+        parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
+        parity_one(MUSER_ARCH_MUSE, 14 /* Q6_K */, 20, false);
+    }
+    unsetenv("MUSER_CUDA_MATVEC");
     printf("test_cuda: %d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;
 }

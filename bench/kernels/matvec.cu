@@ -12,11 +12,14 @@
  *   v5  the library's choice: a kernel per format (no run-time type switch), R by format
  *   v6  v5 with the mantissa trick for Q4_K/Q6_K (128 + q floats, Σx sums in registers)
  *   v6b v6 with Σx read from a per-token buffer of 8-element sums (mv_sum8, timed separately)
+ *   v7  mvq.cuh: x as 24-bit block fixed point in byte digits, DP4A on exact integers (K-quants;
+ *       other formats as v5); the per-input mvq_prep is timed on its own
  * Each cell prints the relative L2 error against the f64 reference next to the time.
  * Also: a streaming-read kernel (the bandwidth ceiling measured in the same run), the four
  * attention projections as one launch, and the ffn gate·up pair with SiLU fused.
  *   usage: kbench_matvec [reps] */
 #include "cuda/matvec.cuh"
+#include "cuda/mvq.cuh"
 
 #include <cuda_runtime.h>
 #include <math.h>
@@ -122,6 +125,7 @@ static const char *tname(uint32_t t)
 /* A matrix in device layout, n_copy rotating copies. */
 struct devmat {
     std::vector<uint8_t *> copies;
+    std::vector<uint8_t *> copies7; /* Q4_K / Q6_K in the mvq plane layouts (v7) */
     size_t bytes;
     mv_mat m;
     std::vector<uint8_t> host_raw; /* sampled rows, raw GGUF */
@@ -164,6 +168,15 @@ static void make_mat(devmat &dm, uint32_t type, uint32_t rows, uint32_t cols, in
             CK(cudaMemcpy(dst, raw, dm.bytes, cudaMemcpyDeviceToDevice));
         }
         dm.copies.push_back(dst);
+        if (type == MV_T_Q6_K || type == MV_T_Q4_K) {
+            uint8_t *d7 = NULL;
+            CK(cudaMalloc(&d7, dm.bytes));
+            const size_t nblk = dm.bytes / (type == MV_T_Q6_K ? 210 : 144);
+            if (type == MV_T_Q6_K) mvq_repack_q6k<<<(unsigned)((nblk + 255) / 256), 256>>>(raw, d7, nblk, 0, nblk);
+            else mvq_repack_q4k<<<(unsigned)((nblk + 255) / 256), 256>>>(raw, d7, nblk, 0, nblk);
+            CK(cudaGetLastError());
+            dm.copies7.push_back(d7);
+        }
     }
     CK(cudaDeviceSynchronize());
     CK(cudaFree(raw));
@@ -172,7 +185,9 @@ static void make_mat(devmat &dm, uint32_t type, uint32_t rows, uint32_t cols, in
 static void free_mat(devmat &dm)
 {
     for (uint8_t *p : dm.copies) CK(cudaFree(p));
+    for (uint8_t *p : dm.copies7) CK(cudaFree(p));
     dm.copies.clear();
+    dm.copies7.clear();
 }
 
 /* Relative L2 error of the sampled rows against the f64 CPU reference; -1 if any row unwritten. */
@@ -249,9 +264,50 @@ static void launch_v6_common(const devmat &dm, int copy, const float *x, float *
 }
 static void launch_v6(const devmat &dm, int copy, const float *x, float *y) { launch_v6_common(dm, copy, x, y, NULL); }
 static void launch_v6b(const devmat &dm, int copy, const float *x, float *y) { launch_v6_common(dm, copy, x, y, g_sx8); }
+/* v7: mvq (K-quants; other formats as v5); g_xq holds mvq_prep of the current x. The launch for
+ * R rows per warp (R = 0: the library's choice by format). */
+static const uint8_t *g_xq;
+static int g_nsm;
+static bool v7_setup(const devmat &dm, int copy, float *y, int R, mv_launch &L)
+{
+    if (dm.m.type != MV_T_Q4_K && dm.m.type != MV_T_Q6_K) return false;
+    memset(&L, 0, sizeof L);
+    L.n_seg = 1;
+    L.seg[0].a = dm.m;
+    L.seg[0].a.type = dm.m.type == MV_T_Q6_K ? MV_T_Q6_KD : MV_T_Q4_KD;
+    L.seg[0].a.data = dm.copies7[copy];
+    L.seg[0].out = y;
+    L.seg[0].op = MV_OP_STORE;
+    L.n_warps = R ? mvq_seg_warps_r(dm.m.rows, false, R) : mvq_seg_warps(L.seg[0].a.type, dm.m.rows, false);
+    return true;
+}
+static void launch_v7(const devmat &dm, int copy, const float *x, float *y)
+{
+    mv_launch L;
+    if (v7_setup(dm, copy, y, 0, L)) mvq_launch(0, L, g_xq);
+    else launch_v5(dm, copy, x, y);
+}
+/* v7 with R = 2 rows per warp for both K-quant formats */
+static void launch_v7r2(const devmat &dm, int copy, const float *x, float *y)
+{
+    mv_launch L;
+    if (v7_setup(dm, copy, y, 2, L)) mvq_launch_r<2>(0, L, g_xq);
+    else launch_v5(dm, copy, x, y);
+}
+/* v7p: persistent warps with the next step's weights in flight (R rows per warp, MB blocks/SM) */
+template <int R, int MB>
+static void launch_v7p(const devmat &dm, int copy, const float *x, float *y)
+{
+    mv_launch L;
+    if (v7_setup(dm, copy, y, R, L)) mvq_plaunch_r<R, MB>(0, L, g_xq, g_nsm);
+    else launch_v5(dm, copy, x, y);
+}
 static void launch_var(int var, const mv_launch &L, const float *x, const float *sx8)
 {
     if (var == 0) mv_launch_typed(0, L, x);
+    else if (var == 3) mvq_launch(0, L, g_xq);
+    else if (var == 4) mvq_plaunch_r<2>(0, L, g_xq, g_nsm);
+    else if (var == 5) mvq_plaunch_r<4, 1>(0, L, g_xq, g_nsm);
     else mv_launch_typed_v6(0, L, x, var == 2 ? sx8 : NULL);
 }
 static void launch_v1(const devmat &dm, int copy, const float *x, float *y)
@@ -261,22 +317,25 @@ static void launch_v1(const devmat &dm, int copy, const float *x, float *y)
     mv_v1<<<(m.rows + 7) / 8, 256>>>(m, x, y);
 }
 
+/* Median over reps of (8 back-to-back launches on rotating copies) / 8: per-launch time with
+ * the queue kept full, as inside the decode graph (a lone launch bracketed by events adds ~5 us
+ * of launch latency, which hid everything at the small shapes). */
 static float time_it(launch_fn f, const devmat &dm, const float *x, float *y, int reps)
 {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    const int nc = (int)dm.copies.size();
+    const int nc = (int)dm.copies.size(), burst = 8;
     for (int i = 0; i < 2; i++) f(dm, i % nc, x, y);
     std::vector<float> t;
     for (int i = 0; i < reps; i++) {
         CK(cudaEventRecord(a));
-        f(dm, i % nc, x, y);
+        for (int k = 0; k < burst; k++) f(dm, (i * burst + k) % nc, x, y);
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));
         float ms;
         CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms);
+        t.push_back(ms / burst);
     }
     CK(cudaGetLastError());
     CK(cudaEventDestroy(a));
@@ -290,6 +349,7 @@ int main(int argc, char **argv)
     const int reps = argc > 1 ? atoi(argv[1]) : 25;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
+    g_nsm = prop.multiProcessorCount;
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
 
     /* the ceiling: streaming read of 4 GiB */
@@ -319,15 +379,19 @@ int main(int argc, char **argv)
 
     const uint32_t shapes[][2] = {{6656, 4096}, {6656, 256}, {4096, 6656}, {6656, 19968}, {19968, 6656}, {6656, 202048}};
     const uint32_t types[] = {MV_T_Q4_K, MV_T_Q6_K, MV_T_Q8_0, MV_T_F16, MV_T_F32};
-    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)", "v6", "v6b"};
-    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>, launch_v5, launch_v6, launch_v6b};
-    const int NV = 7;
-    /* MUSER_KBENCH_FAST=1: v5, v6, v6b only (the device run's short budget) */
+    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)", "v6", "v6b", "v7", "v7(R2)", "v7p(R2)", "v7p(R4,1blk)"};
+    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>, launch_v5, launch_v6, launch_v6b, launch_v7, launch_v7r2,
+                      launch_v7p<2, 2>, launch_v7p<4, 1>};
+    const int NV = 11;
+    /* MUSER_KBENCH_FAST=1: v5, v6, v6b, v7 only (the device run's short budget) */
     const bool fast = getenv("MUSER_KBENCH_FAST") && atoi(getenv("MUSER_KBENCH_FAST")) != 0;
 
     float *x, *y, *sx8;
+    uint8_t *xq;
     CK(cudaMalloc(&sx8, 20000 * 4 / 8 * 4));
+    CK(cudaMalloc(&xq, mvq_x_bytes(20224)));
     g_sx8 = sx8;
+    g_xq = xq;
     CK(cudaMalloc(&x, 20000 * 4 * 4));
     CK(cudaMalloc(&y, 202048 * 4 * 2));
     std::vector<float> hx(20000 * 4), hy(202048 * 2);
@@ -336,7 +400,10 @@ int main(int argc, char **argv)
         if (!fast || v >= 4) printf(" | %-34s", v == 0 ? "v1 us GB/s % relerr" : vname[v]);
     printf("\n");
     int fails = 0;
+    /* MUSER_KBENCH_KQ=1: the K-quant formats only */
+    const bool kq_only = getenv("MUSER_KBENCH_KQ") && atoi(getenv("MUSER_KBENCH_KQ")) != 0;
     for (uint32_t t : types) {
+        if (kq_only && t != MV_T_Q4_K && t != MV_T_Q6_K) continue;
         for (auto &sh : shapes) {
             const uint32_t cols = sh[0], rows = sh[1];
             devmat dm;
@@ -345,6 +412,8 @@ int main(int argc, char **argv)
             make_mat(dm, t, rows, cols, n_copy, 1000 + t * 7 + cols);
             fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + t);
             mv_sum8_launch(0, x, sx8, cols);
+            mvq_prep_launch(0, x, xq, cols);
+            CK(cudaGetLastError());
             CK(cudaMemcpy(hx.data(), x, cols * 4, cudaMemcpyDeviceToHost));
             printf("%-6s %6u->%-7u %10.1f |", tname(t), cols, rows, bytes / 1e6);
             for (int v = 0; v < NV; v++) {
@@ -381,9 +450,30 @@ int main(int argc, char **argv)
         CK(cudaMemcpy(hx.data(), x, 6656 * 4, cudaMemcpyDeviceToHost));
         float *out;
         CK(cudaMalloc(&out, 40000 * 4));
-        const char *varname[3] = {"v5", "v6", "v6b"};
+        const char *varname[6] = {"v5", "v6", "v6b", "v7", "v7p2", "v7p4"};
         mv_sum8_launch(0, x, sx8, 6656);
-        for (int var = 0; var < 3; var++) {
+        mvq_prep_launch(0, x, xq, 6656);
+        {   /* the per-input prep on its own, for the three input widths (into a spare buffer) */
+            uint8_t *xq2;
+            CK(cudaMalloc(&xq2, mvq_x_bytes(19968)));
+            const uint32_t Ks[3] = {4096, 6656, 19968};
+            for (uint32_t K : Ks) {
+                std::vector<float> tp;
+                for (int it = 0; it < reps + 2; it++) {
+                    CK(cudaEventRecord(a));
+                    mvq_prep_launch(0, x, xq2, K);
+                    CK(cudaEventRecord(b));
+                    CK(cudaEventSynchronize(b));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, a, b));
+                    if (it >= 2) tp.push_back(ms);
+                }
+                std::sort(tp.begin(), tp.end());
+                printf("v7 mvq_prep K=%u: %.1f us (one launch, timed alone)\n", K, tp[tp.size() / 2] * 1e3);
+            }
+            CK(cudaFree(xq2));
+        }
+        for (int var = 0; var < 6; var++) {
             const devmat *mats[4] = {&q, &k, &v, &g};
             std::vector<float> ts;
             for (int it = 0; it < reps + 2; it++) {
@@ -394,9 +484,13 @@ int main(int argc, char **argv)
                 for (int s = 0; s < 4; s++) {
                     L.seg[s].a = mats[s]->m;
                     L.seg[s].a.data = mats[s]->copies[it % 4];
+                    if (var >= 3) {
+                        L.seg[s].a.type = MV_T_Q4_KD;
+                        L.seg[s].a.data = mats[s]->copies7[it % 4];
+                    }
                     L.seg[s].out = out + ob;
                     L.seg[s].warp_begin = wb;
-                    wb += (mats[s]->m.rows + 3) / 4;
+                    wb += var == 4 ? mvq_seg_warps_r(mats[s]->m.rows, false, 2) : var >= 3 ? mvq_seg_warps_r(mats[s]->m.rows, false, 4) : (mats[s]->m.rows + 3) / 4;
                     ob += mats[s]->m.rows;
                 }
                 L.n_warps = wb;
@@ -433,9 +527,14 @@ int main(int argc, char **argv)
                 L.seg[0].a.data = fg.copies[it % 2];
                 L.seg[0].b = fu.m;
                 L.seg[0].b.data = fu.copies[it % 2];
+                if (var >= 3) {
+                    L.seg[0].a.type = L.seg[0].b.type = MV_T_Q4_KD;
+                    L.seg[0].a.data = fg.copies7[it % 2];
+                    L.seg[0].b.data = fu.copies7[it % 2];
+                }
                 L.seg[0].op = MV_OP_SILU_MUL;
                 L.seg[0].out = out;
-                L.n_warps = 19968;
+                L.n_warps = var == 4 ? mvq_seg_warps_r(19968, true, 2) : var >= 3 ? mvq_seg_warps_r(19968, true, 4) : 19968;
                 CK(cudaEventRecord(a));
                 launch_var(var, L, x, sx8);
                 CK(cudaEventRecord(b));

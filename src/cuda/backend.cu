@@ -26,6 +26,7 @@ extern "C" {
 }
 #include "cuda/cuda_backend.h"
 #include "cuda/ops.cuh"
+#include "cuda/mvq.cuh"
 
 #define CU_TRY(call, what)                                                                          \
     do {                                                                                            \
@@ -72,8 +73,9 @@ typedef struct cu_ctx {
     size_t ring_bytes;         /* bytes of all rings (= of ring_undo) */
     cudaGraphExec_t g_fwd, g_bench;
     bool gate_up_paired;
-    int mv_ver;                /* MUSER_CUDA_MATVEC: 6 (default: mantissa trick, Σx in registers), 5 (v5),
-                                * 7 ("v6b": v6 with Σx from sx8, summed once per matvec input) */
+    int mv_ver;                /* MUSER_CUDA_MATVEC: 8 ("v7", default: mvq.cuh integer digits), 6 (v6: mantissa
+                                * trick), 5 (v5), 7 ("v6b": v6 with Σx from sx8, summed once per input) */
+    uint8_t *xq;               /* mvq_prep output of the current matvec input (v7) */
     float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
     double upload_s;
 } cu_ctx;
@@ -114,13 +116,14 @@ static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uin
     u->cur ^= 1;
     CU_TRY(cudaEventSynchronize(u->done[i]), "upload wait");
     memcpy(u->pinned[i], src, n);
-    if (type == MV_T_Q6_K || type == MV_T_Q8_0) {
+    if (mv_repacked(type)) {
         CU_TRY(cudaMemcpyAsync(u->dev_stage[i], u->pinned[i], n, cudaMemcpyHostToDevice, u->c->st), "upload copy");
-        const size_t bb = type == MV_T_Q6_K ? 210 : 34, nblk = n / bb;
-        if (type == MV_T_Q6_K)
-            mv_repack_q6k<<<(unsigned)((nblk + 255) / 256), 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
-        else
-            mv_repack_q80<<<(unsigned)((nblk + 255) / 256), 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
+        const size_t nblk = n / mv_block_bytes(type);
+        const unsigned g = (unsigned)((nblk + 255) / 256);
+        if (type == MV_T_Q6_K) mv_repack_q6k<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
+        else if (type == MV_T_Q8_0) mv_repack_q80<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
+        else if (type == MV_T_Q6_KD) mvq_repack_q6k<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
+        else mvq_repack_q4k<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
         CU_TRY(cudaGetLastError(), "repack");
     } else {
         CU_TRY(cudaMemcpyAsync(dst, u->pinned[i], n, cudaMemcpyHostToDevice, u->c->st), "upload copy");
@@ -133,10 +136,12 @@ static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uin
 
 static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, muser_error *err)
 {
-    const uint32_t type = mv_type_of(t->type);
+    uint32_t type = mv_type_of(t->type);
+    if (u->c->mv_ver == 8 && type == MV_T_Q4_K) type = MV_T_Q4_KD; /* v7's plane layouts */
+    if (u->c->mv_ver == 8 && type == MV_T_Q6_K) type = MV_T_Q6_KD;
     if (type == 0xFFFFFFFFu)
         return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: tensor %s: type %u has no CUDA matvec", t->name, t->type);
-    const uint32_t blk_elems = (type == MV_T_Q4_K || type == MV_T_Q6_K) ? 256 : (type == MV_T_Q8_0 ? 32 : 8);
+    const uint32_t blk_elems = mv_block_elems(type);
     if (t->cols % blk_elems != 0 || t->rows > 0xFFFFFFFFu)
         return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: tensor %s: %llu columns (the CUDA matvec needs a multiple of %u)",
                             t->name, (unsigned long long)t->cols, blk_elems);
@@ -147,12 +152,11 @@ static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, muser_erro
     out->data = u->c->weights + u->off;
     u->off = align256(u->off + bytes);
     const size_t rows_per = CU_STAGE_BYTES / t->row_bytes > 0 ? CU_STAGE_BYTES / t->row_bytes : 1;
-    const size_t blk_per_row = t->row_bytes / (type == MV_T_Q6_K ? 210 : type == MV_T_Q8_0 ? 34 : 1);
+    const size_t blk_per_row = t->row_bytes / (mv_repacked(type) ? mv_block_bytes(type) : 1);
     for (size_t r = 0; r < t->rows; r += rows_per) {
         const size_t nr = r + rows_per <= t->rows ? rows_per : t->rows - r;
         const uint8_t *src = (const uint8_t *)t->data + r * t->row_bytes;
-        uint8_t *dst = (type == MV_T_Q6_K || type == MV_T_Q8_0) ? (uint8_t *)out->data
-                                                                 : (uint8_t *)out->data + r * t->row_bytes;
+        uint8_t *dst = mv_repacked(type) ? (uint8_t *)out->data : (uint8_t *)out->data + r * t->row_bytes;
         int rc = up_chunk(u, src, nr * t->row_bytes, dst, type, r * blk_per_row, (size_t)t->rows * blk_per_row, err);
         if (rc) return rc;
     }
@@ -287,35 +291,46 @@ static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint
 }
 
 /* One matvec launch with the kernel version chosen at context creation (MUSER_CUDA_MATVEC).
- * *summed: whether c->sx8 already holds x's sums (v6b sums x once per matvec input). */
-static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, bool *summed)
+ * *prepped: whether the per-input buffer (v6b: c->sx8, v7: c->xq) already holds x's. */
+static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, bool *prepped)
 {
     const uint32_t t = L->seg[0].a.type;
+    if (mvq_type_ok(t)) {
+        if (!*prepped) {
+            mvq_prep_launch(st, x, c->xq, L->seg[0].a.cols);
+            *prepped = true;
+        }
+        mvq_launch(st, *L, c->xq);
+        return;
+    }
     if (c->mv_ver == 5 || (t != MV_T_Q4_K && t != MV_T_Q6_K)) {
         mv_launch_typed(st, *L, x);
         return;
     }
-    if (c->mv_ver == 7 && !*summed) {
+    if (c->mv_ver == 7 && !*prepped) {
         mv_sum8_launch(st, x, c->sx8, L->seg[0].a.cols);
-        *summed = true;
+        *prepped = true;
     }
     mv_launch_typed_v6(st, *L, x, c->mv_ver == 7 ? c->sx8 : NULL);
 }
+
+/* Warps a segment of `rows` takes in the launch its format goes to. */
+static uint32_t seg_rows_per_warp(uint32_t type) { return mvq_type_ok(type) ? (uint32_t)mvq_rows_per_warp(type) : (uint32_t)mv_rows_per_warp(type); }
 
 /* matvec of several matrices over the same x; consecutive same-type matrices share one launch. */
 static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, float *const *outs, int n, const float *x)
 {
     mv_launch L;
-    bool summed = false;
+    bool prepped = false;
     memset(&L, 0, sizeof L);
     for (int i = 0; i < n; i++) {
         if (L.n_seg && (L.n_seg == MV_MAX_SEG || L.seg[0].a.type != mats[i]->type)) {
-            mv_go(c, st, &L, x, &summed);
+            mv_go(c, st, &L, x, &prepped);
             memset(&L, 0, sizeof L);
         }
-        seg_set(&L, mats[i], outs[i], MV_OP_STORE, (uint32_t)mv_rows_per_warp(mats[i]->type));
+        seg_set(&L, mats[i], outs[i], MV_OP_STORE, seg_rows_per_warp(mats[i]->type));
     }
-    if (L.n_seg) mv_go(c, st, &L, x, &summed);
+    if (L.n_seg) mv_go(c, st, &L, x, &prepped);
 }
 
 static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
@@ -362,7 +377,8 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         if (c->gate_up_paired) {
             mv_launch ml;
             memset(&ml, 0, sizeof ml);
-            seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, 1);
+            const uint32_t t = L->ffn_gate.type;
+            seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, mvq_type_ok(t) ? (uint32_t)mvq_rows_per_warp(t) / 2 : 1);
             ml.seg[0].b = L->ffn_up;
             bool summed = false;
             mv_go(c, st, &ml, c->a, &summed);
@@ -384,7 +400,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
     memset(&hl, 0, sizeof hl);
-    seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(c->out.type));
+    seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, seg_rows_per_warp(c->out.type));
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
     bool head_summed = false;
@@ -422,7 +438,7 @@ static void ctx_free(cu_ctx *c)
     if (!c) return;
     if (c->g_fwd) cudaGraphExecDestroy(c->g_fwd);
     if (c->g_bench) cudaGraphExecDestroy(c->g_bench);
-    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo};
+    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xq};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_logits) cudaFreeHost(c->h_logits);
@@ -471,6 +487,17 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         }                            \
     } while (0)
     if (!c->layers || !c->meta_step || !c->meta_call) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
+    {
+        const char *mv = getenv("MUSER_CUDA_MATVEC");
+        /* v7 (mvq.cuh, integer digits + DP4A) is the default: parity and speed in bench/RESULTS.md.
+         * It decides the upload layout of Q4_K/Q6_K, so it is read before the upload. */
+        c->mv_ver = !mv || !*mv || !strcmp(mv, "v7") ? 8
+                    : !strcmp(mv, "v6")             ? 6
+                    : !strcmp(mv, "v5")             ? 5
+                    : !strcmp(mv, "v6b")            ? 7
+                                                    : -1;
+        if (c->mv_ver < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_MATVEC=%s: expected v7, v6, v6b or v5", mv));
+    }
     FAIL(kv_init(&c->kv, hp, n_ctx, false, err));
     cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
     if (e) FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: stream: %s", cudaGetErrorString(e)));
@@ -539,11 +566,9 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     c->d_nonfinite = c->d_token + 1;
     c->sx8 = (float *)((uint8_t *)c->h + sx8_off); /* 16-byte aligned: read as float2 */
     {
-        const char *mv = getenv("MUSER_CUDA_MATVEC");
-        /* v6 is the default: it passed parity on the device (tiny all formats, small 4.9e-4) and
-         * decodes Glimmer 8% faster than v5 (bench/RESULTS.md). */
-        c->mv_ver = !mv || !*mv || !strcmp(mv, "v6") ? 6 : !strcmp(mv, "v5") ? 5 : !strcmp(mv, "v6b") ? 7 : -1;
-        if (c->mv_ver < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_MATVEC=%s: expected v5, v6 or v6b", mv));
+        const size_t kmax = E > QD ? (E > F ? E : F) : (QD > F ? QD : F);
+        e = cudaMalloc((void **)&c->xq, mvq_x_bytes((uint32_t)kmax));
+        if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: matvec input digits: %s", cudaGetErrorString(e)));
     }
     e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));
     if (!e) e = cudaMalloc((void **)&c->part_acc, n_part * hp->head_dim * sizeof(float));

@@ -30,6 +30,22 @@
 #define MV_WARPS 8 /* warps per block */
 
 enum { MV_T_F32 = 0, MV_T_F16 = 1, MV_T_Q8_0 = 8, MV_T_Q4_K = 12, MV_T_Q6_K = 14, MV_T_BF16 = 30 };
+/* Device-only layouts of v7 (mvq.cuh): Q4_K and Q6_K repacked into planes, same bytes. */
+#define MV_T_Q4_KD 112u
+#define MV_T_Q6_KD 114u
+
+/* Layouts that the upload repacks block by block (Q6_K, Q8_0: planes; the v7 layouts). */
+static inline bool mv_repacked(uint32_t t) { return t == MV_T_Q6_K || t == MV_T_Q8_0 || t == MV_T_Q4_KD || t == MV_T_Q6_KD; }
+/* GGUF bytes of one block and its elements (float formats: 1 byte / 8 elements, the granule the
+ * kernels need). */
+static inline size_t mv_block_bytes(uint32_t t)
+{
+    return t == MV_T_Q6_K || t == MV_T_Q6_KD ? 210 : t == MV_T_Q4_K || t == MV_T_Q4_KD ? 144 : t == MV_T_Q8_0 ? 34 : 1;
+}
+static inline uint32_t mv_block_elems(uint32_t t)
+{
+    return t == MV_T_Q4_K || t == MV_T_Q6_K || t == MV_T_Q4_KD || t == MV_T_Q6_KD ? 256 : t == MV_T_Q8_0 ? 32 : 8;
+}
 enum { MV_OP_STORE = 0, MV_OP_SOFTCAP = 1, MV_OP_SILU_MUL = 2 };
 
 /* A weight matrix as the kernels see it (device pointer, repacked layout for Q6_K/Q8_0). */
@@ -569,10 +585,27 @@ static __global__ void mv_repack_q80(const uint8_t *__restrict__ src, uint8_t *_
     d[1] = s[1];
 }
 
+/* 6-bit (scale, min) of sub-block j from a Q4_K block's 12 scale bytes s (GGUF get_scale_min_k4). */
+static __device__ inline void mv_q4k_scale_min(const uint8_t *s, uint32_t j, uint32_t *sc, uint32_t *mn)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+static __device__ inline float mvq_elem_q4kd(const mv_mat &m, uint32_t r, uint32_t c);
+static __device__ inline float mvq_elem_q6kd(const mv_mat &m, uint32_t r, uint32_t c);
+
 /* Element c of row r, any device layout (slow; for embedding rows and checks). */
 static __device__ inline float mv_elem(const mv_mat &m, uint32_t r, uint32_t c)
 {
     switch (m.type) {
+    case MV_T_Q4_KD: return mvq_elem_q4kd(m, r, c);
+    case MV_T_Q6_KD: return mvq_elem_q6kd(m, r, c);
     case MV_T_F32: return ((const float *)m.data)[(size_t)r * m.cols + c];
     case MV_T_F16: return __half2float(((const __half *)m.data)[(size_t)r * m.cols + c]);
     case MV_T_BF16: {
@@ -588,14 +621,8 @@ static __device__ inline float mv_elem(const mv_mat &m, uint32_t r, uint32_t c)
     case MV_T_Q4_K: {
         const uint8_t *b = m.data + ((size_t)r * (m.cols / 256) + c / 256) * 144;
         const uint32_t e = c % 256, j = e / 32, il = e / 64, l = e % 32;
-        const uint8_t *s = b + 4;
         uint32_t sc, mn;
-        if (j < 4) {
-            sc = s[j] & 63; mn = s[j + 4] & 63;
-        } else {
-            sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-            mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
+        mv_q4k_scale_min(b + 4, j, &sc, &mn);
         const uint8_t q = b[16 + 32 * il + l];
         const uint32_t qv = (e % 64) < 32 ? (q & 15) : (q >> 4);
         const float d = __half2float(*(const __half *)b), dmin = __half2float(*(const __half *)(b + 2));

@@ -11,7 +11,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "cuda/matvec.cuh"
+#include "cuda/mvq.cuh" /* and matvec.cuh */
 
 /* KV plane metadata as the kernels see it (SPEC §3; mirrors kv_plane after this token's append). */
 typedef struct cu_plane_meta {

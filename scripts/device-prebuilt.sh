@@ -1,0 +1,68 @@
+#!/bin/bash
+# device-prebuilt.sh — run binaries built HERE (Debian 12, nvcc 13, sm_90) on the GPU machine,
+# skipping the ~2 min device build. Build and stage them first on the dev machine:
+#   cmake --build build-cuda --target muser test_cuda test_fail_closed kbench_matvec
+#   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
+# then on the device, from the repository root, carrying .deps and .devbin:
+#   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all)
+# The .deps Debian packages (scripts/device-deps-fetch.sh) are unpacked into /opt/muser-deps and
+# put on LD_LIBRARY_PATH: the device has no PCRE2 / libedit. Logs go to $OUT.
+set -u
+if [ "${1:-}" = "--stage" ]; then
+    B=${MUSER_BUILD_DIR:-build-cuda}
+    mkdir -p .devbin
+    cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/bench/kbench_matvec" .devbin/
+    ls -la .devbin
+    exit 0
+fi
+OUT=${OUT:-/tmp/device-prebuilt-out}
+mkdir -p "$OUT"
+P=/opt/muser-deps
+if [ ! -d "$P/usr" ]; then
+    mkdir -p "$P"
+    for f in .deps/*.deb; do dpkg -x "$f" "$P"; done
+fi
+export LD_LIBRARY_PATH="$P/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MUSER_SANITIZED=0
+D=.devbin
+T0=$(date +%s)
+S="$OUT/summary.txt"
+note() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$S"; }
+steps=${*:-tests parity kbench bench}
+W=$(mktemp -d)
+for step in $steps; do
+    case $step in
+    tests)
+        (cd "$W" && MUSER_BUILD_DIR="$W" timeout -k 5 90 "$OLDPWD/$D/test_cuda") >"$OUT/test_cuda.log" 2>&1
+        note "test_cuda rc=$? :: $(tail -1 "$OUT/test_cuda.log")"
+        (cd "$W" && MUSER_BUILD_DIR="$W" timeout -k 5 90 "$OLDPWD/$D/test_fail_closed") >"$OUT/test_fail_closed.log" 2>&1
+        note "test_fail_closed rc=$? :: $(tail -1 "$OUT/test_fail_closed.log")"
+        ;;
+    parity)
+        "$D/muser" synth --preset small -o "$W/small.gguf" >/dev/null 2>&1
+        for r in decode; do
+            timeout -k 5 150 "$D/muser" parity -m "$W/small.gguf" --backend cuda --tokens 24 --route $r >"$OUT/parity_small.log" 2>&1
+            note "parity small cuda ($r) rc=$? :: $(grep -iE 'max' "$OUT/parity_small.log" | tail -2 | tr '\n' ' ')"
+        done
+        ;;
+    kbench)
+        MUSER_KBENCH_KQ=1 MUSER_KBENCH_FAST=1 timeout -k 5 120 "$D/kbench_matvec" 9 >"$OUT/kbench.log" 2>&1
+        note "kbench rc=$? :: $(grep 'kbench_matvec:' "$OUT/kbench.log")"
+        ;;
+    bench)
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        for v in v7 v6; do
+            echo "=== MUSER_CUDA_MATVEC=$v" >>"$OUT/bench.log"
+            MUSER_CUDA_MATVEC=$v timeout -k 5 90 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 64 --ctx 0,32768 \
+                >>"$OUT/bench.log" 2>&1
+            note "bench $v rc=$?"
+            awk -v v="$v" '/^=== /{cur=$2} cur=="MUSER_CUDA_MATVEC="v && /^ctx /' "$OUT/bench.log" | sed 's/^/    /' >>"$S"
+        done
+        MUSER_PHASE_PROFILE=1 timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 8 --ctx 0 \
+            >"$OUT/profile.log" 2>&1
+        note "phase profile rc=$?"
+        ;;
+    esac
+done
+rm -rf "$W"
+cat "$S"

@@ -1,0 +1,630 @@
+/* mvq.cuh — v7, the integer-digit K-quant matvec (MUSER_CUDA_MATVEC=v7, the default).
+ *
+ * Why: the f32 kernels of matvec.cuh spend 4.4–5.7 instructions per Q4_K weight turning nibbles
+ * into floats (PRMT + FADD/FFMA per weight), so they are issue-bound near 1.8 TB/s, while the
+ * H200 streams 4.5 TB/s. Here the multiply-adds run as DP4A (4 byte products + add, one
+ * instruction) on exact integers, ~1.6 instructions per weight in all.
+ *
+ * The activations stay f32-exact to within half an ulp of each 32-element group's largest
+ * element. mvq_prep writes the matvec input x once per token as block floating point: per group
+ * g of 32 elements a power of two s_g with max|x| < 2^23·s_g, and X = rint(x/s_g), a 24-bit
+ * signed integer, split into three byte digits X = 65536·d2 + 256·d1 + d0 (d0, d1 unsigned,
+ * d2 signed). |x − s_g·X| ≤ s_g/2 = 2^-24·2^e where 2^(e−1) ≤ max|x| < 2^e: the rounding an f32
+ * sum of magnitude max|x| makes anyway. Nothing is stored lossy between operations (SPEC §4):
+ * this is the representation of the f32 vector the dot products read, built from it each time.
+ * A dot over one 32-group is then Σ q·X = 65536·Σ q·d2 + 256·Σ q·d1 + Σ q·d0, three DP4A chains
+ * of exact integers; the result is converted to f32 once per (row, 32 weights).
+ * A non-finite x makes its group's s NaN, so every output that reads it is NaN (fail closed).
+ *
+ * Prepared x, in one buffer (mvq_x_bytes): digit planes d0|d1|d2, K bytes each, then s[K/32]
+ * (f32), then S16[K/16] = s·Σ X over each 16 elements (the Q4_K mins and the Q6_K −32 need Σx).
+ * The digit planes are stored chunk-swizzled so the warp's 16-byte loads hit distinct L1 banks:
+ * chunk ch (16 positions) lives at ch ^ ((ch >> 3) & 3).
+ *
+ * Lanes: 4 per 256-block, lane c owns positions 64c .. 64c+63 of the block (sub-blocks 2c, 2c+1
+ * of Q4_K; 16-groups 4c .. 4c+3 of Q6_K); a warp covers 8 blocks per step and R rows, which share
+ * the x loads.
+ * Both formats are repacked at upload into planes of the GGUF size, laid out so that each
+ * 16-byte load instruction of a warp reads whole 32-byte sectors (a sector fetched twice from L2
+ * halved the throughput of the first version): byte (lane c, half p, j) at 64p + 16c + j.
+ * Q4_K (mvq_repack_q4k, MV_T_Q4_KD): qs [nblk][128] (GGUF qs byte 32c + 16p + j, which holds
+ *   positions 64c + 16p + j (low nibble) and 64c + 32 + 16p + j (high)), hdr [nblk][16].
+ * Q6_K (mvq_repack_q6k, MV_T_Q6_KD):
+ *   ql [nblk][128]: lane c, l = 16p + j: lo4(64c + l) | lo4(64c + 32 + l) << 4
+ *   qh [nblk][64] : byte 16c + 4m + j, bits 2s..2s+1 = hi2(64c + 16s + 4m + j)
+ *   sc [nblk][16] : the GGUF int8 scales, sc[t/16] for position t
+ *   d  [nblk]     : f16
+ * so a lane's 64 six-bit values come from 48 contiguous bytes with no per-lane byte shuffling. */
+#ifndef MUSER_CUDA_MVQ_CUH
+#define MUSER_CUDA_MVQ_CUH
+
+#include "cuda/matvec.cuh"
+
+
+/* ---- prepared x --------------------------------------------------------------------------- */
+typedef struct mvq_x {
+    const uint8_t *dig; /* [3][K] swizzled digit planes */
+    const float *s;     /* [K/32] */
+    const float *s16;   /* [K/16] */
+    uint32_t K;
+} mvq_x;
+
+static inline size_t mvq_x_bytes(uint32_t K) { return (size_t)3 * K + (size_t)K / 32 * 4 + (size_t)K / 16 * 4; }
+
+__host__ __device__ inline mvq_x mvq_x_at(const uint8_t *buf, uint32_t K)
+{
+    mvq_x q;
+    q.dig = buf;
+    q.s = (const float *)(buf + (size_t)3 * K);
+    q.s16 = q.s + K / 32;
+    q.K = K;
+    return q;
+}
+
+__host__ __device__ inline uint32_t mvq_swz(uint32_t ch) { return ch ^ ((ch >> 3) & 3u); }
+
+/* One warp per 32-group. K multiple of 256 (blocks), buf 4-byte aligned. */
+static __global__ void __launch_bounds__(256) mvq_prep(const float *__restrict__ x, uint8_t *__restrict__ buf, uint32_t K)
+{
+    const uint32_t g = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const uint32_t lane = threadIdx.x & 31;
+    if (g >= K / 32) return;
+    const uint32_t p = 32 * g + lane;
+    const float v = x[p];
+    const uint32_t mx = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v) & 0x7FFFFFFFu);
+    float s;
+    int X = 0;
+    if (mx >= 0x7F800000u) {
+        s = __int_as_float(0x7FC00000); /* Inf or NaN in the group: every dot reading it is NaN */
+    } else if (mx == 0) {
+        s = 1.f;
+    } else {
+        /* max|x| < 2^(eb-126) with eb its biased exponent; s = 2^(eb-126-23), at least 2^-126 */
+        int eb = (int)(mx >> 23);
+        if (eb < 23) eb = 23;
+        s = __int_as_float((eb - 22) << 23);
+        const float inv = __int_as_float((149 - eb + 127) << 23);
+        X = __float2int_rn(v * inv);
+        X = max(-8388607, min(8388607, X));
+    }
+    float *sg = (float *)(buf + (size_t)3 * K);
+    float *s16 = sg + K / 32;
+    const uint32_t ch = p >> 4, pp = mvq_swz(ch) * 16 + (p & 15);
+    buf[pp] = (uint8_t)(X & 255);
+    buf[K + pp] = (uint8_t)((X >> 8) & 255);
+    buf[2 * (size_t)K + pp] = (uint8_t)((X >> 16) & 255);
+    int t = X;
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) t += __shfl_xor_sync(0xFFFFFFFFu, t, o);
+    if ((lane & 15) == 0) s16[2 * g + (lane >> 4)] = s * (float)t;
+    if (lane == 0) sg[g] = s;
+}
+
+static inline void mvq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K)
+{
+    mvq_prep<<<(K / 32 + 7) / 8, 256, 0, st>>>(x, buf, K);
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+__device__ __forceinline__ uint32_t mvq_dp4a_uu(uint32_t a, uint32_t b, uint32_t c) { return __dp4a(a, b, c); }
+__device__ __forceinline__ int mvq_dp4a_us(uint32_t a, uint32_t b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+/* Weights are read once: keep them out of L1 (x lives there). */
+__device__ __forceinline__ uint4 mvq_ldw(const void *p)
+{
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t mvq_ldw32(const void *p)
+{
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t mvq_w(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+/* Small non-negative int to float without I2F: 0x4B000000 | v is 2^23 + v. */
+__device__ __forceinline__ float mvq_small(uint32_t v) { return __int_as_float((int)(0x4B000000u | v)) - 8388608.f; }
+
+/* The x a lane needs for block b, loaded chunk by chunk (12 registers live, not 48): chunk k of
+ * the lane's 64 positions in 3 digits; s of its two 32-groups and S16 of its four 16-groups. */
+__device__ __forceinline__ void mvq_load_chunk(const mvq_x &q, uint32_t b, uint32_t c, int k, uint4 D[3])
+{
+    const uint32_t sw = (c >> 1) | ((b & 1u) << 1);
+    const size_t off = (size_t)(16u * b + 4u * c + ((uint32_t)k ^ sw)) * 16;
+#pragma unroll
+    for (int dg = 0; dg < 3; dg++) D[dg] = __ldg((const uint4 *)(q.dig + (size_t)dg * q.K + off));
+}
+
+/* Exact Σ q·X over a chunk as three digit accumulators. */
+struct mvq_acc {
+    uint32_t a0, a1;
+    int a2;
+};
+__device__ __forceinline__ void mvq_acc4(mvq_acc &A, uint32_t qw, const uint4 D[3], int w)
+{
+    A.a0 = mvq_dp4a_uu(qw, mvq_w(D[0], w), A.a0);
+    A.a1 = mvq_dp4a_uu(qw, mvq_w(D[1], w), A.a1);
+    A.a2 = mvq_dp4a_us(qw, mvq_w(D[2], w), A.a2);
+}
+/* s·Σ q·X as f32: the two converted parts add with one rounding. */
+__device__ __forceinline__ float mvq_val(const mvq_acc &A, float s)
+{
+    const int lo = (int)(A.a1 * 256u + A.a0);
+    return fmaf((float)A.a2, s * 65536.f, (float)lo * s);
+}
+
+/* ---- Q4_K --------------------------------------------------------------------------------- */
+/* Lane c of a block: qs bytes [32c, 32c+32) (two uint4: chunks 0/2 and 1/3 as low/high
+ * nibbles), sub-blocks j0 = 2c (chunks 0, 1) and j1 = 2c+1 (chunks 2, 3; high nibbles taken as
+ * 16·q in place, the 1/16 goes into s). */
+struct mvq_q4w {
+    uint4 hdr, qa, qb;
+};
+/* qs: the matrix's qs plane, hdr: its header plane, blk: block index. */
+__device__ __forceinline__ void mvq_q4k_load(const uint8_t *qs, const uint8_t *hdr, size_t blk, uint32_t c, mvq_q4w &W)
+{
+    W.hdr = mvq_ldw(hdr + blk * 16);
+    W.qa = mvq_ldw(qs + blk * 128 + 16 * c);
+    W.qb = mvq_ldw(qs + blk * 128 + 64 + 16 * c);
+}
+/* d·(sc0·Pl + sc1·Ph) − dmin·(m0·Σx_j0 + m1·Σx_j1) */
+__device__ __forceinline__ float mvq_q4k_finish(const uint4 &hdr, uint32_t c, float Pl, float Ph, float Sl, float Sh)
+{
+    /* 6-bit (scale, min) of sub-blocks 2c, 2c+1 (GGUF get_scale_min_k4), branch-free */
+    const uint32_t bsh = 16u * (c & 1u);
+    const bool lo = c < 2;
+    const uint32_t mA = lo ? 0x3F3Fu : 0u, mC = lo ? 0u : 0x0F0Fu, mA2 = lo ? 0u : 0x3030u;
+    const uint32_t A = hdr.y >> bsh, B = hdr.z >> bsh, C = hdr.w >> bsh;
+    const uint32_t scp = (A & mA) | (C & mC) | ((A >> 2) & mA2);
+    const uint32_t mp = (B & mA) | ((C >> 4) & mC) | ((B >> 2) & mA2);
+    const float d = __half2float(__ushort_as_half((unsigned short)(hdr.x & 0xFFFF)));
+    const float dmin = __half2float(__ushort_as_half((unsigned short)(hdr.x >> 16)));
+    const float sc0 = mvq_small(scp & 0xFF), sc1 = mvq_small((scp >> 8) & 0xFF);
+    const float m0 = mvq_small(mp & 0xFF), m1 = mvq_small((mp >> 8) & 0xFF);
+    return d * fmaf(sc0, Pl, sc1 * Ph) - dmin * fmaf(m0, Sl, m1 * Sh);
+}
+
+template <int R>
+__device__ __forceinline__ void mvq_q4k_compute(const mvq_q4w W[R], const mvq_x &q, uint32_t b, uint32_t c, float acc[R])
+{
+    const float2 s = __ldg((const float2 *)(q.s + 8 * b + 2 * c));
+    const float4 S = __ldg((const float4 *)(q.s16 + 16 * b + 4 * c));
+    float Pl[R];
+    mvq_acc A[R];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint4 D[3];
+        mvq_load_chunk(q, b, c, k, D);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (k == 0 || k == 2) A[r] = {0u, 0u, 0};
+            const uint4 &src = (k & 1) ? W[r].qb : W[r].qa;
+            const uint32_t mask = k < 2 ? 0x0F0F0F0Fu : 0xF0F0F0F0u;
+#pragma unroll
+            for (int w = 0; w < 4; w++) mvq_acc4(A[r], mvq_w(src, w) & mask, D, w);
+            if (k == 1) Pl[r] = mvq_val(A[r], s.x);
+            if (k == 3) acc[r] += mvq_q4k_finish(W[r].hdr, c, Pl[r], mvq_val(A[r], s.y * 0.0625f), S.x + S.y, S.z + S.w);
+        }
+    }
+}
+
+template <int R>
+__device__ __forceinline__ void mvq_q4k_step(const uint8_t *const qs[R], const uint8_t *const hdr[R], const size_t blk[R],
+                                             const mvq_x &q, uint32_t b, uint32_t c, float acc[R])
+{
+    mvq_q4w W[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) mvq_q4k_load(qs[r], hdr[r], blk[r], c, W[r]);
+    mvq_q4k_compute<R>(W, q, b, c, acc);
+}
+
+/* ---- Q6_K (MV_T_Q6_KD planes) --------------------------------------------------------------- */
+struct mvq_q6w {
+    uint4 qa, qb, h;
+    uint32_t s4;
+    float d;
+};
+__device__ __forceinline__ void mvq_q6k_load(const uint8_t *ql, const uint8_t *qh, const uint8_t *sc, const __half *dp,
+                                             size_t blk, uint32_t c, mvq_q6w &W)
+{
+    W.qa = mvq_ldw(ql + blk * 128 + 16 * c);
+    W.qb = mvq_ldw(ql + blk * 128 + 64 + 16 * c);
+    W.h = mvq_ldw(qh + blk * 64 + 16 * c);
+    W.s4 = mvq_ldw32(sc + blk * 16 + 4 * c);
+    W.d = __half2float(dp[blk]);
+}
+/* The 6-bit values of chunk k, word w: low nibble from ql, two high bits from qh at bits 4-5. */
+__device__ __forceinline__ uint32_t mvq_q6_word(const mvq_q6w &W, int k, int w)
+{
+    const uint32_t a = mvq_w(W.qa, w), bq = mvq_w(W.qb, w), hw = mvq_w(W.h, w);
+    switch (k) {
+    case 0: return (a & 0x0F0F0F0Fu) | ((hw << 4) & 0x30303030u);
+    case 1: return (bq & 0x0F0F0F0Fu) | ((hw << 2) & 0x30303030u);
+    case 2: return ((a >> 4) & 0x0F0F0F0Fu) | (hw & 0x30303030u);
+    default: return ((bq >> 4) & 0x0F0F0F0Fu) | ((hw >> 2) & 0x30303030u);
+    }
+}
+
+struct mvq_q6rows {
+    const uint8_t *ql, *qh, *sc;
+    const __half *d;
+};
+
+template <int R>
+__device__ __forceinline__ void mvq_q6k_compute(const mvq_q6w W[R], const mvq_x &q, uint32_t b, uint32_t c, float acc[R])
+{
+    const float2 s = __ldg((const float2 *)(q.s + 8 * b + 2 * c));
+    const float4 S4 = __ldg((const float4 *)(q.s16 + 16 * b + 4 * c));
+    const float S[4] = {S4.x, S4.y, S4.z, S4.w};
+    float part[R];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint4 D[3];
+        mvq_load_chunk(q, b, c, k, D);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            mvq_acc A = {0u, 0u, 0};
+#pragma unroll
+            for (int w = 0; w < 4; w++) mvq_acc4(A, mvq_q6_word(W[r], k, w), D, w);
+            /* Σ (q−32)·x = s·Σ q·X − 32·S16 over the 16-group; int8 scale */
+            const float v = fmaf(-32.f, S[k], mvq_val(A, k < 2 ? s.x : s.y));
+            const float scv = (float)(int8_t)((W[r].s4 >> (8 * k)) & 255);
+            part[r] = k == 0 ? scv * v : fmaf(scv, v, part[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] += W[r].d * part[r];
+}
+
+template <int R>
+__device__ __forceinline__ void mvq_q6k_step(const mvq_q6rows P[R], const size_t blk[R], const mvq_x &q, uint32_t b,
+                                             uint32_t c, float acc[R])
+{
+    mvq_q6w W[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) mvq_q6k_load(P[r].ql, P[r].qh, P[r].sc, P[r].d, blk[r], c, W[r]);
+    mvq_q6k_compute<R>(W, q, b, c, acc);
+}
+
+/* ---- the launch ----------------------------------------------------------------------------- */
+template <int R, uint32_t T>
+__device__ __forceinline__ void mvq_dot_rows(const mv_mat *const mk[R], const uint32_t row[R], const mvq_x &q,
+                                             int lane, float acc[R])
+{
+    const uint32_t nb = mk[0]->cols / 256, c = (uint32_t)lane & 3u;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
+    if (T == MV_T_Q6_KD) {
+        mvq_q6rows P[R];
+        size_t blk0[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const size_t n = (size_t)mk[r]->rows * nb;
+            P[r].ql = mk[r]->data;
+            P[r].qh = mk[r]->data + n * 128;
+            P[r].sc = mk[r]->data + n * 192;
+            P[r].d = (const __half *)(mk[r]->data + n * 208);
+            blk0[r] = (size_t)row[r] * nb;
+        }
+        for (uint32_t b = (uint32_t)lane >> 2; b < nb; b += 8) {
+            size_t blk[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) blk[r] = blk0[r] + b;
+            mvq_q6k_step<R>(P, blk, q, b, c, acc);
+        }
+    } else {
+        const uint8_t *qs[R], *hd[R];
+        size_t blk0[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            qs[r] = mk[r]->data;
+            hd[r] = mk[r]->data + (size_t)mk[r]->rows * nb * 128;
+            blk0[r] = (size_t)row[r] * nb;
+        }
+        for (uint32_t b = (uint32_t)lane >> 2; b < nb; b += 8) {
+            size_t blk[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) blk[r] = blk0[r] + b;
+            mvq_q4k_step<R>(qs, hd, blk, q, b, c, acc);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], o);
+}
+
+/* Segments as in mv_kernel, all of format T (MV_T_Q4_K or MV_T_Q6_KD; a kernel per format keeps
+ * Q4_K at 128 registers, 2 blocks per SM). R rows per warp; a SiLU pair segment takes R/2 rows
+ * of gate and the same R/2 rows of up. */
+template <int R, uint32_t T>
+__global__ void __launch_bounds__(MV_WARPS * 32, 2) mvq_kernel(const mv_launch L, const uint8_t *__restrict__ xbuf, uint32_t K)
+{
+    const uint32_t warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (warp >= L.n_warps) return;
+    uint32_t s = 0;
+    while (s + 1 < L.n_seg && warp >= L.seg[s + 1].warp_begin) s++;
+    const mv_seg &g = L.seg[s];
+    const uint32_t w = warp - g.warp_begin;
+    const mvq_x q = mvq_x_at(xbuf, K);
+    const mv_mat *mk[R];
+    uint32_t row[R];
+    const bool pair = g.op == MV_OP_SILU_MUL;
+    const uint32_t per = pair ? R / 2 : R;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint32_t i = pair ? (uint32_t)r % per : (uint32_t)r;
+        mk[r] = (pair && r >= R / 2) ? &g.b : &g.a;
+        const uint32_t rw = w * per + i;
+        row[r] = rw < g.a.rows ? rw : g.a.rows - 1; /* tail: recompute the last row, store once */
+    }
+    float acc[R];
+    mvq_dot_rows<R, T>(mk, row, q, lane, acc);
+    if (lane != 0) return;
+    for (uint32_t i = 0; i < per; i++) {
+        const uint32_t rw = w * per + i;
+        if (rw >= g.a.rows) break;
+        float y = acc[i];
+        if (pair) {
+            const float u = acc[i + per];
+            y = y / (1.f + expf(-y)) * u;
+        } else if (g.op == MV_OP_SOFTCAP) {
+            y = y * g.scale;
+            if (g.cap > 0.f) y = g.cap * tanhf(y / g.cap);
+        }
+        g.out[rw] = y;
+    }
+}
+
+/* ---- v7p: persistent warps, next step's weights loaded before this step's arithmetic ---------
+ * The grid is a fixed number of blocks (2 per SM); warp w takes a contiguous range of row groups
+ * (a group: the R rows one warp of mvq_kernel would take) and walks its (group, step) items in
+ * order, one step = 8 blocks of every row of the group. The weights of item i+1 are in flight
+ * while item i is computed, so a warp never waits on DRAM with nothing else issued. */
+template <int R, uint32_t T> struct mvq_wsel;
+template <int R> struct mvq_wsel<R, MV_T_Q4_KD> {
+    mvq_q4w w[R];
+};
+template <int R> struct mvq_wsel<R, MV_T_Q6_KD> {
+    mvq_q6w w[R];
+};
+
+/* Segment and row slots of group g (rows past a segment's end repeat its last row). */
+template <int R>
+__device__ __forceinline__ const mv_seg &mvq_group(const mv_launch &L, uint32_t g, const mv_mat *mk[R], uint32_t row[R])
+{
+    uint32_t s = 0;
+    while (s + 1 < L.n_seg && g >= L.seg[s + 1].warp_begin) s++;
+    const mv_seg &sg = L.seg[s];
+    const uint32_t w = g - sg.warp_begin;
+    const bool pair = sg.op == MV_OP_SILU_MUL;
+    const uint32_t per = pair ? R / 2 : R;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint32_t i = pair ? (uint32_t)r % per : (uint32_t)r;
+        mk[r] = (pair && r >= R / 2) ? &sg.b : &sg.a;
+        const uint32_t rw = w * per + i;
+        row[r] = rw < sg.a.rows ? rw : sg.a.rows - 1;
+    }
+    return sg;
+}
+
+/* Lane 0 stores group g's rows (acc already warp-reduced), with the segment's epilogue. */
+template <int R>
+__device__ __forceinline__ void mvq_store(const mv_seg &sg, uint32_t g, const float acc[R])
+{
+    const bool pair = sg.op == MV_OP_SILU_MUL;
+    const uint32_t per = pair ? R / 2 : R, w = g - sg.warp_begin;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const uint32_t rw = w * per + (uint32_t)i;
+        if ((uint32_t)i >= per || rw >= sg.a.rows) break;
+        float y = acc[i];
+        if (pair) {
+            const float u = acc[i + (pair ? R / 2 : 0)];
+            y = y / (1.f + expf(-y)) * u;
+        } else if (sg.op == MV_OP_SOFTCAP) {
+            y = y * sg.scale;
+            if (sg.cap > 0.f) y = sg.cap * tanhf(y / sg.cap);
+        }
+        sg.out[rw] = y;
+    }
+}
+
+template <int R, uint32_t T>
+__device__ __forceinline__ void mvq_load_item(const mv_launch &L, uint32_t g, uint32_t b, uint32_t nb, uint32_t c,
+                                              mvq_wsel<R, T> &W)
+{
+    const mv_mat *mk[R];
+    uint32_t row[R];
+    mvq_group<R>(L, g, mk, row);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if constexpr (T == MV_T_Q4_KD) {
+            mvq_q4k_load(mk[r]->data, mk[r]->data + (size_t)mk[r]->rows * nb * 128, (size_t)row[r] * nb + b, c, W.w[r]);
+        } else {
+            const size_t n = (size_t)mk[r]->rows * nb;
+            const uint8_t *m = mk[r]->data;
+            mvq_q6k_load(m, m + n * 128, m + n * 192, (const __half *)(m + n * 208), (size_t)row[r] * nb + b, c,
+                         W.w[r]);
+        }
+    }
+}
+
+template <int R, uint32_t T, int MB>
+__global__ void __launch_bounds__(MV_WARPS * 32, MB) mvq_pkernel(const mv_launch L, const uint8_t *__restrict__ xbuf, uint32_t K)
+{
+    const uint32_t NW = gridDim.x * MV_WARPS, gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    const uint32_t G = L.n_warps;
+    const uint32_t g0 = (uint32_t)((uint64_t)gw * G / NW), g1 = (uint32_t)((uint64_t)(gw + 1) * G / NW);
+    if (g0 >= g1) return;
+    const int lane = threadIdx.x & 31;
+    const uint32_t c = (uint32_t)lane & 3u, bl = (uint32_t)lane >> 2;
+    const uint32_t nb = K / 256, n_it = (nb + 7) / 8;
+    const mvq_x q = mvq_x_at(xbuf, K);
+    mvq_wsel<R, T> Wn, W;
+    uint32_t g = g0, it = 0;
+    if (bl < nb) mvq_load_item<R, T>(L, g, bl, nb, c, Wn);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
+    for (;;) {
+        W = Wn;
+        const uint32_t cg = g, cit = it;
+        if (++it == n_it) {
+            it = 0;
+            g++;
+        }
+        const uint32_t bn = bl + 8 * it;
+        if (g < g1 && bn < nb) mvq_load_item<R, T>(L, g, bn, nb, c, Wn);
+        const uint32_t b = bl + 8 * cit;
+        if (b < nb) {
+            if constexpr (T == MV_T_Q4_KD) mvq_q4k_compute<R>(W.w, q, b, c, acc);
+            else mvq_q6k_compute<R>(W.w, q, b, c, acc);
+        }
+        if (cit == n_it - 1) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], o);
+            if (lane == 0) {
+                const mv_mat *mk[R];
+                uint32_t row[R];
+                mvq_store<R>(mvq_group<R>(L, cg, mk, row), cg, acc);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = 0.f;
+        }
+        if (g >= g1) break;
+    }
+}
+
+/* MB blocks per SM (R=2: 2 at 128 registers; R=4 needs ~170 registers: 1). */
+template <int R, int MB = 2>
+static inline void mvq_plaunch_r(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf, int n_sm)
+{
+    const unsigned want = (L.n_warps + MV_WARPS - 1) / MV_WARPS, cap = (unsigned)MB * (unsigned)n_sm;
+    const unsigned nblk = want < cap ? want : cap;
+    if (L.seg[0].a.type == MV_T_Q6_KD)
+        mvq_pkernel<R, MV_T_Q6_KD, MB><<<nblk, MV_WARPS * 32, 0, st>>>(L, xbuf, L.seg[0].a.cols);
+    else
+        mvq_pkernel<R, MV_T_Q4_KD, MB><<<nblk, MV_WARPS * 32, 0, st>>>(L, xbuf, L.seg[0].a.cols);
+}
+
+/* Rows per warp by format: Q4_K 4 (128 registers, no spill), Q6_KD 2 (4 rows spill). */
+static inline int mvq_rows_per_warp(uint32_t type) { return type == MV_T_Q6_KD ? 2 : 4; }
+
+/* Warps for a segment of `rows` rows (pairs: rows of gate) at R rows per warp. */
+static inline uint32_t mvq_seg_warps_r(uint32_t rows, bool pair, int R) { return (rows + (pair ? R / 2 : R) - 1) / (pair ? R / 2 : R); }
+static inline uint32_t mvq_seg_warps(uint32_t type, uint32_t rows, bool pair)
+{
+    return mvq_seg_warps_r(rows, pair, mvq_rows_per_warp(type));
+}
+
+static inline bool mvq_type_ok(uint32_t t) { return t == MV_T_Q4_KD || t == MV_T_Q6_KD; }
+
+/* xbuf must hold mvq_prep's output for the launch's input (K = seg[0].a.cols); every segment has
+ * the format of seg[0] and warps counted at R rows per warp. */
+template <int R>
+static inline void mvq_launch_r(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf)
+{
+    const unsigned nblk = (L.n_warps + MV_WARPS - 1) / MV_WARPS;
+    if (L.seg[0].a.type == MV_T_Q6_KD)
+        mvq_kernel<R, MV_T_Q6_KD><<<nblk, MV_WARPS * 32, 0, st>>>(L, xbuf, L.seg[0].a.cols);
+    else
+        mvq_kernel<R, MV_T_Q4_KD><<<nblk, MV_WARPS * 32, 0, st>>>(L, xbuf, L.seg[0].a.cols);
+}
+/* Warps counted with mvq_seg_warps (R by format). */
+static inline void mvq_launch(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf)
+{
+    if (mvq_rows_per_warp(L.seg[0].a.type) == 2) mvq_launch_r<2>(st, L, xbuf);
+    else mvq_launch_r<4>(st, L, xbuf);
+}
+
+/* ---- Q6_K repack into the mvq planes (one thread per block) ------------------------------ */
+static __global__ void mvq_repack_q6k(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst, size_t n_blk,
+                                      size_t first_blk, size_t total_blk)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_blk) return;
+    const uint8_t *s = src + i * 210;
+    const size_t o = first_blk + i;
+    uint8_t *ql = dst + o * 128, *qh = dst + total_blk * 128 + o * 64, *sc = dst + total_blk * 192 + o * 16;
+    /* GGUF: position t = 128n + 32k + l: lo4 from ql[64n + 32(k&1) + l] (nibble k>>1),
+     * hi2 from qh[32n + l] bits 2k */
+    uint8_t lo[256], hi[256];
+    for (int t = 0; t < 256; t++) {
+        const int n = t / 128, k = (t % 128) / 32, l = t % 32;
+        lo[t] = (uint8_t)((s[64 * n + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 15);
+        hi[t] = (uint8_t)((s[128 + 32 * n + l] >> (2 * k)) & 3);
+    }
+    for (int c = 0; c < 4; c++) {
+        for (int l = 0; l < 32; l++) ql[64 * (l / 16) + 16 * c + l % 16] = (uint8_t)(lo[64 * c + l] | (lo[64 * c + 32 + l] << 4));
+        for (int m = 0; m < 4; m++)
+            for (int j = 0; j < 4; j++) {
+                uint8_t v = 0;
+                for (int sh = 0; sh < 4; sh++) v |= (uint8_t)(hi[64 * c + 16 * sh + 4 * m + j] << (2 * sh));
+                qh[16 * c + 4 * m + j] = v;
+            }
+    }
+    for (int k = 0; k < 16; k++) sc[k] = s[192 + k];
+    uint8_t *d = dst + total_blk * 208 + o * 2;
+    d[0] = s[208];
+    d[1] = s[209];
+}
+
+/* Q4_K into the mvq planes: qs [nblk][128] then hdr [nblk][16] (d, dmin, 12 scale bytes as in
+ * GGUF). GGUF qs byte 32c + 16p + j (lane c, half p) moves to 64p + 16c + j, so each of a
+ * lane group's two 16-byte loads reads 64 contiguous bytes: no 32-byte sector is fetched twice. */
+static __global__ void mvq_repack_q4k(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst, size_t n_blk,
+                                      size_t first_blk, size_t total_blk)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_blk) return;
+    const uint8_t *s = src + i * 144;
+    const size_t o = first_blk + i;
+    uint8_t *qs = dst + o * 128, *hd = dst + total_blk * 128 + o * 16;
+    for (int k = 0; k < 16; k++) hd[k] = s[k];
+    for (int k = 0; k < 128; k++) qs[64 * ((k % 32) / 16) + 16 * (k / 32) + k % 16] = s[16 + k];
+}
+
+/* Element c of row r of an MV_T_Q4_KD matrix (slow; embedding rows and checks). */
+static __device__ inline float mvq_elem_q4kd(const mv_mat &m, uint32_t r, uint32_t c)
+{
+    const uint32_t nb = m.cols / 256;
+    const size_t blk = (size_t)r * nb + c / 256, nblk = (size_t)m.rows * nb;
+    const uint8_t *h = m.data + nblk * 128 + blk * 16;
+    const uint32_t e = c % 256, j = e / 32, lc = e / 64, l = e % 32;
+    uint32_t sc, mn;
+    mv_q4k_scale_min(h + 4, j, &sc, &mn);
+    const uint8_t q = m.data[blk * 128 + 64 * (l / 16) + 16 * lc + l % 16];
+    const uint32_t qv = (e % 64) < 32 ? (q & 15) : (q >> 4);
+    const float d = __half2float(*(const __half *)h), dmin = __half2float(*(const __half *)(h + 2));
+    return d * (float)sc * (float)qv - dmin * (float)mn;
+}
+
+/* Element c of row r of an MV_T_Q6_KD matrix (slow; embedding rows and checks). */
+static __device__ inline float mvq_elem_q6kd(const mv_mat &m, uint32_t r, uint32_t c)
+{
+    const uint32_t nb = m.cols / 256;
+    const size_t blk = (size_t)r * nb + c / 256, nblk = (size_t)m.rows * nb;
+    const uint32_t t = c % 256, lc = t / 64, tp = t % 64;
+    const uint32_t l = tp % 32;
+    const uint8_t qlb = m.data[blk * 128 + 64 * (l / 16) + 16 * lc + l % 16];
+    const uint32_t lo = tp < 32 ? (qlb & 15u) : (qlb >> 4);
+    const uint32_t sh = tp / 16, rem = tp % 16; /* tp = 16·sh + 4m + j */
+    const uint8_t qhb = m.data[nblk * 128 + blk * 64 + 16 * lc + rem];
+    const uint32_t hi = (qhb >> (2 * sh)) & 3u;
+    const float d = __half2float(((const __half *)(m.data + nblk * 208))[blk]);
+    const int8_t scv = (int8_t)m.data[nblk * 192 + blk * 16 + t / 16];
+    return d * (float)scv * (float)((int)(lo | (hi << 4)) - 32);
+}
+
+#endif
