@@ -267,7 +267,6 @@ static void launch_v6b(const devmat &dm, int copy, const float *x, float *y) { l
 /* v7: mvq (K-quants; other formats as v5); g_xq holds mvq_prep of the current x. The launch for
  * R rows per warp (R = 0: the library's choice by format). */
 static const uint8_t *g_xq;
-static int g_nsm;
 static bool v7_setup(const devmat &dm, int copy, float *y, int R, mv_launch &L)
 {
     if (dm.m.type != MV_T_Q4_K && dm.m.type != MV_T_Q6_K) return false;
@@ -287,27 +286,17 @@ static void launch_v7(const devmat &dm, int copy, const float *x, float *y)
     if (v7_setup(dm, copy, y, 0, L)) mvq_launch(0, L, g_xq);
     else launch_v5(dm, copy, x, y);
 }
-/* v7 with R = 2 rows per warp for both K-quant formats */
-static void launch_v7r2(const devmat &dm, int copy, const float *x, float *y)
+/* v7 launched without programmatic dependent launch */
+static void launch_v7nopdl(const devmat &dm, int copy, const float *x, float *y)
 {
     mv_launch L;
-    if (v7_setup(dm, copy, y, 2, L)) mvq_launch_r<2>(0, L, g_xq);
-    else launch_v5(dm, copy, x, y);
-}
-/* v7p: persistent warps with the next step's weights in flight (R rows per warp, MB blocks/SM) */
-template <int R, int MB>
-static void launch_v7p(const devmat &dm, int copy, const float *x, float *y)
-{
-    mv_launch L;
-    if (v7_setup(dm, copy, y, R, L)) mvq_plaunch_r<R, MB>(0, L, g_xq, g_nsm);
+    if (v7_setup(dm, copy, y, 0, L)) mvq_launch(0, L, g_xq, false);
     else launch_v5(dm, copy, x, y);
 }
 static void launch_var(int var, const mv_launch &L, const float *x, const float *sx8)
 {
     if (var == 0) mv_launch_typed(0, L, x);
     else if (var == 3) mvq_launch(0, L, g_xq);
-    else if (var == 4) mvq_plaunch_r<2>(0, L, g_xq, g_nsm);
-    else if (var == 5) mvq_plaunch_r<4, 1>(0, L, g_xq, g_nsm);
     else mv_launch_typed_v6(0, L, x, var == 2 ? sx8 : NULL);
 }
 static void launch_v1(const devmat &dm, int copy, const float *x, float *y)
@@ -349,7 +338,6 @@ int main(int argc, char **argv)
     const int reps = argc > 1 ? atoi(argv[1]) : 25;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    g_nsm = prop.multiProcessorCount;
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
 
     /* the ceiling: streaming read of 4 GiB */
@@ -379,10 +367,9 @@ int main(int argc, char **argv)
 
     const uint32_t shapes[][2] = {{6656, 4096}, {6656, 256}, {4096, 6656}, {6656, 19968}, {19968, 6656}, {6656, 202048}};
     const uint32_t types[] = {MV_T_Q4_K, MV_T_Q6_K, MV_T_Q8_0, MV_T_F16, MV_T_F32};
-    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)", "v6", "v6b", "v7", "v7(R2)", "v7p(R2)", "v7p(R4,1blk)"};
-    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>, launch_v5, launch_v6, launch_v6b, launch_v7, launch_v7r2,
-                      launch_v7p<2, 2>, launch_v7p<4, 1>};
-    const int NV = 11;
+    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)", "v6", "v6b", "v7", "v7(no PDL)"};
+    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>, launch_v5, launch_v6, launch_v6b, launch_v7, launch_v7nopdl};
+    const int NV = 9;
     /* MUSER_KBENCH_FAST=1: v5, v6, v6b, v7 only (the device run's short budget) */
     const bool fast = getenv("MUSER_KBENCH_FAST") && atoi(getenv("MUSER_KBENCH_FAST")) != 0;
 
@@ -406,6 +393,11 @@ int main(int argc, char **argv)
         if (kq_only && t != MV_T_Q4_K && t != MV_T_Q6_K) continue;
         for (auto &sh : shapes) {
             const uint32_t cols = sh[0], rows = sh[1];
+            /* MUSER_KBENCH_ONLY=COLSxROWS: that shape only (profiling one kernel) */
+            if (getenv("MUSER_KBENCH_ONLY")) {
+                unsigned oc = 0, orows = 0;
+                if (sscanf(getenv("MUSER_KBENCH_ONLY"), "%ux%u", &oc, &orows) == 2 && (oc != cols || orows != rows)) continue;
+            }
             devmat dm;
             const size_t bytes = mv_row_bytes(t, cols) * rows;
             const int n_copy = (int)std::min<size_t>(8, std::max<size_t>(2, (size_t)(400u << 20) / bytes + 1));
@@ -450,7 +442,7 @@ int main(int argc, char **argv)
         CK(cudaMemcpy(hx.data(), x, 6656 * 4, cudaMemcpyDeviceToHost));
         float *out;
         CK(cudaMalloc(&out, 40000 * 4));
-        const char *varname[6] = {"v5", "v6", "v6b", "v7", "v7p2", "v7p4"};
+        const char *varname[4] = {"v5", "v6", "v6b", "v7"};
         mv_sum8_launch(0, x, sx8, 6656);
         mvq_prep_launch(0, x, xq, 6656);
         {   /* the per-input prep on its own, for the three input widths (into a spare buffer) */
@@ -473,7 +465,7 @@ int main(int argc, char **argv)
             }
             CK(cudaFree(xq2));
         }
-        for (int var = 0; var < 6; var++) {
+        for (int var = 0; var < 4; var++) {
             const devmat *mats[4] = {&q, &k, &v, &g};
             std::vector<float> ts;
             for (int it = 0; it < reps + 2; it++) {
@@ -490,7 +482,7 @@ int main(int argc, char **argv)
                     }
                     L.seg[s].out = out + ob;
                     L.seg[s].warp_begin = wb;
-                    wb += var == 4 ? mvq_seg_warps_r(mats[s]->m.rows, false, 2) : var >= 3 ? mvq_seg_warps_r(mats[s]->m.rows, false, 4) : (mats[s]->m.rows + 3) / 4;
+                    wb += var == 3 ? mvq_seg_warps_r(mats[s]->m.rows, false, 4) : (mats[s]->m.rows + 3) / 4;
                     ob += mats[s]->m.rows;
                 }
                 L.n_warps = wb;
@@ -534,7 +526,7 @@ int main(int argc, char **argv)
                 }
                 L.seg[0].op = MV_OP_SILU_MUL;
                 L.seg[0].out = out;
-                L.n_warps = var == 4 ? mvq_seg_warps_r(19968, true, 2) : var >= 3 ? mvq_seg_warps_r(19968, true, 4) : 19968;
+                L.n_warps = var == 3 ? mvq_seg_warps_r(19968, true, 4) : 19968;
                 CK(cudaEventRecord(a));
                 launch_var(var, L, x, sx8);
                 CK(cudaEventRecord(b));

@@ -19,9 +19,14 @@
 
 #define ATT_WARPS 4
 
+/* A stored position p lies in [origin_logical, origin_logical + len) and origin_physical <
+ * capacity, so the ring row needs one conditional subtraction, not a 64-bit modulo (which
+ * costs ~100 instructions per K and V row). */
 __device__ __forceinline__ uint64_t att_row(const cu_plane_meta &m, bool ring, uint64_t p)
 {
-    return ring ? (m.origin_physical + (p - m.origin_logical)) % m.capacity : p;
+    if (!ring) return p;
+    const uint64_t r = m.origin_physical + (p - m.origin_logical);
+    return r >= m.capacity ? r - m.capacity : r;
 }
 __device__ __forceinline__ size_t att_off(bool ring, uint32_t hkv, uint32_t D, uint64_t cap, uint32_t h, uint64_t r)
 {
@@ -260,7 +265,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
 /* One block per query head: merge the used splits, divide, gate. */
 __global__ void k_attn_combine(const float *part_ml, const float *part_acc, const cu_step *step,
                                const cu_plane_meta *meta, const float *gate, float *out, uint32_t G, uint32_t D,
-                               uint32_t n_split)
+                               uint32_t n_split, uint8_t *xq)
 {
     const uint32_t hq = blockIdx.x, h = hq / G, g = hq % G;
     const uint64_t pos = step->pos, len = meta[0].len;
@@ -287,6 +292,7 @@ __global__ void k_attn_combine(const float *part_ml, const float *part_acc, cons
             o = o * (1.f / (1.f + expf(-gv)));
         }
         out[(size_t)hq * D + d] = o;
+        if (xq) mvq_prep_warp(o, hq * D + d, xq); /* D % 32 == 0: whole warps */
     }
 }
 
@@ -315,7 +321,7 @@ static int launch_by_g(cudaStream_t st, const float *q, const cu_step *step, con
 
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
-                 const float *gate, float *out, const cu_attn_geom *g)
+                 const float *gate, float *out, const cu_attn_geom *g, uint8_t *xq)
 {
     int rc;
     switch (g->head_dim) {
@@ -327,7 +333,7 @@ int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_
     if (rc) return rc;
     const uint32_t G = g->n_head / g->n_head_kv;
     k_attn_combine<<<g->n_head, g->head_dim, 0, st>>>(part_ml, part_acc, step, meta, gate, out, G, g->head_dim,
-                                                       g->n_split);
+                                                       g->n_split, xq);
     return 0;
 }
 

@@ -76,6 +76,8 @@ typedef struct cu_ctx {
     int mv_ver;                /* MUSER_CUDA_MATVEC: 8 ("v7", default: mvq.cuh integer digits), 6 (v6: mantissa
                                 * trick), 5 (v5), 7 ("v6b": v6 with Σx from sx8, summed once per input) */
     uint8_t *xq;               /* mvq_prep output of the current matvec input (v7) */
+    bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
+                                * MUSER_CUDA_PDL=0 turns it off */
     float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
     double upload_s;
 } cu_ctx;
@@ -300,7 +302,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             mvq_prep_launch(st, x, c->xq, L->seg[0].a.cols);
             *prepped = true;
         }
-        mvq_launch(st, *L, c->xq);
+        mvq_launch(st, *L, c->xq, c->pdl);
         return;
     }
     if (c->mv_ver == 5 || (t != MV_T_Q4_K && t != MV_T_Q6_K)) {
@@ -317,11 +319,12 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
 /* Warps a segment of `rows` takes in the launch its format goes to. */
 static uint32_t seg_rows_per_warp(uint32_t type) { return mvq_type_ok(type) ? (uint32_t)mvq_rows_per_warp(type) : (uint32_t)mv_rows_per_warp(type); }
 
-/* matvec of several matrices over the same x; consecutive same-type matrices share one launch. */
-static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, float *const *outs, int n, const float *x)
+/* matvec of several matrices over the same x; consecutive same-type matrices share one launch.
+ * prepped: c->xq already holds x's digits (written by the kernel that produced x). */
+static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, float *const *outs, int n, const float *x,
+                     bool prepped)
 {
     mv_launch L;
-    bool prepped = false;
     memset(&L, 0, sizeof L);
     for (int i = 0; i < n; i++) {
         if (L.n_seg && (L.n_seg == MV_MAX_SEG || L.seg[0].a.type != mats[i]->type)) {
@@ -350,29 +353,33 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         cudaMemcpyAsync(&dstep->token, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToDevice, st);
     }
     pf_mark(pf, st, PF_EMBED);
+    /* v7: the producers of the matvec inputs a and attn_o write their digits too (no prep launch) */
+    uint8_t *xq_a = c->mv_ver == 8 && E % 256 == 0 ? c->xq : NULL;
+    uint8_t *xq_o = c->mv_ver == 8 && (H * D) % 256 == 0 ? c->xq : NULL;
     cu_embed_norm(st, &c->emb, &dstep->token, c->h, c->a, c->layers[0].attn_norm, hp->rms_eps, hp->entry_norm,
-                  hp->rms_eps, E);
+                  hp->rms_eps, E, xq_a);
     float *q = c->qkvg, *k = q + (size_t)H * D, *v = k + (size_t)HKV * D, *g = v + (size_t)HKV * D;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         cu_layer *L = &c->layers[l];
         pf_mark(pf, st, PF_QKVG);
         const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
         float *outs[4] = {q, k, v, g};
-        mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a);
+        mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, xq_a != NULL);
         pf_mark(pf, st, PF_ROPE);
         cu_qk_rope_store(st, c->qkvg, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
                          hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
                          &L->geom);
         pf_mark(pf, st, PF_ATTN);
         if (cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc, hp->attn_gate ? g : NULL,
-                         c->attn_o, &L->geom))
+                         c->attn_o, &L->geom, xq_o))
             return -1;
         pf_mark(pf, st, PF_OPROJ);
         const mv_mat *om[1] = {&L->o};
         float *oo[1] = {c->y};
-        mv_group(c, st, om, oo, 1, c->attn_o);
+        mv_group(c, st, om, oo, 1, c->attn_o, xq_o != NULL);
         pf_mark(pf, st, PF_TAIL);
-        cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E);
+        cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E,
+                xq_a);
         pf_mark(pf, st, PF_FFN_UP);
         if (c->gate_up_paired) {
             mv_launch ml;
@@ -380,22 +387,22 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             const uint32_t t = L->ffn_gate.type;
             seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, mvq_type_ok(t) ? (uint32_t)mvq_rows_per_warp(t) / 2 : 1);
             ml.seg[0].b = L->ffn_up;
-            bool summed = false;
-            mv_go(c, st, &ml, c->a, &summed);
+            bool prepped = xq_a != NULL;
+            mv_go(c, st, &ml, c->a, &prepped);
         } else {
             const mv_mat *gm[2] = {&L->ffn_gate, &L->ffn_up};
             float *go[2] = {c->ffn_g, c->ffn_u};
-            mv_group(c, st, gm, go, 2, c->a);
+            mv_group(c, st, gm, go, 2, c->a, xq_a != NULL);
             cu_silu_mul(st, c->ffn_g, c->ffn_u, c->ffn, hp->n_ff);
         }
         pf_mark(pf, st, PF_DOWN);
         const mv_mat *dm[1] = {&L->ffn_down};
         float *dout[1] = {c->y};
-        mv_group(c, st, dm, dout, 1, c->ffn);
+        mv_group(c, st, dm, dout, 1, c->ffn, false);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
         cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
-                hp->rms_eps, hp->sandwich, E);
+                hp->rms_eps, hp->sandwich, E, xq_a);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
@@ -403,8 +410,8 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, seg_rows_per_warp(c->out.type));
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
-    bool head_summed = false;
-    mv_go(c, st, &hl, c->a, &head_summed);
+    bool head_prepped = xq_a != NULL;
+    mv_go(c, st, &hl, c->a, &head_prepped);
     cu_argmax(st, c->logits, hp->n_vocab, c->am_v, c->am_i, c->d_token, c->d_nonfinite);
     cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
     cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
@@ -497,6 +504,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
                     : !strcmp(mv, "v6b")            ? 7
                                                     : -1;
         if (c->mv_ver < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_MATVEC=%s: expected v7, v6, v6b or v5", mv));
+        const char *pdl = getenv("MUSER_CUDA_PDL");
+        c->pdl = !(pdl && !strcmp(pdl, "0"));
     }
     FAIL(kv_init(&c->kv, hp, n_ctx, false, err));
     cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);

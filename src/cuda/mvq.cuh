@@ -41,36 +41,45 @@
 #include "cuda/matvec.cuh"
 
 
+/* ---- programmatic dependent launch ---------------------------------------------------------- */
+/* The matvec is launched with programmatic stream serialization: its blocks may start while the
+ * previous kernel (the prep of its x) is still running. Everything before mvq_wait reads only
+ * weights, which no kernel writes; everything after it may read the predecessor's output. The
+ * prep and the matvec let their own dependents start early with mvq_trigger. */
+__device__ __forceinline__ void mvq_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void mvq_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 /* ---- prepared x --------------------------------------------------------------------------- */
+/* Records of 128 positions (a half block), MVQ_REC bytes each:
+ *   [0, 384)   digits d0 | d1 | d2, 128 bytes each
+ *   [384, 400) s of the record's four 32-groups (f32)
+ *   [400, 432) S16 = s·Σ X of its eight 16-groups (f32)
+ * A lane's whole x for one block (64 positions) is in one record at one pointer with immediate
+ * offsets, and 432 ≡ 48 (mod 128) puts the 8 lanes of a 16-byte load phase (2 blocks × 4 lanes:
+ * 4 records × 2 halves) on 8 distinct 16-byte bank groups. */
+#define MVQ_REC 432u
+
 typedef struct mvq_x {
-    const uint8_t *dig; /* [3][K] swizzled digit planes */
-    const float *s;     /* [K/32] */
-    const float *s16;   /* [K/16] */
+    const uint8_t *rec; /* [K/128][MVQ_REC] */
     uint32_t K;
 } mvq_x;
 
-static inline size_t mvq_x_bytes(uint32_t K) { return (size_t)3 * K + (size_t)K / 32 * 4 + (size_t)K / 16 * 4; }
+static inline size_t mvq_x_bytes(uint32_t K) { return (size_t)K / 128 * MVQ_REC; }
 
 __host__ __device__ inline mvq_x mvq_x_at(const uint8_t *buf, uint32_t K)
 {
     mvq_x q;
-    q.dig = buf;
-    q.s = (const float *)(buf + (size_t)3 * K);
-    q.s16 = q.s + K / 32;
+    q.rec = buf;
     q.K = K;
     return q;
 }
 
-__host__ __device__ inline uint32_t mvq_swz(uint32_t ch) { return ch ^ ((ch >> 3) & 3u); }
-
-/* One warp per 32-group. K multiple of 256 (blocks), buf 4-byte aligned. */
-static __global__ void __launch_bounds__(256) mvq_prep(const float *__restrict__ x, uint8_t *__restrict__ buf, uint32_t K)
+/* One 32-group of x into buf: lane l holds v = x[p], p = 32g + l; all 32 lanes call it. Kernels
+ * that produce a matvec input with a warp per 32 consecutive elements (the tails, the embedding
+ * norm, the attention combine) call it as they write x, so the matvec needs no prep launch. */
+__device__ __forceinline__ void mvq_prep_warp(float v, uint32_t p, uint8_t *__restrict__ buf)
 {
-    const uint32_t g = blockIdx.x * 8 + (threadIdx.x >> 5);
-    const uint32_t lane = threadIdx.x & 31;
-    if (g >= K / 32) return;
-    const uint32_t p = 32 * g + lane;
-    const float v = x[p];
+    const uint32_t lane = p & 31;
     const uint32_t mx = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v) & 0x7FFFFFFFu);
     float s;
     int X = 0;
@@ -87,17 +96,26 @@ static __global__ void __launch_bounds__(256) mvq_prep(const float *__restrict__
         X = __float2int_rn(v * inv);
         X = max(-8388607, min(8388607, X));
     }
-    float *sg = (float *)(buf + (size_t)3 * K);
-    float *s16 = sg + K / 32;
-    const uint32_t ch = p >> 4, pp = mvq_swz(ch) * 16 + (p & 15);
-    buf[pp] = (uint8_t)(X & 255);
-    buf[K + pp] = (uint8_t)((X >> 8) & 255);
-    buf[2 * (size_t)K + pp] = (uint8_t)((X >> 16) & 255);
+    uint8_t *r = buf + (size_t)(p >> 7) * MVQ_REC;
+    const uint32_t w = p & 127;
+    r[w] = (uint8_t)(X & 255);
+    r[128 + w] = (uint8_t)((X >> 8) & 255);
+    r[256 + w] = (uint8_t)((X >> 16) & 255);
     int t = X;
 #pragma unroll
     for (int o = 1; o < 16; o <<= 1) t += __shfl_xor_sync(0xFFFFFFFFu, t, o);
-    if ((lane & 15) == 0) s16[2 * g + (lane >> 4)] = s * (float)t;
-    if (lane == 0) sg[g] = s;
+    if ((lane & 15) == 0) ((float *)(r + 400))[(w >> 4)] = s * (float)t;
+    if (lane == 0) ((float *)(r + 384))[(w >> 5)] = s;
+}
+
+/* One warp per 32-group. K multiple of 256 (blocks), buf 16-byte aligned. */
+static __global__ void __launch_bounds__(256) mvq_prep(const float *__restrict__ x, uint8_t *__restrict__ buf, uint32_t K)
+{
+    mvq_trigger();
+    const uint32_t g = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (g >= K / 32) return;
+    const uint32_t p = 32 * g + (threadIdx.x & 31);
+    mvq_prep_warp(x[p], p, buf);
 }
 
 static inline void mvq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K)
@@ -133,14 +151,35 @@ __device__ __forceinline__ uint32_t mvq_w(const uint4 &v, int i) { return i == 0
 /* Small non-negative int to float without I2F: 0x4B000000 | v is 2^23 + v. */
 __device__ __forceinline__ float mvq_small(uint32_t v) { return __int_as_float((int)(0x4B000000u | v)) - 8388608.f; }
 
-/* The x a lane needs for block b, loaded chunk by chunk (12 registers live, not 48): chunk k of
- * the lane's 64 positions in 3 digits; s of its two 32-groups and S16 of its four 16-groups. */
-__device__ __forceinline__ void mvq_load_chunk(const mvq_x &q, uint32_t b, uint32_t c, int k, uint4 D[3])
+/* The x a lane needs for one block sits in one record: xr points at its 64 positions' d0 (the
+ * record start + 64·(c&1)); chunk k of digit dg at xr + 128·dg + 16·k; its two s at xs, its four
+ * S16 at xS. */
+struct mvq_xp {
+    const uint8_t *xr;
+    const float *xs;
+    const float *xS;
+};
+__device__ __forceinline__ void mvq_load_chunk(const mvq_xp &X, int k, uint4 D[3])
 {
-    const uint32_t sw = (c >> 1) | ((b & 1u) << 1);
-    const size_t off = (size_t)(16u * b + 4u * c + ((uint32_t)k ^ sw)) * 16;
 #pragma unroll
-    for (int dg = 0; dg < 3; dg++) D[dg] = __ldg((const uint4 *)(q.dig + (size_t)dg * q.K + off));
+    for (int dg = 0; dg < 3; dg++) D[dg] = __ldg((const uint4 *)(X.xr + 128 * dg + 16 * k));
+}
+/* The lane's x pointers at block b, and their step for b += 8. */
+__device__ __forceinline__ mvq_xp mvq_xp_at(const mvq_x &q, uint32_t b, uint32_t c)
+{
+    const uint8_t *r = q.rec + (size_t)(2 * b + (c >> 1)) * MVQ_REC;
+    mvq_xp X;
+    X.xr = r + 64 * (c & 1);
+    X.xs = (const float *)(r + 384) + 2 * (c & 1);
+    X.xS = (const float *)(r + 400) + 4 * (c & 1);
+    return X;
+}
+#define MVQ_XSTEP (16 * MVQ_REC) /* bytes from block b to b + 8 */
+__device__ __forceinline__ void mvq_xp_next(mvq_xp &X)
+{
+    X.xr += MVQ_XSTEP;
+    X.xs = (const float *)((const uint8_t *)X.xs + MVQ_XSTEP);
+    X.xS = (const float *)((const uint8_t *)X.xS + MVQ_XSTEP);
 }
 
 /* Exact Σ q·X over a chunk as three digit accumulators. */
@@ -168,12 +207,15 @@ __device__ __forceinline__ float mvq_val(const mvq_acc &A, float s)
 struct mvq_q4w {
     uint4 hdr, qa, qb;
 };
-/* qs: the matrix's qs plane, hdr: its header plane, blk: block index. */
-__device__ __forceinline__ void mvq_q4k_load(const uint8_t *qs, const uint8_t *hdr, size_t blk, uint32_t c, mvq_q4w &W)
+/* A row's running pointers: qs at (block, lane c), hdr at the block. */
+struct mvq_q4p {
+    const uint8_t *qs, *hdr;
+};
+__device__ __forceinline__ void mvq_q4k_load(const mvq_q4p &P, mvq_q4w &W)
 {
-    W.hdr = mvq_ldw(hdr + blk * 16);
-    W.qa = mvq_ldw(qs + blk * 128 + 16 * c);
-    W.qb = mvq_ldw(qs + blk * 128 + 64 + 16 * c);
+    W.hdr = mvq_ldw(P.hdr);
+    W.qa = mvq_ldw(P.qs);
+    W.qb = mvq_ldw(P.qs + 64);
 }
 /* d·(sc0·Pl + sc1·Ph) − dmin·(m0·Σx_j0 + m1·Σx_j1) */
 __device__ __forceinline__ float mvq_q4k_finish(const uint4 &hdr, uint32_t c, float Pl, float Ph, float Sl, float Sh)
@@ -193,16 +235,16 @@ __device__ __forceinline__ float mvq_q4k_finish(const uint4 &hdr, uint32_t c, fl
 }
 
 template <int R>
-__device__ __forceinline__ void mvq_q4k_compute(const mvq_q4w W[R], const mvq_x &q, uint32_t b, uint32_t c, float acc[R])
+__device__ __forceinline__ void mvq_q4k_compute(const mvq_q4w W[R], const mvq_xp &X, uint32_t c, float acc[R])
 {
-    const float2 s = __ldg((const float2 *)(q.s + 8 * b + 2 * c));
-    const float4 S = __ldg((const float4 *)(q.s16 + 16 * b + 4 * c));
+    const float2 s = __ldg((const float2 *)X.xs);
+    const float4 S = __ldg((const float4 *)X.xS);
     float Pl[R];
     mvq_acc A[R];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         uint4 D[3];
-        mvq_load_chunk(q, b, c, k, D);
+        mvq_load_chunk(X, k, D);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (k == 0 || k == 2) A[r] = {0u, 0u, 0};
@@ -216,30 +258,24 @@ __device__ __forceinline__ void mvq_q4k_compute(const mvq_q4w W[R], const mvq_x 
     }
 }
 
-template <int R>
-__device__ __forceinline__ void mvq_q4k_step(const uint8_t *const qs[R], const uint8_t *const hdr[R], const size_t blk[R],
-                                             const mvq_x &q, uint32_t b, uint32_t c, float acc[R])
-{
-    mvq_q4w W[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) mvq_q4k_load(qs[r], hdr[r], blk[r], c, W[r]);
-    mvq_q4k_compute<R>(W, q, b, c, acc);
-}
-
 /* ---- Q6_K (MV_T_Q6_KD planes) --------------------------------------------------------------- */
 struct mvq_q6w {
     uint4 qa, qb, h;
     uint32_t s4;
     float d;
 };
-__device__ __forceinline__ void mvq_q6k_load(const uint8_t *ql, const uint8_t *qh, const uint8_t *sc, const __half *dp,
-                                             size_t blk, uint32_t c, mvq_q6w &W)
+/* A row's running pointers at (block, lane c): ql, qh, scales, d. */
+struct mvq_q6p {
+    const uint8_t *ql, *qh, *sc;
+    const __half *d;
+};
+__device__ __forceinline__ void mvq_q6k_load(const mvq_q6p &P, mvq_q6w &W)
 {
-    W.qa = mvq_ldw(ql + blk * 128 + 16 * c);
-    W.qb = mvq_ldw(ql + blk * 128 + 64 + 16 * c);
-    W.h = mvq_ldw(qh + blk * 64 + 16 * c);
-    W.s4 = mvq_ldw32(sc + blk * 16 + 4 * c);
-    W.d = __half2float(dp[blk]);
+    W.qa = mvq_ldw(P.ql);
+    W.qb = mvq_ldw(P.ql + 64);
+    W.h = mvq_ldw(P.qh);
+    W.s4 = mvq_ldw32(P.sc);
+    W.d = __half2float(*P.d);
 }
 /* The 6-bit values of chunk k, word w: low nibble from ql, two high bits from qh at bits 4-5. */
 __device__ __forceinline__ uint32_t mvq_q6_word(const mvq_q6w &W, int k, int w)
@@ -253,22 +289,17 @@ __device__ __forceinline__ uint32_t mvq_q6_word(const mvq_q6w &W, int k, int w)
     }
 }
 
-struct mvq_q6rows {
-    const uint8_t *ql, *qh, *sc;
-    const __half *d;
-};
-
 template <int R>
-__device__ __forceinline__ void mvq_q6k_compute(const mvq_q6w W[R], const mvq_x &q, uint32_t b, uint32_t c, float acc[R])
+__device__ __forceinline__ void mvq_q6k_compute(const mvq_q6w W[R], const mvq_xp &X, float acc[R])
 {
-    const float2 s = __ldg((const float2 *)(q.s + 8 * b + 2 * c));
-    const float4 S4 = __ldg((const float4 *)(q.s16 + 16 * b + 4 * c));
+    const float2 s = __ldg((const float2 *)X.xs);
+    const float4 S4 = __ldg((const float4 *)X.xS);
     const float S[4] = {S4.x, S4.y, S4.z, S4.w};
     float part[R];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         uint4 D[3];
-        mvq_load_chunk(q, b, c, k, D);
+        mvq_load_chunk(X, k, D);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             mvq_acc A = {0u, 0u, 0};
@@ -284,58 +315,73 @@ __device__ __forceinline__ void mvq_q6k_compute(const mvq_q6w W[R], const mvq_x 
     for (int r = 0; r < R; r++) acc[r] += W[r].d * part[r];
 }
 
-template <int R>
-__device__ __forceinline__ void mvq_q6k_step(const mvq_q6rows P[R], const size_t blk[R], const mvq_x &q, uint32_t b,
-                                             uint32_t c, float acc[R])
-{
-    mvq_q6w W[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) mvq_q6k_load(P[r].ql, P[r].qh, P[r].sc, P[r].d, blk[r], c, W[r]);
-    mvq_q6k_compute<R>(W, q, b, c, acc);
-}
-
 /* ---- the launch ----------------------------------------------------------------------------- */
 template <int R, uint32_t T>
 __device__ __forceinline__ void mvq_dot_rows(const mv_mat *const mk[R], const uint32_t row[R], const mvq_x &q,
                                              int lane, float acc[R])
 {
-    const uint32_t nb = mk[0]->cols / 256, c = (uint32_t)lane & 3u;
+    const uint32_t nb = mk[0]->cols / 256, c = (uint32_t)lane & 3u, b0 = (uint32_t)lane >> 2;
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
-    if (T == MV_T_Q6_KD) {
-        mvq_q6rows P[R];
-        size_t blk0[R];
+    if (b0 >= nb) { /* no block for this lane (K < 2048): nothing to read */
+        mvq_wait();
+        return;
+    }
+    mvq_xp X = mvq_xp_at(q, b0, c);
+    if constexpr (T == MV_T_Q6_KD) {
+        mvq_q6p P[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const size_t n = (size_t)mk[r]->rows * nb;
-            P[r].ql = mk[r]->data;
-            P[r].qh = mk[r]->data + n * 128;
-            P[r].sc = mk[r]->data + n * 192;
-            P[r].d = (const __half *)(mk[r]->data + n * 208);
-            blk0[r] = (size_t)row[r] * nb;
+            const size_t n = (size_t)mk[r]->rows * nb, blk = (size_t)row[r] * nb + b0;
+            const uint8_t *m = mk[r]->data;
+            P[r].ql = m + blk * 128 + 16 * c;
+            P[r].qh = m + n * 128 + blk * 64 + 16 * c;
+            P[r].sc = m + n * 192 + blk * 16 + 4 * c;
+            P[r].d = (const __half *)(m + n * 208) + blk;
         }
-        for (uint32_t b = (uint32_t)lane >> 2; b < nb; b += 8) {
-            size_t blk[R];
+        mvq_q6w W[R];
+        for (uint32_t b = b0;;) {
 #pragma unroll
-            for (int r = 0; r < R; r++) blk[r] = blk0[r] + b;
-            mvq_q6k_step<R>(P, blk, q, b, c, acc);
+            for (int r = 0; r < R; r++) {
+                mvq_q6k_load(P[r], W[r]);
+                P[r].ql += 8 * 128;
+                P[r].qh += 8 * 64;
+                P[r].sc += 8 * 16;
+                P[r].d += 8;
+            }
+            if (b == b0) mvq_wait(); /* x is the previous kernel's output */
+            mvq_q6k_compute<R>(W, X, acc);
+            mvq_xp_next(X);
+            if ((b += 8) >= nb) break;
         }
     } else {
-        const uint8_t *qs[R], *hd[R];
-        size_t blk0[R];
+        mvq_q4p P[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            qs[r] = mk[r]->data;
-            hd[r] = mk[r]->data + (size_t)mk[r]->rows * nb * 128;
-            blk0[r] = (size_t)row[r] * nb;
+            const size_t blk = (size_t)row[r] * nb + b0;
+            P[r].qs = mk[r]->data + blk * 128 + 16 * c;
+            P[r].hdr = mk[r]->data + (size_t)mk[r]->rows * nb * 128 + blk * 16;
         }
-        for (uint32_t b = (uint32_t)lane >> 2; b < nb; b += 8) {
-            size_t blk[R];
+        mvq_q4w W[R];
+        for (uint32_t b = b0;;) {
 #pragma unroll
-            for (int r = 0; r < R; r++) blk[r] = blk0[r] + b;
-            mvq_q4k_step<R>(qs, hd, blk, q, b, c, acc);
+            for (int r = 0; r < R; r++) {
+                mvq_q4k_load(P[r], W[r]);
+                P[r].qs += 8 * 128;
+                P[r].hdr += 8 * 16;
+            }
+            if (b == b0) mvq_wait(); /* x is the previous kernel's output */
+            mvq_q4k_compute<R>(W, X, c, acc);
+            mvq_xp_next(X);
+            if ((b += 8) >= nb) break;
         }
     }
+}
+
+/* Warp sum of each acc[r] (lanes past the last block hold 0). */
+template <int R>
+__device__ __forceinline__ void mvq_warp_sum(float acc[R])
+{
 #pragma unroll
     for (int r = 0; r < R; r++)
         for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], o);
@@ -347,6 +393,7 @@ __device__ __forceinline__ void mvq_dot_rows(const mv_mat *const mk[R], const ui
 template <int R, uint32_t T>
 __global__ void __launch_bounds__(MV_WARPS * 32, 2) mvq_kernel(const mv_launch L, const uint8_t *__restrict__ xbuf, uint32_t K)
 {
+    mvq_trigger();
     const uint32_t warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (warp >= L.n_warps) return;
@@ -368,6 +415,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32, 2) mvq_kernel(const mv_launch L
     }
     float acc[R];
     mvq_dot_rows<R, T>(mk, row, q, lane, acc);
+    mvq_warp_sum<R>(acc);
     if (lane != 0) return;
     for (uint32_t i = 0; i < per; i++) {
         const uint32_t rw = w * per + i;
@@ -384,140 +432,6 @@ __global__ void __launch_bounds__(MV_WARPS * 32, 2) mvq_kernel(const mv_launch L
     }
 }
 
-/* ---- v7p: persistent warps, next step's weights loaded before this step's arithmetic ---------
- * The grid is a fixed number of blocks (2 per SM); warp w takes a contiguous range of row groups
- * (a group: the R rows one warp of mvq_kernel would take) and walks its (group, step) items in
- * order, one step = 8 blocks of every row of the group. The weights of item i+1 are in flight
- * while item i is computed, so a warp never waits on DRAM with nothing else issued. */
-template <int R, uint32_t T> struct mvq_wsel;
-template <int R> struct mvq_wsel<R, MV_T_Q4_KD> {
-    mvq_q4w w[R];
-};
-template <int R> struct mvq_wsel<R, MV_T_Q6_KD> {
-    mvq_q6w w[R];
-};
-
-/* Segment and row slots of group g (rows past a segment's end repeat its last row). */
-template <int R>
-__device__ __forceinline__ const mv_seg &mvq_group(const mv_launch &L, uint32_t g, const mv_mat *mk[R], uint32_t row[R])
-{
-    uint32_t s = 0;
-    while (s + 1 < L.n_seg && g >= L.seg[s + 1].warp_begin) s++;
-    const mv_seg &sg = L.seg[s];
-    const uint32_t w = g - sg.warp_begin;
-    const bool pair = sg.op == MV_OP_SILU_MUL;
-    const uint32_t per = pair ? R / 2 : R;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const uint32_t i = pair ? (uint32_t)r % per : (uint32_t)r;
-        mk[r] = (pair && r >= R / 2) ? &sg.b : &sg.a;
-        const uint32_t rw = w * per + i;
-        row[r] = rw < sg.a.rows ? rw : sg.a.rows - 1;
-    }
-    return sg;
-}
-
-/* Lane 0 stores group g's rows (acc already warp-reduced), with the segment's epilogue. */
-template <int R>
-__device__ __forceinline__ void mvq_store(const mv_seg &sg, uint32_t g, const float acc[R])
-{
-    const bool pair = sg.op == MV_OP_SILU_MUL;
-    const uint32_t per = pair ? R / 2 : R, w = g - sg.warp_begin;
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        const uint32_t rw = w * per + (uint32_t)i;
-        if ((uint32_t)i >= per || rw >= sg.a.rows) break;
-        float y = acc[i];
-        if (pair) {
-            const float u = acc[i + (pair ? R / 2 : 0)];
-            y = y / (1.f + expf(-y)) * u;
-        } else if (sg.op == MV_OP_SOFTCAP) {
-            y = y * sg.scale;
-            if (sg.cap > 0.f) y = sg.cap * tanhf(y / sg.cap);
-        }
-        sg.out[rw] = y;
-    }
-}
-
-template <int R, uint32_t T>
-__device__ __forceinline__ void mvq_load_item(const mv_launch &L, uint32_t g, uint32_t b, uint32_t nb, uint32_t c,
-                                              mvq_wsel<R, T> &W)
-{
-    const mv_mat *mk[R];
-    uint32_t row[R];
-    mvq_group<R>(L, g, mk, row);
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        if constexpr (T == MV_T_Q4_KD) {
-            mvq_q4k_load(mk[r]->data, mk[r]->data + (size_t)mk[r]->rows * nb * 128, (size_t)row[r] * nb + b, c, W.w[r]);
-        } else {
-            const size_t n = (size_t)mk[r]->rows * nb;
-            const uint8_t *m = mk[r]->data;
-            mvq_q6k_load(m, m + n * 128, m + n * 192, (const __half *)(m + n * 208), (size_t)row[r] * nb + b, c,
-                         W.w[r]);
-        }
-    }
-}
-
-template <int R, uint32_t T, int MB>
-__global__ void __launch_bounds__(MV_WARPS * 32, MB) mvq_pkernel(const mv_launch L, const uint8_t *__restrict__ xbuf, uint32_t K)
-{
-    const uint32_t NW = gridDim.x * MV_WARPS, gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-    const uint32_t G = L.n_warps;
-    const uint32_t g0 = (uint32_t)((uint64_t)gw * G / NW), g1 = (uint32_t)((uint64_t)(gw + 1) * G / NW);
-    if (g0 >= g1) return;
-    const int lane = threadIdx.x & 31;
-    const uint32_t c = (uint32_t)lane & 3u, bl = (uint32_t)lane >> 2;
-    const uint32_t nb = K / 256, n_it = (nb + 7) / 8;
-    const mvq_x q = mvq_x_at(xbuf, K);
-    mvq_wsel<R, T> Wn, W;
-    uint32_t g = g0, it = 0;
-    if (bl < nb) mvq_load_item<R, T>(L, g, bl, nb, c, Wn);
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.f;
-    for (;;) {
-        W = Wn;
-        const uint32_t cg = g, cit = it;
-        if (++it == n_it) {
-            it = 0;
-            g++;
-        }
-        const uint32_t bn = bl + 8 * it;
-        if (g < g1 && bn < nb) mvq_load_item<R, T>(L, g, bn, nb, c, Wn);
-        const uint32_t b = bl + 8 * cit;
-        if (b < nb) {
-            if constexpr (T == MV_T_Q4_KD) mvq_q4k_compute<R>(W.w, q, b, c, acc);
-            else mvq_q6k_compute<R>(W.w, q, b, c, acc);
-        }
-        if (cit == n_it - 1) {
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], o);
-            if (lane == 0) {
-                const mv_mat *mk[R];
-                uint32_t row[R];
-                mvq_store<R>(mvq_group<R>(L, cg, mk, row), cg, acc);
-            }
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[r] = 0.f;
-        }
-        if (g >= g1) break;
-    }
-}
-
-/* MB blocks per SM (R=2: 2 at 128 registers; R=4 needs ~170 registers: 1). */
-template <int R, int MB = 2>
-static inline void mvq_plaunch_r(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf, int n_sm)
-{
-    const unsigned want = (L.n_warps + MV_WARPS - 1) / MV_WARPS, cap = (unsigned)MB * (unsigned)n_sm;
-    const unsigned nblk = want < cap ? want : cap;
-    if (L.seg[0].a.type == MV_T_Q6_KD)
-        mvq_pkernel<R, MV_T_Q6_KD, MB><<<nblk, MV_WARPS * 32, 0, st>>>(L, xbuf, L.seg[0].a.cols);
-    else
-        mvq_pkernel<R, MV_T_Q4_KD, MB><<<nblk, MV_WARPS * 32, 0, st>>>(L, xbuf, L.seg[0].a.cols);
-}
-
 /* Rows per warp by format: Q4_K 4 (128 registers, no spill), Q6_KD 2 (4 rows spill). */
 static inline int mvq_rows_per_warp(uint32_t type) { return type == MV_T_Q6_KD ? 2 : 4; }
 
@@ -532,20 +446,28 @@ static inline bool mvq_type_ok(uint32_t t) { return t == MV_T_Q4_KD || t == MV_T
 
 /* xbuf must hold mvq_prep's output for the launch's input (K = seg[0].a.cols); every segment has
  * the format of seg[0] and warps counted at R rows per warp. */
+/* pdl: launch with programmatic stream serialization (see mvq_wait). */
 template <int R>
-static inline void mvq_launch_r(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf)
+static inline void mvq_launch_r(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf, bool pdl = true)
 {
-    const unsigned nblk = (L.n_warps + MV_WARPS - 1) / MV_WARPS;
-    if (L.seg[0].a.type == MV_T_Q6_KD)
-        mvq_kernel<R, MV_T_Q6_KD><<<nblk, MV_WARPS * 32, 0, st>>>(L, xbuf, L.seg[0].a.cols);
-    else
-        mvq_kernel<R, MV_T_Q4_KD><<<nblk, MV_WARPS * 32, 0, st>>>(L, xbuf, L.seg[0].a.cols);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((L.n_warps + MV_WARPS - 1) / MV_WARPS);
+    cfg.blockDim = dim3(MV_WARPS * 32);
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    const uint32_t K = L.seg[0].a.cols;
+    if (L.seg[0].a.type == MV_T_Q6_KD) cudaLaunchKernelEx(&cfg, mvq_kernel<R, MV_T_Q6_KD>, L, xbuf, K);
+    else cudaLaunchKernelEx(&cfg, mvq_kernel<R, MV_T_Q4_KD>, L, xbuf, K);
 }
 /* Warps counted with mvq_seg_warps (R by format). */
-static inline void mvq_launch(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf)
+static inline void mvq_launch(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf, bool pdl = true)
 {
-    if (mvq_rows_per_warp(L.seg[0].a.type) == 2) mvq_launch_r<2>(st, L, xbuf);
-    else mvq_launch_r<4>(st, L, xbuf);
+    if (mvq_rows_per_warp(L.seg[0].a.type) == 2) mvq_launch_r<2>(st, L, xbuf, pdl);
+    else mvq_launch_r<4>(st, L, xbuf, pdl);
 }
 
 /* ---- Q6_K repack into the mvq planes (one thread per block) ------------------------------ */

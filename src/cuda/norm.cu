@@ -21,7 +21,7 @@ __device__ static double block_sum(double v, double *sh)
 }
 
 __global__ void __launch_bounds__(NORM_THREADS) k_embed_norm(const mv_mat emb, const int32_t *d_token, float *h, float *a, const float *w,
-                             float eps, int entry_norm, float entry_eps, uint32_t E)
+                             float eps, int entry_norm, float entry_eps, uint32_t E, uint8_t *xq)
 {
     __shared__ double sh[32];
     const uint32_t tok = (uint32_t)*d_token;
@@ -43,20 +43,24 @@ __global__ void __launch_bounds__(NORM_THREADS) k_embed_norm(const mv_mat emb, c
         ss = block_sum(ss2, sh);
     }
     const float r = (float)(1.0 / sqrt(ss / E + eps));
-    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) a[i] = h[i] * r * w[i];
+    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
+        const float v = h[i] * r * w[i];
+        a[i] = v;
+        if (xq) mvq_prep_warp(v, i, xq); /* E % 32 == 0: whole warps */
+    }
 }
 
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
-                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E)
+                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, uint8_t *xq)
 {
-    k_embed_norm<<<1, NORM_THREADS, 0, st>>>(*emb, d_token, h, a, w_norm, eps, entry_norm, entry_eps, E);
+    k_embed_norm<<<1, NORM_THREADS, 0, st>>>(*emb, d_token, h, a, w_norm, eps, entry_norm, entry_eps, E, xq);
 }
 
 /* Each thread holds its (at most NORM_PER) elements in registers: the loads of a pass are issued
  * together (one memory latency per pass instead of one per element). */
 #define NORM_PER 8
 __global__ void __launch_bounds__(NORM_THREADS) k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post,
-                       const float *w_next, float eps_next, int sandwich, uint32_t E)
+                       const float *w_next, float eps_next, int sandwich, uint32_t E, uint8_t *xq)
 {
     __shared__ double sh[32];
     float yv[NORM_PER], hv[NORM_PER];
@@ -90,15 +94,19 @@ __global__ void __launch_bounds__(NORM_THREADS) k_tail(const float *y, float *h,
 #pragma unroll
     for (int k = 0; k < NORM_PER; k++) {
         const uint32_t i = threadIdx.x + k * blockDim.x;
-        if (i < E) a[i] = hv[k] * r2 * w_next[i];
+        if (i < E) {
+            const float v = hv[k] * r2 * w_next[i];
+            a[i] = v;
+            if (xq) mvq_prep_warp(v, i, xq); /* E % 32 == 0: i < E is whole warps */
+        }
     }
 }
 
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E)
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq)
 {
     /* E <= NORM_THREADS * NORM_PER (8192) is checked at context creation */
-    k_tail<<<1, NORM_THREADS, 0, st>>>(y, h, a, w_post, eps_post, w_next, eps_next, sandwich, E);
+    k_tail<<<1, NORM_THREADS, 0, st>>>(y, h, a, w_post, eps_post, w_next, eps_next, sandwich, E, xq);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)
