@@ -51,13 +51,16 @@ for step in $steps; do
         ;;
     bench)
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        # the table: v7 (default) at the four depths; v7 without PDL and v6 at two, same run
         for v in v7 v7nopdl v6; do
             echo "=== MUSER_CUDA_MATVEC=$v" >>"$OUT/bench.log"
             mv=${v%nopdl}
             pdl=1
             [ "$v" != "$mv" ] && pdl=0
-            MUSER_CUDA_MATVEC=$mv MUSER_CUDA_PDL=$pdl timeout -k 5 90 "$D/muser" bench --backend cuda -m /tmp/g.gguf \
-                --gen 64 --ctx 0,32768 >>"$OUT/bench.log" 2>&1
+            ctx=0,32768
+            [ "$v" = v7 ] && ctx=0,4096,32768,130943
+            MUSER_CUDA_MATVEC=$mv MUSER_CUDA_PDL=$pdl timeout -k 5 120 "$D/muser" bench --backend cuda -m /tmp/g.gguf \
+                --gen 64 --ctx $ctx >>"$OUT/bench.log" 2>&1
             note "bench $v rc=$?"
             awk -v v="$v" '/^=== /{cur=$2} cur=="MUSER_CUDA_MATVEC="v && /^ctx /' "$OUT/bench.log" | sed 's/^/    /' >>"$S"
         done

@@ -100,12 +100,18 @@ void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *q_norm, const fl
         g->head_dim, g->ring);
 }
 
+/* Positions per split: ceil(len / n_split) rounded up to a multiple of 32. */
+__device__ __forceinline__ uint64_t att_chunk(uint64_t len, uint32_t n_split)
+{
+    return (((len + n_split - 1) / n_split) + 31) & ~(uint64_t)31;
+}
+
 /* Range of block `split` of n_split over the stored positions. */
 __device__ __forceinline__ void att_range(uint64_t pos, uint64_t len, uint32_t n_split, uint32_t split,
                                           uint64_t *b, uint64_t *e)
 {
     const uint64_t first = pos + 1 - len;
-    const uint64_t chunk = (((len + n_split - 1) / n_split) + 31) & ~(uint64_t)31;
+    const uint64_t chunk = att_chunk(len, n_split);
     *b = first + (uint64_t)split * chunk;
     *e = *b + chunk;
     if (*e > pos + 1) *e = pos + 1;
@@ -130,7 +136,24 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
     uint64_t b, e;
     att_range(pos, m.len, n_split, split, &b, &e);
     if (b >= e) return; /* the combine skips it too */
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i / D][i % D] = q[((size_t)h * G + i / D) * D + i % D];
+    /* q of the G heads: every load issued before the first is used (a plain strided loop waited
+     * one L2 latency per element) */
+    {
+        constexpr int N4 = G * D / 4, T = ATT_WARPS * 32;
+        const float4 *q4 = (const float4 *)(q + (size_t)h * G * D);
+        float4 *qs4 = (float4 *)&qs[0][0];
+        float4 t[(N4 + T - 1) / T];
+#pragma unroll
+        for (int k = 0; k < (N4 + T - 1) / T; k++) {
+            const int i = (int)threadIdx.x + k * T;
+            if (i < N4) t[k] = __ldg(q4 + i);
+        }
+#pragma unroll
+        for (int k = 0; k < (N4 + T - 1) / T; k++) {
+            const int i = (int)threadIdx.x + k * T;
+            if (i < N4) qs4[i] = t[k];
+        }
+    }
     __syncthreads();
 
     float mx[G], l[G], acc[G][DPL];
@@ -267,19 +290,22 @@ __global__ void k_attn_combine(const float *part_ml, const float *part_acc, cons
                                const cu_plane_meta *meta, const float *gate, float *out, uint32_t G, uint32_t D,
                                uint32_t n_split, uint8_t *xq)
 {
+    __shared__ float wmax[32];
     const uint32_t hq = blockIdx.x, h = hq / G, g = hq % G;
-    const uint64_t pos = step->pos, len = meta[0].len;
+    const uint64_t len = meta[0].len, chunk = att_chunk(len, n_split);
+    /* the splits with positions: s·chunk < len (the split kernel's blocks past them exited) */
+    const uint32_t used = (uint32_t)((len + chunk - 1) / chunk);
+    /* max over the used splits' running maxima, threads over splits, then the block */
     float M = -INFINITY;
-    uint32_t used = 0;
-    for (uint32_t s = 0; s < n_split; s++) {
-        uint64_t b, e;
-        att_range(pos, len, n_split, s, &b, &e);
-        if (b >= e) break;
-        used = s + 1;
-        M = fmaxf(M, part_ml[(((size_t)h * n_split + s) * G + g) * 2]);
-    }
+    for (uint32_t s = threadIdx.x; s < used; s += blockDim.x) M = fmaxf(M, part_ml[(((size_t)h * n_split + s) * G + g) * 2]);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, o));
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = M;
+    __syncthreads();
+    M = wmax[0];
+    for (uint32_t i = 1; i < blockDim.x / 32; i++) M = fmaxf(M, wmax[i]);
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
         float num = 0.f, den = 0.f;
+#pragma unroll 8
         for (uint32_t s = 0; s < used; s++) {
             const size_t i = ((size_t)h * n_split + s) * G + g;
             const float f = __expf(part_ml[i * 2] - M);

@@ -82,6 +82,10 @@ typedef struct cu_ctx {
     double upload_s;
 } cu_ctx;
 
+/* Blocks per KV head of a plane's attention (at least 64 positions each): more blocks keep more
+ * K/V loads in flight on long FULL planes; the combine merges them with threads over splits. */
+#define CU_ATT_MAX_SPLIT 256
+
 static uint32_t mv_type_of(uint32_t ggml)
 {
     switch (ggml) {
@@ -525,7 +529,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         g->ring = pl->ring;
         g->scale = hp->attn_scale;
         const uint64_t want = (pl->capacity + 63) / 64;
-        g->n_split = (uint32_t)(want < 1 ? 1 : (want > 128 ? 128 : want));
+        g->n_split = (uint32_t)(want < 1 ? 1 : (want > CU_ATT_MAX_SPLIT ? CU_ATT_MAX_SPLIT : want));
         if (g->n_split > max_split) max_split = g->n_split;
     }
     for (uint32_t l = 0; l < hp->n_layer; l++)

@@ -63,14 +63,19 @@ __global__ void __launch_bounds__(NORM_THREADS) k_tail(const float *y, float *h,
                        const float *w_next, float eps_next, int sandwich, uint32_t E, uint8_t *xq)
 {
     __shared__ double sh[32];
-    float yv[NORM_PER], hv[NORM_PER];
-    double ss = 0;
+    /* Every global read of the kernel is issued up front (y, h and both norm weights): the norm
+     * weights come from DRAM each token (16 GB of matrices went through L2 since), and reading them
+     * after the reductions cost two more memory latencies in this one-block kernel. */
+    float yv[NORM_PER], hv[NORM_PER], wp[NORM_PER], wn[NORM_PER];
 #pragma unroll
     for (int k = 0; k < NORM_PER; k++) {
         const uint32_t i = threadIdx.x + k * blockDim.x;
         yv[k] = i < E ? y[i] : 0.f;
         hv[k] = i < E ? h[i] : 0.f;
+        wp[k] = i < E && sandwich ? w_post[i] : 0.f;
+        wn[k] = i < E ? w_next[i] : 0.f;
     }
+    double ss = 0;
     float r1 = 1.f;
     if (sandwich) {
 #pragma unroll
@@ -83,7 +88,7 @@ __global__ void __launch_bounds__(NORM_THREADS) k_tail(const float *y, float *h,
     for (int k = 0; k < NORM_PER; k++) {
         const uint32_t i = threadIdx.x + k * blockDim.x;
         if (i < E) {
-            const float add = sandwich ? yv[k] * r1 * w_post[i] : yv[k];
+            const float add = sandwich ? yv[k] * r1 * wp[k] : yv[k];
             hv[k] = hv[k] + add;
             h[i] = hv[k];
             ss += (double)hv[k] * hv[k];
@@ -95,7 +100,7 @@ __global__ void __launch_bounds__(NORM_THREADS) k_tail(const float *y, float *h,
     for (int k = 0; k < NORM_PER; k++) {
         const uint32_t i = threadIdx.x + k * blockDim.x;
         if (i < E) {
-            const float v = hv[k] * r2 * w_next[i];
+            const float v = hv[k] * r2 * wn[k];
             a[i] = v;
             if (xq) mvq_prep_warp(v, i, xq); /* E % 32 == 0: i < E is whole warps */
         }
