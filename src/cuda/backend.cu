@@ -330,6 +330,18 @@ static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, floa
 {
     mv_launch L;
     memset(&L, 0, sizeof L);
+    /* v7 formats mixed (Q4_KD and Q6_KD): one launch, MVQ_R_MIXED rows per warp */
+    bool all_kd = n <= MV_MAX_SEG, mixed = false;
+    for (int i = 0; i < n; i++) {
+        all_kd = all_kd && mvq_type_ok(mats[i]->type);
+        mixed = mixed || mats[i]->type != mats[0]->type;
+    }
+    if (all_kd && mixed) {
+        for (int i = 0; i < n; i++) seg_set(&L, mats[i], outs[i], MV_OP_STORE, MVQ_R_MIXED);
+        if (!prepped) mvq_prep_launch(st, x, c->xq, mats[0]->cols);
+        mvq_launch_mixed(st, L, c->xq, c->pdl);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         if (L.n_seg && (L.n_seg == MV_MAX_SEG || L.seg[0].a.type != mats[i]->type)) {
             mv_go(c, st, &L, x, &prepped);

@@ -1,10 +1,12 @@
 /* norm.cu — the row-wide ops of the decode route: embedding + entry norm, the fused tails, SiLU·up
  * (when gate and up differ in type and cannot pair), argmax, and the bench's streaming read.
  *
- * Tail (muse, SPEC §1): h += rmsnorm(y, w_post, 1e-8); a = rmsnorm(h, w_next, 1e-5). One block;
- * the rounding points are the unfused ones: h is written as f32 and the second norm reads those
- * f32 values. Reductions accumulate in f64 (cheap here: E values, one block). */
+ * Tail (muse, SPEC §1): h += rmsnorm(y, w_post, 1e-8); a = rmsnorm(h, w_next, 1e-5). One cluster
+ * of blocks; the rounding points are the unfused ones: h is written as f32 and the second norm
+ * reads those f32 values. Reductions accumulate in f64 (cheap here: E values). */
 #include "cuda/ops.cuh"
+
+#include <cooperative_groups.h>
 
 #define NORM_THREADS 1024
 
@@ -56,53 +58,78 @@ void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, f
     k_embed_norm<<<1, NORM_THREADS, 0, st>>>(*emb, d_token, h, a, w_norm, eps, entry_norm, entry_eps, E, xq);
 }
 
-/* Each thread holds its (at most NORM_PER) elements in registers: the loads of a pass are issued
- * together (one memory latency per pass instead of one per element). */
-#define NORM_PER 8
-__global__ void __launch_bounds__(NORM_THREADS) k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post,
-                       const float *w_next, float eps_next, int sandwich, uint32_t E, uint8_t *xq)
+/* The tail runs on a cluster of TAIL_CL blocks (one per SM) sharing the two sums of squares
+ * through distributed shared memory: a single block spent ~8.5 us per tail on load latency and
+ * 32-warp reductions (ncu, H200), 104 tails a token. Block r owns the 32-aligned slice
+ * [r·S, (r+1)·S) of E, each thread at most TAIL_PER elements of it in registers; every global read
+ * is issued up front (the norm weights come from DRAM each token: 16 GB of matrices went through
+ * L2 since). The cluster sums the per-block partials in rank order, so every block gets the same
+ * bits and a replay is bit-identical. */
+#define TAIL_CL 8
+#define TAIL_T 256
+#define TAIL_PER 4 /* E <= TAIL_CL·TAIL_T·TAIL_PER = 8192 (checked at context creation) */
+
+/* Sum of v over the cluster: block partial into slot[0] of every block's shared memory, then each
+ * block adds the TAIL_CL slots in rank order. */
+__device__ static double cluster_sum(double v, double *sh, double *slot)
+{
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    const double b = block_sum(v, sh);
+    if (threadIdx.x == 0) *slot = b;
+    cl.sync();
+    double t = 0;
+    for (unsigned r = 0; r < TAIL_CL; r++) t += *cl.map_shared_rank(slot, r);
+    cl.sync(); /* slots are reused by the next sum; no block leaves while others read its slot */
+    return t;
+}
+
+__global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
+    k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next, float eps_next,
+           int sandwich, uint32_t E, uint8_t *xq)
 {
     __shared__ double sh[32];
-    /* Every global read of the kernel is issued up front (y, h and both norm weights): the norm
-     * weights come from DRAM each token (16 GB of matrices went through L2 since), and reading them
-     * after the reductions cost two more memory latencies in this one-block kernel. */
-    float yv[NORM_PER], hv[NORM_PER], wp[NORM_PER], wn[NORM_PER];
+    __shared__ double slot;
+    const uint32_t S = ((E + TAIL_CL * 32 - 1) / (TAIL_CL * 32)) * 32; /* slice, a multiple of 32 */
+    const uint32_t lo = blockIdx.x * S, hi = lo + S < E ? lo + S : E;
+    float yv[TAIL_PER], hv[TAIL_PER], wp[TAIL_PER], wn[TAIL_PER];
 #pragma unroll
-    for (int k = 0; k < NORM_PER; k++) {
-        const uint32_t i = threadIdx.x + k * blockDim.x;
-        yv[k] = i < E ? y[i] : 0.f;
-        hv[k] = i < E ? h[i] : 0.f;
-        wp[k] = i < E && sandwich ? w_post[i] : 0.f;
-        wn[k] = i < E ? w_next[i] : 0.f;
+    for (int k = 0; k < TAIL_PER; k++) {
+        const uint32_t i = lo + threadIdx.x + k * TAIL_T;
+        const bool in = i < hi;
+        yv[k] = in ? y[i] : 0.f;
+        hv[k] = in ? h[i] : 0.f;
+        wp[k] = in && sandwich ? w_post[i] : 0.f;
+        wn[k] = in ? w_next[i] : 0.f;
     }
-    double ss = 0;
     float r1 = 1.f;
     if (sandwich) {
+        double ss = 0;
 #pragma unroll
-        for (int k = 0; k < NORM_PER; k++) ss += (double)yv[k] * yv[k];
-        ss = block_sum(ss, sh);
+        for (int k = 0; k < TAIL_PER; k++) ss += (double)yv[k] * yv[k];
+        ss = cluster_sum(ss, sh, &slot);
         r1 = (float)(1.0 / sqrt(ss / E + eps_post));
     }
-    ss = 0;
+    double ss = 0;
 #pragma unroll
-    for (int k = 0; k < NORM_PER; k++) {
-        const uint32_t i = threadIdx.x + k * blockDim.x;
-        if (i < E) {
+    for (int k = 0; k < TAIL_PER; k++) {
+        const uint32_t i = lo + threadIdx.x + k * TAIL_T;
+        if (i < hi) {
             const float add = sandwich ? yv[k] * r1 * wp[k] : yv[k];
             hv[k] = hv[k] + add;
             h[i] = hv[k];
             ss += (double)hv[k] * hv[k];
         }
     }
-    ss = block_sum(ss, sh);
+    ss = cluster_sum(ss, sh, &slot);
     const float r2 = (float)(1.0 / sqrt(ss / E + eps_next));
 #pragma unroll
-    for (int k = 0; k < NORM_PER; k++) {
-        const uint32_t i = threadIdx.x + k * blockDim.x;
-        if (i < E) {
+    for (int k = 0; k < TAIL_PER; k++) {
+        const uint32_t i = lo + threadIdx.x + k * TAIL_T;
+        if (i < hi) {
             const float v = hv[k] * r2 * wn[k];
             a[i] = v;
-            if (xq) mvq_prep_warp(v, i, xq); /* E % 32 == 0: i < E is whole warps */
+            if (xq) mvq_prep_warp(v, i, xq); /* lo, hi and E multiples of 32: whole warps */
         }
     }
 }
@@ -110,8 +137,8 @@ __global__ void __launch_bounds__(NORM_THREADS) k_tail(const float *y, float *h,
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
              const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq)
 {
-    /* E <= NORM_THREADS * NORM_PER (8192) is checked at context creation */
-    k_tail<<<1, NORM_THREADS, 0, st>>>(y, h, a, w_post, eps_post, w_next, eps_next, sandwich, E, xq);
+    /* E <= TAIL_CL * TAIL_T * TAIL_PER (8192) is checked at context creation */
+    k_tail<<<TAIL_CL, TAIL_T, 0, st>>>(y, h, a, w_post, eps_post, w_next, eps_next, sandwich, E, xq);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)
