@@ -122,7 +122,8 @@ template <int G, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, const cu_step *step,
                                                              const cu_plane_meta *meta, const uint16_t *kp,
                                                              const uint16_t *vp, float *part_ml, float *part_acc,
-                                                             uint32_t HKV, int ring, uint32_t n_split, float scale)
+                                                             uint32_t HKV, int ring, uint32_t n_split, float scale,
+                                                             uint32_t GT)
 {
     constexpr int D = 32 * DPL;
     __shared__ float qs[G][D];
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
      * one L2 latency per element) */
     {
         constexpr int N4 = G * D / 4, T = ATT_WARPS * 32;
-        const float4 *q4 = (const float4 *)(q + (size_t)h * G * D);
+        const float4 *q4 = (const float4 *)(q + ((size_t)h * GT + (size_t)blockIdx.z * G) * D);
         float4 *qs4 = (float4 *)&qs[0][0];
         float4 t[(N4 + T - 1) / T];
 #pragma unroll
@@ -274,7 +275,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
             for (int k = 0; k < DPL; k++) mg[0][g][lane * DPL + k] = acc[g][k];
     __syncthreads();
     if (w == 0) {
-        const size_t base = ((size_t)h * n_split + split) * G;
+        const size_t base = ((size_t)h * n_split + split) * GT + (size_t)blockIdx.z * G;
         for (int g = 0; g < G; g++) {
             float lt = 0.f;
             for (int i = 0; i < ATT_WARPS; i++)
@@ -322,13 +323,18 @@ __global__ void k_attn_combine(const float *part_ml, const float *part_acc, cons
     }
 }
 
+/* G query heads per block; a KV head's GT = H/HKV query heads take GT/G blocks (grid.z) that
+ * each read the K/V rows. GQA 16:1 runs as 2 × 8: a block holding all 16 heads' running state
+ * needed 249 registers (2 blocks, 8 warps per SM) and its long FULL planes ran ~10× under the KV
+ * bandwidth; reading each row twice (the second mostly from L2) costs less than that. */
 template <int G, int DPL>
 static void launch_split(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                          const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g)
 {
-    dim3 grid(g->n_split, g->n_head_kv);
+    const uint32_t GT = g->n_head / g->n_head_kv;
+    dim3 grid(g->n_split, g->n_head_kv, GT / G);
     k_attn_split<G, DPL><<<grid, ATT_WARPS * 32, 0, st>>>(q, step, meta, kp, vp, pml, pacc, g->n_head_kv, g->ring,
-                                                          g->n_split, g->scale);
+                                                          g->n_split, g->scale, GT);
 }
 
 template <int DPL>
@@ -340,7 +346,7 @@ static int launch_by_g(cudaStream_t st, const float *q, const cu_step *step, con
     case 2: launch_split<2, DPL>(st, q, step, meta, kp, vp, pml, pacc, g); return 0;
     case 4: launch_split<4, DPL>(st, q, step, meta, kp, vp, pml, pacc, g); return 0;
     case 8: launch_split<8, DPL>(st, q, step, meta, kp, vp, pml, pacc, g); return 0;
-    case 16: launch_split<16, DPL>(st, q, step, meta, kp, vp, pml, pacc, g); return 0;
+    case 16: launch_split<8, DPL>(st, q, step, meta, kp, vp, pml, pacc, g); return 0;
     default: return -1;
     }
 }
