@@ -3,10 +3,12 @@
  * Why: the f32 kernels of matvec.cuh spend 4.4–5.7 instructions per Q4_K weight turning nibbles
  * into floats (PRMT + FADD/FFMA per weight), so they are issue-bound near 1.8 TB/s, while the
  * H200 streams 4.5 TB/s. Here the multiply-adds run as DP4A (4 byte products + add, one
- * instruction) on exact integers, ~1.6 instructions per weight in all.
+ * instruction) on exact integers: ~1.6 instructions per weight in the inner loop, ~2.9 for the
+ * whole kernel (SASS count; bench/kernels/NOTES.md).
  *
  * The activations stay f32-exact to within half an ulp of each 32-element group's largest
- * element. mvq_prep writes the matvec input x once per token as block floating point: per group
+ * element. The matvec input x is written once per token as block floating point (by mvq_prep, or
+ * by the kernel that produces x, with mvq_prep_warp): per group
  * g of 32 elements a power of two s_g with max|x| < 2^23·s_g, and X = rint(x/s_g), a 24-bit
  * signed integer, split into three byte digits X = 65536·d2 + 256·d1 + d0 (d0, d1 unsigned,
  * d2 signed). |x − s_g·X| ≤ s_g/2 = 2^-24·2^e where 2^(e−1) ≤ max|x| < 2^e: the rounding an f32
@@ -16,10 +18,9 @@
  * of exact integers; the result is converted to f32 once per (row, 32 weights).
  * A non-finite x makes its group's s NaN, so every output that reads it is NaN (fail closed).
  *
- * Prepared x, in one buffer (mvq_x_bytes): digit planes d0|d1|d2, K bytes each, then s[K/32]
- * (f32), then S16[K/16] = s·Σ X over each 16 elements (the Q4_K mins and the Q6_K −32 need Σx).
- * The digit planes are stored chunk-swizzled so the warp's 16-byte loads hit distinct L1 banks:
- * chunk ch (16 positions) lives at ch ^ ((ch >> 3) & 3).
+ * Prepared x (mvq_x_bytes): 432-byte records of 128 positions holding the digits, the group
+ * scales s and S16 = s·Σ X over each 16 elements (the Q4_K mins and the Q6_K −32 need Σx); see
+ * "prepared x" below.
  *
  * Lanes: 4 per 256-block, lane c owns positions 64c .. 64c+63 of the block (sub-blocks 2c, 2c+1
  * of Q4_K; 16-groups 4c .. 4c+3 of Q6_K); a warp covers 8 blocks per step and R rows, which share
@@ -40,12 +41,13 @@
 
 #include "cuda/matvec.cuh"
 
-
 /* ---- programmatic dependent launch ---------------------------------------------------------- */
 /* The matvec is launched with programmatic stream serialization: its blocks may start while the
- * previous kernel (the prep of its x) is still running. Everything before mvq_wait reads only
- * weights, which no kernel writes; everything after it may read the predecessor's output. The
- * prep and the matvec let their own dependents start early with mvq_trigger. */
+ * previous kernel (the prep of its x, or another matvec) is still running. Everything before
+ * mvq_wait reads only weights, which no kernel writes; everything after it may read the
+ * predecessor's output. The prep and the matvec let their own dependents start early with
+ * mvq_trigger. (Triggering early from the tails, the embedding norm and the attention combine as
+ * well broke v7's results on the device and bought nothing; see bench/kernels/NOTES.md.) */
 __device__ __forceinline__ void mvq_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void mvq_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
