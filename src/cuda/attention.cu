@@ -12,10 +12,19 @@
  * share every K/V row read (GQA 16:1 on Glimmer). Per 32 positions a warp does: scores lane-per-
  * position (a K row per lane, q from shared memory), online softmax per head, then P·V lane-per-
  * dimension (coalesced V rows). The 4 warps merge in shared memory; the block writes (m, l, acc)
- * per query head; the combine kernel merges splits and applies sigmoid(gate). */
+ * per query head; the combine kernel merges splits and applies sigmoid(gate).
+ *
+ * Two split kernels write those same partials (cu_attn_geom.impl, MUSER_CUDA_ATTN=tc|v1):
+ * k_attn_split_tc (default; GQA 16:1, D 128: tensor cores, f32-faithful hi/lo operands, cp.async
+ * pipelines, at most 128 splits — see its comment) and k_attn_split (v1, above: every geometry,
+ * and the fallback of tc). bench/kernels/attention.cu times both; tests/test_cuda_attn.c checks
+ * both against an f64 reference. */
 #include "cuda/ops.cuh"
 
+#include <cuda_fp16.h>
 #include <math.h>
+#include <stdio.h>
+#include <string.h>
 
 #define ATT_WARPS 4
 
@@ -323,6 +332,325 @@ __global__ void k_attn_combine(const float *part_ml, const float *part_acc, cons
     }
 }
 
+/* ---- tc: the split kernel on tensor cores (GQA 16:1, D = 128) ---------------------------------
+ *
+ * The 16 query heads of a KV head are the M = 16 of mma.sync m16n8k16 (f16 × f16 → f32). A block
+ * (4 warps) still owns one (split, KV head) and writes the same partials as k_attn_split; each warp
+ * walks its own 16-position tiles (tile t of the split goes to warp t mod 4) through a private
+ * 3-stage cp.async pipeline in shared memory (K and V tile = 16 rows × 256 B each, 16-byte chunks
+ * XOR-swizzled by row so ldmatrix is conflict-free), so two tiles per warp are in flight while it
+ * computes one. Per tile: S[16 heads][16 pos] = Q·Kᵀ (K rows by ldmatrix are the B fragments),
+ * online softmax per head on the C fragment (quad shuffles), then O += P·V (V by ldmatrix.trans),
+ * the C fragment of S reused as the A fragment of P. The warps merge in shared memory at the end.
+ *
+ * Numerics (SPEC §4: no lossy activation storage): K and V are f16 already, exact as mma inputs.
+ * q and p are f32, and each goes in as hi = f16(x) plus lo = f16(x − hi), two mmas into one f32
+ * accumulator: hi + lo keeps 22 significant bits. q is first scaled per head by 2^e so that its
+ * largest element lies in [2^14, 2^15) (no f16 overflow, lo stays normal for every element within
+ * 2^-8 of the largest); the scores undo it exactly (a power-of-two multiply) before the f32 scale.
+ * p ∈ [0, 1] goes in as p·2^15 (the same reason; subnormal f16 would cut small p to 2^-24
+ * absolute) and the accumulator is multiplied back by 2^-15 at the end, exactly; l sums the f32 p.
+ * Masked positions (past the split's end) are zero-filled by cp.async and get score −inf; a NaN or
+ * Inf in q, K or V reaches l or the accumulator as NaN/Inf as in k_attn_split. */
+#define TC_G 16
+#define TC_D 128
+#define TC_TILE 16
+#define TC_STAGES 3                                                /* the route's; the workbench times 2 and 4 */
+#define TC_WARPS 4
+#define TC_TILE_BYTES (TC_TILE * TC_D * 2)                          /* one K or V tile: 4 KiB */
+#define TC_SMEM(S) (TC_WARPS * (S) * 2 * TC_TILE_BYTES)            /* 3 stages: 96 KiB, 2 blocks per SM */
+/* At most 128 splits per KV head: 2 KV heads × 128 = 256 blocks fit one wave at 2 blocks per SM
+ * on 132 SMs, and the combine walks half the splits of the backend's 256. */
+#define TC_MAX_SPLIT 128
+#define TC_P_SCALE 32768.f                                         /* 2^15 */
+
+__device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void tc_ldm(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void tc_ldm_t(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
+}
+/* d += a · b, m16n8k16, f16 inputs, f32 accumulator */
+__device__ __forceinline__ void tc_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* (x0, x1) -> f16x2 hi and lo with hi + lo = x to 22 bits (x − hi is exact in f32) */
+__device__ __forceinline__ void tc_split(float x0, float x1, uint32_t &hi, uint32_t &lo)
+{
+    const __half2 h = __floats2half2_rn(x0, x1);
+    const float2 hf = __half22float2(h);
+    const __half2 l = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
+    hi = *(const uint32_t *)&h;
+    lo = *(const uint32_t *)&l;
+}
+__device__ __forceinline__ float tc_pow2(int e) { return __int_as_float((127 + e) << 23); } /* e in [-126, 127] */
+
+/* Start the copy of warp-local tile i (positions j0 .. j0+15) into its stage. Lane l copies
+ * 16-byte chunk l % 16 of rows 2k + l / 16, k = 0..7: each instruction reads two whole rows. */
+template <bool RING>
+__device__ __forceinline__ void tc_issue(uint32_t stage_u, uint64_t j0, uint64_t e, const cu_plane_meta &m,
+                                         uint32_t HKV, uint32_t h, const uint16_t *kp, const uint16_t *vp, int lane)
+{
+    const int ch = lane & 15;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int row = 2 * k + (lane >> 4);
+        const uint64_t j = j0 + row;
+        const bool valid = j < e;
+        const size_t off = valid ? att_off(RING, HKV, TC_D, m.capacity, h, att_row(m, RING, j)) + ch * 8 : 0;
+        const uint32_t so = row * 256 + ((ch ^ (row & 7)) << 4);
+        tc_cp16(stage_u + so, kp + off, valid);
+        tc_cp16(stage_u + TC_TILE_BYTES + so, vp + off, valid);
+    }
+}
+
+template <bool RING, int STAGES>
+__global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float *q, const cu_step *step,
+                                                                    const cu_plane_meta *meta, const uint16_t *kp,
+                                                                    const uint16_t *vp, float *part_ml,
+                                                                    float *part_acc, uint32_t HKV, uint32_t n_split,
+                                                                    float scale)
+{
+    extern __shared__ __align__(128) uint8_t tc_smem[];
+    __shared__ int qexp[TC_G];
+    __shared__ float wml[TC_WARPS][TC_G][2];
+    const uint32_t split = blockIdx.x, h = blockIdx.y;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const cu_plane_meta m = meta[0];
+    const uint64_t pos = step->pos;
+    uint64_t b, e;
+    att_range(pos, m.len, n_split, split, &b, &e);
+    if (b >= e) return; /* the combine skips it too */
+    const float *qh = q + (size_t)h * TC_G * TC_D;
+
+    /* the warp's first tiles go out before anything else */
+    const uint32_t n_tiles = (uint32_t)((e - b + TC_TILE - 1) / TC_TILE);
+    const uint32_t my_tiles = n_tiles > (uint32_t)w ? (n_tiles - w + TC_WARPS - 1) / TC_WARPS : 0;
+    const uint32_t wsm = (uint32_t)__cvta_generic_to_shared(tc_smem) + w * (STAGES * 2 * TC_TILE_BYTES);
+#pragma unroll
+    for (uint32_t i = 0; i < STAGES - 1; i++) {
+        if (i < my_tiles)
+            tc_issue<RING>(wsm + i * 2 * TC_TILE_BYTES, b + (uint64_t)(w + TC_WARPS * i) * TC_TILE, e, m, HKV, h, kp,
+                           vp, lane);
+        tc_commit();
+    }
+
+    /* per-head power of two: 8 threads per head find max|q| */
+    {
+        const int hd = threadIdx.x >> 3, sub = threadIdx.x & 7;
+        const float4 *q4 = (const float4 *)(qh + hd * TC_D + sub * 16);
+        float mx = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float4 v = __ldg(q4 + i);
+            mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+        mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 4));
+        if (sub == 0) {
+            int ex = 0;
+            if (mx > 0.f && mx <= 3.402823466e38f) { /* 0, Inf: no scaling (Inf still makes NaN) */
+                frexpf(mx, &ex);                    /* mx = f·2^ex, f in [0.5, 1) */
+                ex = 15 - ex;
+                ex = ex > 126 ? 126 : ex;
+            }
+            qexp[hd] = ex;
+        }
+    }
+    __syncthreads();
+
+    /* Q as A fragments: rows gr, gr+8 (heads), columns 16kk + 2qc (+1, +8, +9) */
+    const int gr = lane >> 2, qc = lane & 3;
+    uint32_t qhi[8][4], qlo[8][4];
+    float undo[2];
+    {
+        const float s0 = tc_pow2(qexp[gr]), s1 = tc_pow2(qexp[gr + 8]);
+        undo[0] = tc_pow2(-qexp[gr]);
+        undo[1] = tc_pow2(-qexp[gr + 8]);
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            const float2 x00 = *(const float2 *)(qh + gr * TC_D + 16 * kk + 2 * qc);
+            const float2 x10 = *(const float2 *)(qh + (gr + 8) * TC_D + 16 * kk + 2 * qc);
+            const float2 x01 = *(const float2 *)(qh + gr * TC_D + 16 * kk + 8 + 2 * qc);
+            const float2 x11 = *(const float2 *)(qh + (gr + 8) * TC_D + 16 * kk + 8 + 2 * qc);
+            tc_split(x00.x * s0, x00.y * s0, qhi[kk][0], qlo[kk][0]);
+            tc_split(x10.x * s1, x10.y * s1, qhi[kk][1], qlo[kk][1]);
+            tc_split(x01.x * s0, x01.y * s0, qhi[kk][2], qlo[kk][2]);
+            tc_split(x11.x * s1, x11.y * s1, qhi[kk][3], qlo[kk][3]);
+        }
+    }
+
+    float o[16][4], mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.f, 0.f};
+#pragma unroll
+    for (int dt = 0; dt < 16; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    const int lm = lane >> 3, lr = lane & 7; /* ldmatrix: which 8×8 matrix this lane addresses, which row */
+    for (uint32_t i = 0; i < my_tiles; i++) {
+        if (i + STAGES - 1 < my_tiles)
+            tc_issue<RING>(wsm + ((i + STAGES - 1) % STAGES) * 2 * TC_TILE_BYTES,
+                           b + (uint64_t)(w + TC_WARPS * (i + STAGES - 1)) * TC_TILE, e, m, HKV, h, kp, vp, lane);
+        tc_commit();
+        tc_wait<STAGES - 1>();
+        __syncwarp();
+        const uint32_t ks = wsm + (i % STAGES) * 2 * TC_TILE_BYTES, vs = ks + TC_TILE_BYTES;
+        const uint64_t j0 = b + (uint64_t)(w + TC_WARPS * i) * TC_TILE;
+
+        /* S = Q·Kᵀ: sc[nt] holds positions 8nt + 2qc (+1) of heads gr (c 0,1) and gr+8 (c 2,3) */
+        float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) {
+            const int row = (lm >> 1) * 8 + lr, ch = 2 * kk + (lm & 1);
+            uint32_t b0, b1, b2, b3;
+            tc_ldm(ks + row * 256 + ((ch ^ lr) << 4), b0, b1, b2, b3);
+            tc_mma(sc[0], qhi[kk], b0, b1);
+            tc_mma(sc[0], qlo[kk], b0, b1);
+            tc_mma(sc[1], qhi[kk], b2, b3);
+            tc_mma(sc[1], qlo[kk], b2, b3);
+        }
+        /* scores (exact 2^-e undo, then the f32 scale), mask, online softmax per head */
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const uint64_t j = j0 + 8 * nt + 2 * qc + (c & 1);
+                sc[nt][c] = j < e ? (sc[nt][c] * undo[c >> 1]) * scale : -INFINITY;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = fmaxf(fmaxf(sc[0][2 * r], sc[0][2 * r + 1]), fmaxf(sc[1][2 * r], sc[1][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+            const float mn = fmaxf(mrun[r], mx);
+            const float corr = __expf(mrun[r] - mn);
+            mrun[r] = mn;
+            float ps = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int c = 2 * r; c < 2 * r + 2; c++) {
+                    sc[nt][c] = __expf(sc[nt][c] - mn);
+                    ps += sc[nt][c];
+                }
+            lrun[r] = lrun[r] * corr + ps;
+#pragma unroll
+            for (int dt = 0; dt < 16; dt++) {
+                o[dt][2 * r] *= corr;
+                o[dt][2 * r + 1] *= corr;
+            }
+        }
+        /* P (×2^15) as hi/lo A fragments: the C layout of S is the A layout of P */
+        uint32_t ph[4], pl[4];
+        tc_split(sc[0][0] * TC_P_SCALE, sc[0][1] * TC_P_SCALE, ph[0], pl[0]);
+        tc_split(sc[0][2] * TC_P_SCALE, sc[0][3] * TC_P_SCALE, ph[1], pl[1]);
+        tc_split(sc[1][0] * TC_P_SCALE, sc[1][1] * TC_P_SCALE, ph[2], pl[2]);
+        tc_split(sc[1][2] * TC_P_SCALE, sc[1][3] * TC_P_SCALE, ph[3], pl[3]);
+        /* O += P·V: ldmatrix.trans of V rows gives B fragments of dims 16nn .. 16nn+15 */
+#pragma unroll
+        for (int nn = 0; nn < 8; nn++) {
+            const int row = (lm & 1) * 8 + lr, ch = 2 * nn + (lm >> 1);
+            uint32_t b0, b1, b2, b3;
+            tc_ldm_t(vs + row * 256 + ((ch ^ lr) << 4), b0, b1, b2, b3);
+            tc_mma(o[2 * nn], ph, b0, b1);
+            tc_mma(o[2 * nn], pl, b0, b1);
+            tc_mma(o[2 * nn + 1], ph, b2, b3);
+            tc_mma(o[2 * nn + 1], pl, b2, b3);
+        }
+        __syncwarp();
+    }
+    tc_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lrun[r] += __shfl_xor_sync(0xFFFFFFFFu, lrun[r], 1);
+        lrun[r] += __shfl_xor_sync(0xFFFFFFFFu, lrun[r], 2);
+    }
+    __syncthreads(); /* every warp is done with its stages: they become the merge buffer */
+    float *mg = (float *)tc_smem; /* [TC_WARPS][TC_G][TC_D] = 32 KiB */
+    if (qc == 0) {
+        wml[w][gr][0] = mrun[0];
+        wml[w][gr][1] = lrun[0];
+        wml[w][gr + 8][0] = mrun[1];
+        wml[w][gr + 8][1] = lrun[1];
+    }
+    constexpr float unscale = 1.f / TC_P_SCALE;
+#pragma unroll
+    for (int dt = 0; dt < 16; dt++) {
+        *(float2 *)&mg[(w * TC_G + gr) * TC_D + 8 * dt + 2 * qc] = make_float2(o[dt][0] * unscale, o[dt][1] * unscale);
+        *(float2 *)&mg[(w * TC_G + gr + 8) * TC_D + 8 * dt + 2 * qc] =
+            make_float2(o[dt][2] * unscale, o[dt][3] * unscale);
+    }
+    __syncthreads();
+    /* thread: head hd, dims d0 .. d0+15; each warp's state rescaled to the block max (a warp with
+     * no positions has m = −inf, l = 0, acc = 0 and weighs 0; 0·NaN stays NaN) */
+    const int hd = threadIdx.x >> 3, d0 = (threadIdx.x & 7) * 16;
+    float M = -INFINITY;
+#pragma unroll
+    for (int wi = 0; wi < TC_WARPS; wi++) M = fmaxf(M, wml[wi][hd][0]);
+    float f[TC_WARPS], L = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < TC_WARPS; wi++) {
+        f[wi] = wml[wi][hd][0] == -INFINITY ? 0.f : __expf(wml[wi][hd][0] - M);
+        L += f[wi] * wml[wi][hd][1];
+    }
+    const size_t base = ((size_t)h * n_split + split) * TC_G + hd;
+#pragma unroll
+    for (int d = 0; d < 16; d += 4) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int wi = 0; wi < TC_WARPS; wi++) {
+            const float4 v = *(const float4 *)&mg[(wi * TC_G + hd) * TC_D + d0 + d];
+            a.x = fmaf(f[wi], v.x, a.x);
+            a.y = fmaf(f[wi], v.y, a.y);
+            a.z = fmaf(f[wi], v.z, a.z);
+            a.w = fmaf(f[wi], v.w, a.w);
+        }
+        *(float4 *)&part_acc[base * TC_D + d0 + d] = a;
+    }
+    if ((threadIdx.x & 7) == 0) {
+        part_ml[base * 2] = M;
+        part_ml[base * 2 + 1] = L;
+    }
+}
+
+template <bool RING, int STAGES>
+static int launch_tc(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
+                     const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g)
+{
+    /* host-side attributes, legal while a stream is being captured into a graph; the carveout
+     * asks for the shared-memory split that holds two 96 KiB blocks */
+    if (cudaFuncSetAttribute(k_attn_split_tc<RING, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             TC_SMEM(STAGES)) ||
+        cudaFuncSetAttribute(k_attn_split_tc<RING, STAGES>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared))
+        return -1;
+    k_attn_split_tc<RING, STAGES><<<dim3(g->n_split, g->n_head_kv), TC_WARPS * 32, TC_SMEM(STAGES), st>>>(
+        q, step, meta, kp, vp, pml, pacc, g->n_head_kv, g->n_split, g->scale);
+    return 0;
+}
+
+template <int STAGES>
+static int launch_split_tc(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
+                           const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g)
+{
+    return g->ring ? launch_tc<true, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g)
+                   : launch_tc<false, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g);
+}
+
 /* G query heads per block; a KV head's GT = H/HKV query heads take GT/G blocks (grid.z) that
  * each read the K/V rows. GQA 16:1 runs as 2 × 8: a block holding all 16 heads' running state
  * needed 249 registers (2 blocks, 8 warps per SM) and its long FULL planes ran ~10× under the KV
@@ -356,7 +684,13 @@ int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_
                  const float *gate, float *out, const cu_attn_geom *g, uint8_t *xq)
 {
     int rc;
-    switch (g->head_dim) {
+    cu_attn_geom gt;
+    if (g->impl == CU_ATTN_TC && g->n_head == TC_G * g->n_head_kv && g->head_dim == TC_D) {
+        gt = *g; /* fewer, longer splits (TC_MAX_SPLIT); the combine below gets the same count */
+        if (gt.n_split > TC_MAX_SPLIT) gt.n_split = TC_MAX_SPLIT;
+        g = &gt;
+        rc = launch_split_tc<TC_STAGES>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, g);
+    } else switch (g->head_dim) {
     case 32: rc = launch_by_g<1>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, g); break;
     case 64: rc = launch_by_g<2>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, g); break;
     case 128: rc = launch_by_g<4>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, g); break;
@@ -367,6 +701,105 @@ int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_
     k_attn_combine<<<g->n_head, g->head_dim, 0, st>>>(part_ml, part_acc, step, meta, gate, out, G, g->head_dim,
                                                        g->n_split, xq);
     return 0;
+}
+
+int cu_attn_impl_parse(const char *s)
+{
+    if (!s || !*s) return CU_ATTN_TC; /* device: checker, test_cuda_attn, test_cuda pass; 2.3x at 131k */
+    if (!strcmp(s, "tc")) return CU_ATTN_TC;
+    if (!strcmp(s, "v1")) return CU_ATTN_V1;
+    return -1;
+}
+
+int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, char *msg, size_t msg_len)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+        cudaGetLastError();
+        snprintf(msg, msg_len, "no CUDA device");
+        return 77;
+    }
+    const size_t H = c->n_head, HKV = c->n_head_kv, D = c->head_dim;
+    const size_t G = HKV ? H / HKV : 0;
+    const size_t plane = (size_t)c->capacity * HKV * D;
+    float *dq = NULL, *dgate = NULL, *dout = NULL, *pml = NULL, *pacc = NULL;
+    uint16_t *dk = NULL, *dv = NULL;
+    void *dstep = NULL;
+    cudaStream_t st = NULL;
+    cu_attn_geom g;
+    memset(&g, 0, sizeof g);
+    g.n_head = c->n_head;
+    g.n_head_kv = c->n_head_kv;
+    g.head_dim = c->head_dim;
+    g.ring = c->ring != 0;
+    g.n_split = c->n_split;
+    g.scale = c->scale;
+    g.impl = impl;
+    struct {
+        cu_step s;
+        cu_plane_meta m;
+    } hs;
+    memset(&hs, 0, sizeof hs);
+    hs.s.pos = c->pos;
+    hs.s.n_layer = 1;
+    hs.m.origin_logical = c->origin_logical;
+    hs.m.origin_physical = c->origin_physical;
+    hs.m.len = c->len;
+    hs.m.capacity = c->capacity;
+    cudaError_t e = cudaSuccess;
+    int rc = -1;
+    const char *what = "alloc";
+    if (!H || !HKV || H % HKV || !c->n_split || !c->len || c->len > c->capacity || c->pos + 1 < c->len) {
+        snprintf(msg, msg_len, "bad case");
+        return -1;
+    }
+#define TRY(x, w)              \
+    do {                       \
+        what = (w);            \
+        if ((e = (x)) != cudaSuccess) goto done; \
+    } while (0)
+    TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+    TRY(cudaMalloc((void **)&dq, H * D * sizeof(float)), "alloc q");
+    TRY(cudaMalloc((void **)&dout, H * D * sizeof(float)), "alloc out");
+    TRY(cudaMalloc((void **)&dk, plane * 2), "alloc K");
+    TRY(cudaMalloc((void **)&dv, plane * 2), "alloc V");
+    TRY(cudaMalloc((void **)&pml, HKV * c->n_split * G * 2 * sizeof(float)), "alloc partials");
+    TRY(cudaMalloc((void **)&pacc, HKV * c->n_split * G * D * sizeof(float)), "alloc partials");
+    TRY(cudaMalloc(&dstep, sizeof hs), "alloc step");
+    if (c->gate) {
+        TRY(cudaMalloc((void **)&dgate, H * D * sizeof(float)), "alloc gate");
+        TRY(cudaMemcpy(dgate, c->gate, H * D * sizeof(float), cudaMemcpyHostToDevice), "upload gate");
+    }
+    TRY(cudaMemcpy(dq, c->q, H * D * sizeof(float), cudaMemcpyHostToDevice), "upload q");
+    TRY(cudaMemcpy(dk, c->k_plane, plane * 2, cudaMemcpyHostToDevice), "upload K");
+    TRY(cudaMemcpy(dv, c->v_plane, plane * 2, cudaMemcpyHostToDevice), "upload V");
+    TRY(cudaMemcpy(dstep, &hs, sizeof hs, cudaMemcpyHostToDevice), "upload step");
+    /* poison: an output or partial the kernels fail to write shows up as NaN */
+    TRY(cudaMemset(dout, 0xFF, H * D * sizeof(float)), "poison");
+    TRY(cudaMemset(pacc, 0xFF, HKV * c->n_split * G * D * sizeof(float)), "poison");
+    if (cu_attention(st, dq, (const cu_step *)dstep, (const cu_plane_meta *)((cu_step *)dstep + 1), dk, dv, pml, pacc,
+                     dgate, dout, &g, NULL)) {
+        snprintf(msg, msg_len, "cu_attention refused the geometry (H %zu, HKV %zu, D %zu)", H, HKV, D);
+        goto done_quiet;
+    }
+    TRY(cudaGetLastError(), "launch");
+    TRY(cudaStreamSynchronize(st), "run");
+    TRY(cudaMemcpy(out, dout, H * D * sizeof(float), cudaMemcpyDeviceToHost), "download");
+    rc = 0;
+#undef TRY
+done:
+    if (e != cudaSuccess) snprintf(msg, msg_len, "cuda: %s: %s", what, cudaGetErrorString(e));
+done_quiet:
+    cudaFree(dq);
+    cudaFree(dgate);
+    cudaFree(dout);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(pml);
+    cudaFree(pacc);
+    cudaFree(dstep);
+    if (st) cudaStreamDestroy(st);
+    return rc;
 }
 
 __global__ void k_fill_random(uint16_t *p, uint64_t n, uint32_t seed)

@@ -11,7 +11,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "cuda/mvq.cuh" /* and matvec.cuh */
+#include "cuda/attention.h" /* CU_ATTN_*, the C entry point for tests */
+#include "cuda/mvq.cuh"       /* and matvec.cuh */
 
 /* KV plane metadata as the kernels see it (SPEC §3; mirrors kv_plane after this token's append). */
 typedef struct cu_plane_meta {
@@ -33,7 +34,10 @@ typedef struct cu_attn_geom {
     bool ring;             /* SWA ring (token-major) or FULL plane (head-major) */
     uint32_t n_split;      /* blocks per KV head */
     float scale;
+    int impl;              /* CU_ATTN_TC or CU_ATTN_V1 (MUSER_CUDA_ATTN, cu_attn_impl_parse) */
 } cu_attn_geom;
+
+/* Split-attention kernels: CU_ATTN_TC / CU_ATTN_V1 in cuda/attention.h. */
 
 /* norm.cu */
 /* xq (nullable): also write the output as v7 matvec input digits (mvq_prep_warp); E % 32 == 0 */
@@ -54,6 +58,8 @@ void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *q_norm, const fl
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
                  const float *gate, float *out, const cu_attn_geom *g, uint8_t *xq);
+/* MUSER_CUDA_ATTN value -> CU_ATTN_*: NULL or "" -> the default, "tc", "v1"; -1 if unknown. */
+int cu_attn_impl_parse(const char *s);
 /* Fill rows [0, n) of a plane with random f16 (benchmarks at depth; never zeros). */
 void cu_fill_plane_random(cudaStream_t st, uint16_t *p, uint64_t n_elems, uint32_t seed);
 /* Streaming-read kernel: bytes/time is the read ceiling the bench reports against. */
