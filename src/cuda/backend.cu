@@ -540,6 +540,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         g->head_dim = hp->head_dim;
         g->ring = pl->ring;
         g->scale = hp->attn_scale;
+        if ((g->impl = cu_attn_impl_parse(getenv("MUSER_CUDA_ATTN"))) < 0)
+            FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_ATTN=%s: expected tc or v1", getenv("MUSER_CUDA_ATTN")));
         const uint64_t want = (pl->capacity + 63) / 64;
         g->n_split = (uint32_t)(want < 1 ? 1 : (want > CU_ATT_MAX_SPLIT ? CU_ATT_MAX_SPLIT : want));
         if (g->n_split > max_split) max_split = g->n_split;
