@@ -1,7 +1,9 @@
 #!/bin/bash
-# device-final.sh — the ONE command of a short device session (~150 s of wall time in all):
-# build the CUDA targets, then measure and check the matvec v6 (mantissa trick) against v5, most
-# valuable result first, each step under its own timeout so an overrun loses only the tail.
+# device-final.sh — the ONE command of the second device session (~150 s of wall time in all):
+# build the CUDA targets ON the device, then measure and check the matvec v6 (mantissa trick)
+# against v5, most valuable result first, each step under its own timeout. Kept as the record of
+# how bench/RESULTS.md's v5/v6 rows were made; v7 (mvq.cuh) is the default now, and the current
+# recipe is scripts/device-prebuilt.sh (build here, run there: no device build time).
 #   run on the GPU machine from the repository root, carrying .deps:   bash scripts/device-final.sh
 # Logs go to $OUT (8 files at most); a summary is printed at the end (and saved as summary.txt).
 #   1 build.log        scripts/device-build.sh build-cuda, only the targets needed

@@ -78,6 +78,7 @@ typedef struct cu_ctx {
     uint8_t *xq;               /* mvq_prep output of the current matvec input (v7) */
     bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
                                 * MUSER_CUDA_PDL=0 turns it off */
+    bool tail_pdl;             /* the tails are launched the same way (MUSER_CUDA_TAIL_PDL=0: not) */
     float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
     double upload_s;
 } cu_ctx;
@@ -395,7 +396,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         mv_group(c, st, om, oo, 1, c->attn_o, xq_o != NULL);
         pf_mark(pf, st, PF_TAIL);
         cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E,
-                xq_a);
+                xq_a, c->tail_pdl);
         pf_mark(pf, st, PF_FFN_UP);
         if (c->gate_up_paired) {
             mv_launch ml;
@@ -418,7 +419,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
         cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
-                hp->rms_eps, hp->sandwich, E, xq_a);
+                hp->rms_eps, hp->sandwich, E, xq_a, c->tail_pdl);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
@@ -522,6 +523,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         if (c->mv_ver < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_MATVEC=%s: expected v7, v6, v6b or v5", mv));
         const char *pdl = getenv("MUSER_CUDA_PDL");
         c->pdl = !(pdl && !strcmp(pdl, "0"));
+        const char *tpdl = getenv("MUSER_CUDA_TAIL_PDL");
+        c->tail_pdl = c->pdl && !(tpdl && !strcmp(tpdl, "0"));
     }
     FAIL(kv_init(&c->kv, hp, n_ctx, false, err));
     cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);

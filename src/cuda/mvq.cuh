@@ -436,19 +436,27 @@ __global__ void __launch_bounds__(MV_WARPS * 32, 2) mvq_kernel(const mv_launch L
     }
 }
 
-/* The launch configuration of L (a block per MV_WARPS warps), with programmatic stream
- * serialization when pdl (see mvq_wait). at: storage for the attribute. */
-static inline cudaLaunchConfig_t mvq_cfg(const mv_launch &L, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
+/* A launch configuration of grid × block on st, with programmatic stream serialization when pdl
+ * (the kernel then may start while its predecessor runs; see mvq_wait). at: storage for the
+ * attribute. Any kernel launched this way must call mvq_wait before it reads what its
+ * predecessor writes, or writes what its predecessor reads. */
+static inline cudaLaunchConfig_t cu_pdl_cfg(dim3 grid, dim3 block, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
 {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((L.n_warps + MV_WARPS - 1) / MV_WARPS);
-    cfg.blockDim = dim3(MV_WARPS * 32);
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
     cfg.stream = st;
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = pdl ? 1 : 0;
     return cfg;
+}
+
+/* The launch configuration of L: a block per MV_WARPS warps. */
+static inline cudaLaunchConfig_t mvq_cfg(const mv_launch &L, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
+{
+    return cu_pdl_cfg(dim3((L.n_warps + MV_WARPS - 1) / MV_WARPS), dim3(MV_WARPS * 32), st, pdl, at);
 }
 
 /* A launch whose segments mix Q4_KD and Q6_KD (the attention projections of the layers whose
@@ -475,21 +483,16 @@ static inline uint32_t mvq_seg_warps(uint32_t type, uint32_t rows, bool pair)
 static inline bool mvq_type_ok(uint32_t t) { return t == MV_T_Q4_KD || t == MV_T_Q6_KD; }
 
 /* xbuf must hold mvq_prep's output for the launch's input (K = seg[0].a.cols); every segment has
- * the format of seg[0] and warps counted at R rows per warp. */
-/* pdl: launch with programmatic stream serialization (see mvq_wait). */
-template <int R>
-static inline void mvq_launch_r(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf, bool pdl = true)
+ * the format of seg[0] and warps counted at mvq_rows_per_warp of it. pdl: launch with
+ * programmatic stream serialization (see mvq_wait). Only the two kernels that fit their registers
+ * are instantiated: Q4_KD at R = 4, Q6_KD at R = 2. */
+static inline void mvq_launch(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf, bool pdl = true)
 {
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg = mvq_cfg(L, st, pdl, at);
     const uint32_t K = L.seg[0].a.cols;
-    if (L.seg[0].a.type == MV_T_Q6_KD) cudaLaunchKernelEx(&cfg, mvq_kernel<R, MV_T_Q6_KD>, L, xbuf, K);
-    else cudaLaunchKernelEx(&cfg, mvq_kernel<R, MV_T_Q4_KD>, L, xbuf, K);
-}
-static inline void mvq_launch(cudaStream_t st, const mv_launch &L, const uint8_t *xbuf, bool pdl = true)
-{
-    if (mvq_rows_per_warp(L.seg[0].a.type) == 2) mvq_launch_r<2>(st, L, xbuf, pdl);
-    else mvq_launch_r<4>(st, L, xbuf, pdl);
+    if (L.seg[0].a.type == MV_T_Q6_KD) cudaLaunchKernelEx(&cfg, mvq_kernel<2, MV_T_Q6_KD>, L, xbuf, K);
+    else cudaLaunchKernelEx(&cfg, mvq_kernel<4, MV_T_Q4_KD>, L, xbuf, K);
 }
 
 /* ---- Q6_K repack into the mvq planes (one thread per block) ------------------------------ */

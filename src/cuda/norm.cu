@@ -93,14 +93,21 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
     const uint32_t S = ((E + TAIL_CL * 32 - 1) / (TAIL_CL * 32)) * 32; /* slice, a multiple of 32 */
     const uint32_t lo = blockIdx.x * S, hi = lo + S < E ? lo + S : E;
     float yv[TAIL_PER], hv[TAIL_PER], wp[TAIL_PER], wn[TAIL_PER];
+    /* the norm weights are constants: loaded before the wait for the matvec that writes y */
+#pragma unroll
+    for (int k = 0; k < TAIL_PER; k++) {
+        const uint32_t i = lo + threadIdx.x + k * TAIL_T;
+        const bool in = i < hi;
+        wp[k] = in && sandwich ? w_post[i] : 0.f;
+        wn[k] = in ? w_next[i] : 0.f;
+    }
+    mvq_wait(); /* a no-op unless launched with programmatic stream serialization */
 #pragma unroll
     for (int k = 0; k < TAIL_PER; k++) {
         const uint32_t i = lo + threadIdx.x + k * TAIL_T;
         const bool in = i < hi;
         yv[k] = in ? y[i] : 0.f;
         hv[k] = in ? h[i] : 0.f;
-        wp[k] = in && sandwich ? w_post[i] : 0.f;
-        wn[k] = in ? w_next[i] : 0.f;
     }
     float r1 = 1.f;
     if (sandwich) {
@@ -135,10 +142,14 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
 }
 
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq)
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, bool pdl)
 {
-    /* E <= TAIL_CL * TAIL_T * TAIL_PER (8192) is checked at context creation */
-    k_tail<<<TAIL_CL, TAIL_T, 0, st>>>(y, h, a, w_post, eps_post, w_next, eps_next, sandwich, E, xq);
+    /* E <= TAIL_CL * TAIL_T * TAIL_PER (8192) is checked at context creation. pdl: the blocks may
+     * start while the matvec before them runs (it triggers at its start); they read only the norm
+     * weights before griddepcontrol.wait, and write nothing before it. */
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(TAIL_CL), dim3(TAIL_T), st, pdl, at);
+    cudaLaunchKernelEx(&cfg, k_tail, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, xq);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)

@@ -43,8 +43,9 @@ typedef struct cu_attn_geom {
 /* xq (nullable): also write the output as v7 matvec input digits (mvq_prep_warp); E % 32 == 0 */
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
                    const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, uint8_t *xq);
+/* pdl: launch with programmatic stream serialization (after a v7 matvec, which triggers early) */
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq);
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, bool pdl);
 void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
 /* argmax over logits -> *d_token (next token for the bench lane) and d_flags[0] = #non-finite */
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
