@@ -2,8 +2,10 @@
  * cores) and v1 (CUDA cores), against an f64 reference, through muser_cuda_attn_run().
  *
  * Glimmer's geometry (32 query heads, 2 KV heads, D 128) on FULL planes (head-major; lengths 1,
- * 33, 1000, 2049 with a partial last split and tile, 4096 with 16 tiles per warp) and SWA rings
- * (token-major, wrapping), plus a GQA 4:1 D 64 geometry that must fall back to v1. Error: max
+ * 33, 1000, 2049 with a partial last split and tile, 4096 with 16 tiles per warp; 100, 8100,
+ * 4096 and 8192 for the combine over 2 .. 256 used splits) and SWA rings (token-major,
+ * wrapping, a full window), plus a GQA 4:1 D 64 geometry that must fall back to v1. Each tc call
+ * is run twice and must give the same bits. Error: max
  * |out − ref| over every head and dimension; |v| ≤ 1 and sigmoid ≤ 1, so that is the error per
  * unit of V. Bound 1e-5: f32 arithmetic lands near 1e-7 .. 1e-6 here; q or p rounded to f16 once
  * (lossy storage, what SPEC §4 refuses) lands at 2e-5 .. 1e-3 on these cases — the test emulates
@@ -169,6 +171,9 @@ static int run_case(const acase *a, int *first)
     CHECKF(rc == 0, "%s tc: %s", a->name, msg);
     rc = muser_cuda_attn_run(&c, CU_ATTN_V1, o_v1, msg, sizeof msg);
     CHECKF(rc == 0, "%s v1: %s", a->name, msg);
+    /* the same call again: bit for bit (no sum whose order depends on timing) */
+    rc = muser_cuda_attn_run(&c, CU_ATTN_TC, o2, msg, sizeof msg);
+    CHECKF(rc == 0 && !memcmp(o2, o_tc, QD * sizeof(float)), "%s: tc output differs run to run", a->name);
     reference(&c, 0, ref);
     reference(&c, 1, lossy);
     double el = 0;
@@ -254,6 +259,14 @@ int main(void)
         {"ring len 256 wrapped", 32, 2, 128, 1, 256, 256, 1000, 745 % 256, 4, 1},
         {"ring len 33 wrapped", 32, 2, 128, 1, 256, 33, 32, 240, 4, 0},
         {"ring len 100 of 256", 32, 2, 128, 1, 256, 100, 99, 200, 4, 0},
+        /* the combine over few and many used splits (tc cuts splits at multiples of 64, at most
+         * 64 of them; v1 at multiples of 32): tc / v1 used 2 / 4, 64 / 127 (last split partial),
+         * 64 / 128, 64 / 256 (two batches of the combine) */
+        {"full len 100, used 2 / 4", 32, 2, 128, 0, 4096, 100, 99, 0, 64, 1},
+        {"full len 8100, used 64 / 127", 32, 2, 128, 0, 8192, 8100, 8099, 0, 128, 1},
+        {"full len 4096, used 64 / 128", 32, 2, 128, 0, 4096, 4096, 4095, 0, 128, 0},
+        {"full len 8192, used 64 / 256", 32, 2, 128, 0, 8192, 8192, 8191, 0, 256, 0},
+        {"ring len 2048 of 2048, 32", 32, 2, 128, 1, 2048, 2048, 3000, 953, 32, 1},
         {"gqa 4:1 D 64 (falls back)", 8, 2, 64, 0, 512, 300, 299, 0, 8, 1},
     };
     int first = 1;

@@ -12,11 +12,12 @@
  * share every K/V row read (GQA 16:1 on Glimmer). Per 32 positions a warp does: scores lane-per-
  * position (a K row per lane, q from shared memory), online softmax per head, then P·V lane-per-
  * dimension (coalesced V rows). The 4 warps merge in shared memory; the block writes (m, l, acc)
- * per query head; the combine kernel merges splits and applies sigmoid(gate).
+ * per query head; the combine kernel merges splits and applies sigmoid(gate). The combine is
+ * launched as a programmatic dependent of the split kernel (PDL), so its launch overlaps it.
  *
  * Two split kernels write those same partials (cu_attn_geom.impl, MUSER_CUDA_ATTN=tc|v1):
  * k_attn_split_tc (default; GQA 16:1, D 128: tensor cores, f32-faithful hi/lo operands, cp.async
- * pipelines, at most 128 splits — see its comment) and k_attn_split (v1, above: every geometry,
+ * pipelines, at most 64 splits — see its comment) and k_attn_split (v1, above: every geometry,
  * and the fallback of tc). bench/kernels/attention.cu times both; tests/test_cuda_attn.c checks
  * both against an f64 reference. */
 #include "cuda/ops.cuh"
@@ -27,6 +28,14 @@
 #include <string.h>
 
 #define ATT_WARPS 4
+
+/* Programmatic dependent launch between the split kernel and the combine: the split kernel lets
+ * the combine's grid launch as soon as its own blocks are placed, and the combine waits for the
+ * split grid's completion (and its memory) before it reads a partial. Every combine block waits,
+ * so the combine never completes before the split kernel (the next kernels rely on that order).
+ * Both are no-ops in a kernel launched without the attribute. */
+__device__ __forceinline__ void att_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void att_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 /* A stored position p lies in [origin_logical, origin_logical + len) and origin_physical <
  * capacity, so the ring row needs one conditional subtraction, not a 64-bit modulo (which
@@ -109,18 +118,20 @@ void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *q_norm, const fl
         g->head_dim, g->ring);
 }
 
-/* Positions per split: ceil(len / n_split) rounded up to a multiple of 32. */
-__device__ __forceinline__ uint64_t att_chunk(uint64_t len, uint32_t n_split)
+/* Positions per split: ceil(len / n_split) rounded up to a multiple of `align` (a power of two,
+ * at least 32: v1 uses 32, tc TC_ALIGN). The split kernel and the combine compute it from the same
+ * device-side len, so they agree on which splits are used: s·chunk < len. */
+__device__ __forceinline__ uint64_t att_chunk(uint64_t len, uint32_t n_split, uint32_t align)
 {
-    return (((len + n_split - 1) / n_split) + 31) & ~(uint64_t)31;
+    return (((len + n_split - 1) / n_split) + align - 1) & ~(uint64_t)(align - 1);
 }
 
 /* Range of block `split` of n_split over the stored positions. */
-__device__ __forceinline__ void att_range(uint64_t pos, uint64_t len, uint32_t n_split, uint32_t split,
-                                          uint64_t *b, uint64_t *e)
+__device__ __forceinline__ void att_range(uint64_t pos, uint64_t len, uint32_t n_split, uint32_t align,
+                                          uint32_t split, uint64_t *b, uint64_t *e)
 {
     const uint64_t first = pos + 1 - len;
-    const uint64_t chunk = att_chunk(len, n_split);
+    const uint64_t chunk = att_chunk(len, n_split, align);
     *b = first + (uint64_t)split * chunk;
     *e = *b + chunk;
     if (*e > pos + 1) *e = pos + 1;
@@ -144,7 +155,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
     const cu_plane_meta m = meta[0];
     const uint64_t pos = step->pos;
     uint64_t b, e;
-    att_range(pos, m.len, n_split, split, &b, &e);
+    att_pdl_trigger(); /* the combine may launch now; it waits for this grid's partials */
+    att_range(pos, m.len, n_split, 32, split, &b, &e);
     if (b >= e) return; /* the combine skips it too */
     /* q of the G heads: every load issued before the first is used (a plain strided loop waited
      * one L2 latency per element) */
@@ -295,41 +307,111 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
     }
 }
 
-/* One block per query head: merge the used splits, divide, gate. */
-__global__ void k_attn_combine(const float *part_ml, const float *part_acc, const cu_step *step,
-                               const cu_plane_meta *meta, const float *gate, float *out, uint32_t G, uint32_t D,
-                               uint32_t n_split, uint8_t *xq)
+/* ---- the combine -----------------------------------------------------------------------------
+ *
+ * Merges the used splits of each query head, divides by the softmax sum, applies sigmoid(gate),
+ * and writes out (and the v7 matvec digits of out). Block = (query head, 32 dimensions), 8 warps:
+ * warp w takes splits w, w + 8, w + 16, … and lane = dimension, so each load is one coalesced 128 B
+ * row piece, and a warp's 16 loads of a batch are all issued before the first is used (the
+ * serial walk over 128 splits of the old combine waited one L2 latency per 8 splits: ~37 µs cold at
+ * 131072). Before the sums, the 256 threads read one split's (m, l) each: M = max m over the used
+ * splits, f_s = exp(m_s − M) into shared memory, den = Σ f_s·l_s. Every reduction has a fixed
+ * shape (xor shuffles, then the warps in index order), so the result does not depend on timing:
+ * graph replays stay bit-identical. NaN/Inf in a used split's m, l or acc reaches out as in the
+ * serial form (fmaxf skips a NaN m, whose f is then NaN); unused splits are never read. */
+#define CMB_WARPS 8
+#define CMB_R 16          /* splits per warp per batch: 8 × 16 = 128 (tc: at most 64) in one batch */
+#define CMB_MAX_SPLIT 256 /* one (m, l) per thread; cu_attention refuses more splits */
+
+__global__ void __launch_bounds__(CMB_WARPS * 32) k_attn_combine(const float *part_ml, const float *part_acc,
+                                                                const cu_plane_meta *meta, const float *gate,
+                                                                float *out, uint32_t G, uint32_t D, uint32_t n_split,
+                                                                uint32_t align, uint8_t *xq)
 {
-    __shared__ float wmax[32];
-    const uint32_t hq = blockIdx.x, h = hq / G, g = hq % G;
-    const uint64_t len = meta[0].len, chunk = att_chunk(len, n_split);
+    __shared__ float fs[CMB_MAX_SPLIT];
+    __shared__ float wred[2][CMB_WARPS];
+    __shared__ float wnum[CMB_WARPS][32];
+    const uint32_t hq = blockIdx.x, h = hq / G, g = hq % G, t = threadIdx.x;
+    const uint32_t w = t >> 5, lane = t & 31, d = blockIdx.y * 32 + lane;
+    const uint64_t len = meta[0].len, chunk = att_chunk(len, n_split, align);
     /* the splits with positions: s·chunk < len (the split kernel's blocks past them exited) */
     const uint32_t used = (uint32_t)((len + chunk - 1) / chunk);
-    /* max over the used splits' running maxima, threads over splits, then the block */
-    float M = -INFINITY;
-    for (uint32_t s = threadIdx.x; s < used; s += blockDim.x) M = fmaxf(M, part_ml[(((size_t)h * n_split + s) * G + g) * 2]);
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, o));
-    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = M;
-    __syncthreads();
-    M = wmax[0];
-    for (uint32_t i = 1; i < blockDim.x / 32; i++) M = fmaxf(M, wmax[i]);
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-        float num = 0.f, den = 0.f;
-#pragma unroll 8
-        for (uint32_t s = 0; s < used; s++) {
-            const size_t i = ((size_t)h * n_split + s) * G + g;
-            const float f = __expf(part_ml[i * 2] - M);
-            den += f * part_ml[i * 2 + 1];
-            num += f * part_acc[i * D + d];
-        }
-        float o = num / den;
-        if (gate) {
-            const float gv = gate[(size_t)hq * D + d];
-            o = o * (1.f / (1.f + expf(-gv)));
-        }
-        out[(size_t)hq * D + d] = o;
-        if (xq) mvq_prep_warp(o, hq * D + d, xq); /* D % 32 == 0: whole warps */
+    const size_t i0 = (size_t)h * n_split * G + g; /* partial index of (h, split 0, g); split s adds s·G */
+    att_pdl_wait();
+    float a[CMB_R];
+#pragma unroll
+    for (int r = 0; r < CMB_R; r++) {
+        const uint32_t s = w + CMB_WARPS * r;
+        a[r] = s < used ? part_acc[(i0 + (size_t)s * G) * D + d] : 0.f;
     }
+    const float ms = t < used ? part_ml[(i0 + (size_t)t * G) * 2] : -INFINITY;
+    const float ls = t < used ? part_ml[(i0 + (size_t)t * G) * 2 + 1] : 0.f;
+    float M = ms;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xFFFFFFFFu, M, o));
+    if (lane == 0) wred[0][w] = M;
+    __syncthreads();
+    M = wred[0][0];
+#pragma unroll
+    for (int i = 1; i < CMB_WARPS; i++) M = fmaxf(M, wred[0][i]);
+    const float f = t < used ? __expf(ms - M) : 0.f;
+    fs[t] = f;
+    float den = f * ls;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xFFFFFFFFu, den, o);
+    if (lane == 0) wred[1][w] = den;
+    __syncthreads();
+    den = wred[1][0];
+#pragma unroll
+    for (int i = 1; i < CMB_WARPS; i++) den += wred[1][i];
+    float num = 0.f;
+#pragma unroll
+    for (int r = 0; r < CMB_R; r++) {
+        const uint32_t s = w + CMB_WARPS * r;
+        if (s < used) num = fmaf(fs[s], a[r], num);
+    }
+    for (uint32_t s0 = CMB_WARPS * CMB_R; s0 < used; s0 += CMB_WARPS * CMB_R) { /* > 128 splits (v1) */
+#pragma unroll
+        for (int r = 0; r < CMB_R; r++) {
+            const uint32_t s = s0 + w + CMB_WARPS * r;
+            a[r] = s < used ? part_acc[(i0 + (size_t)s * G) * D + d] : 0.f;
+        }
+#pragma unroll
+        for (int r = 0; r < CMB_R; r++) {
+            const uint32_t s = s0 + w + CMB_WARPS * r;
+            if (s < used) num = fmaf(fs[s], a[r], num);
+        }
+    }
+    wnum[w][lane] = num;
+    __syncthreads();
+    if (w != 0) return;
+    num = wnum[0][lane];
+#pragma unroll
+    for (int i = 1; i < CMB_WARPS; i++) num += wnum[i][lane];
+    float o = num / den;
+    if (gate) o = o * (1.f / (1.f + expf(-gate[(size_t)hq * D + d])));
+    out[(size_t)hq * D + d] = o;
+    if (xq) mvq_prep_warp(o, hq * D + d, xq); /* one whole warp over 32 consecutive elements */
+}
+
+/* The combine for n_split splits per KV head cut at `align`; pdl: launched as a programmatic
+ * dependent of the split kernel (see att_pdl_trigger). */
+static int launch_combine(cudaStream_t st, const float *pml, const float *pacc, const cu_plane_meta *meta,
+                          const float *gate, float *out, const cu_attn_geom *g, uint32_t n_split, uint32_t align,
+                          bool pdl, uint8_t *xq)
+{
+    if (n_split > CMB_MAX_SPLIT || g->head_dim % 32) return -1;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3(g->n_head, g->head_dim / 32);
+    cfg.blockDim = dim3(CMB_WARPS * 32);
+    cfg.stream = st;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k_attn_combine, pml, pacc, meta, gate, out, g->n_head / g->n_head_kv,
+                              g->head_dim, n_split, align, xq) == cudaSuccess ? 0 : -1;
 }
 
 /* ---- tc: the split kernel on tensor cores (GQA 16:1, D = 128) ---------------------------------
@@ -359,9 +441,19 @@ __global__ void k_attn_combine(const float *part_ml, const float *part_acc, cons
 #define TC_WARPS 4
 #define TC_TILE_BYTES (TC_TILE * TC_D * 2)                          /* one K or V tile: 4 KiB */
 #define TC_SMEM(S) (TC_WARPS * (S) * 2 * TC_TILE_BYTES)            /* 3 stages: 96 KiB, 2 blocks per SM */
-/* At most 128 splits per KV head: 2 KV heads × 128 = 256 blocks fit one wave at 2 blocks per SM
- * on 132 SMs, and the combine walks half the splits of the backend's 256. */
-#define TC_MAX_SPLIT 128
+/* At most 64 splits per KV head on FULL planes: 2 KV heads × 64 = 128 blocks, one per SM on 132
+ * SMs. 128 splits (256 blocks, one wave at 2 per SM) was the first choice; with the parallel combine
+ * 64 is faster at every length from 2048 up (H200, kbench_attention: 131072 39.5 vs 42.5 µs per
+ * call in a graph, 32768 14.2 vs 16.6, 2048 7.9 vs 10.2) and equal below; 32 loses at 32768+. */
+#define TC_MAX_SPLIT 64
+/* Ring planes (W = 2048; the backend gives them 32 splits): at most this many splits (16 and 8
+ * were slower at a full window: 8.8 and 10.4 against 7.9 µs per call). */
+#define TC_RING_SPLIT 32
+/* Positions per split are a multiple of TC_ALIGN: with 64 each of the 4 warps has a whole 16-row
+ * tile in every used split (at 32, two warps idle), and short planes use half the splits. */
+#define TC_ALIGN 64
+/* The combine launched as a programmatic dependent of the split kernel (att_pdl_trigger). */
+#define ATT_PDL true
 #define TC_P_SCALE 32768.f                                         /* 2^15 */
 
 __device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool valid)
@@ -425,7 +517,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
                                                                     const cu_plane_meta *meta, const uint16_t *kp,
                                                                     const uint16_t *vp, float *part_ml,
                                                                     float *part_acc, uint32_t HKV, uint32_t n_split,
-                                                                    float scale)
+                                                                    uint32_t align, float scale)
 {
     extern __shared__ __align__(128) uint8_t tc_smem[];
     __shared__ int qexp[TC_G];
@@ -435,9 +527,15 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     const cu_plane_meta m = meta[0];
     const uint64_t pos = step->pos;
     uint64_t b, e;
-    att_range(pos, m.len, n_split, split, &b, &e);
-    if (b >= e) return; /* the combine skips it too */
+    att_pdl_trigger(); /* the combine may launch now; it waits for this grid's partials */
+    /* q's loads go out with the metadata's, not after it (one L2 latency less per call) */
     const float *qh = q + (size_t)h * TC_G * TC_D;
+    const int qhd = threadIdx.x >> 3, qsub = threadIdx.x & 7; /* 8 threads per head, 16 elements each */
+    float4 qv[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) qv[i] = __ldg((const float4 *)(qh + qhd * TC_D + qsub * 16) + i);
+    att_range(pos, m.len, n_split, align, split, &b, &e);
+    if (b >= e) return; /* the combine skips it too */
 
     /* the warp's first tiles go out before anything else */
     const uint32_t n_tiles = (uint32_t)((e - b + TC_TILE - 1) / TC_TILE);
@@ -453,12 +551,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
 
     /* per-head power of two: 8 threads per head find max|q| */
     {
-        const int hd = threadIdx.x >> 3, sub = threadIdx.x & 7;
-        const float4 *q4 = (const float4 *)(qh + hd * TC_D + sub * 16);
+        const int hd = qhd, sub = qsub;
         float mx = 0.f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const float4 v = __ldg(q4 + i);
+            const float4 v = qv[i];
             mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
@@ -629,7 +726,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
 
 template <bool RING, int STAGES>
 static int launch_tc(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
-                     const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g)
+                     const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g,
+                     uint32_t align)
 {
     /* host-side attributes, legal while a stream is being captured into a graph; the carveout
      * asks for the shared-memory split that holds two 96 KiB blocks */
@@ -639,16 +737,17 @@ static int launch_tc(cudaStream_t st, const float *q, const cu_step *step, const
                              cudaSharedmemCarveoutMaxShared))
         return -1;
     k_attn_split_tc<RING, STAGES><<<dim3(g->n_split, g->n_head_kv), TC_WARPS * 32, TC_SMEM(STAGES), st>>>(
-        q, step, meta, kp, vp, pml, pacc, g->n_head_kv, g->n_split, g->scale);
+        q, step, meta, kp, vp, pml, pacc, g->n_head_kv, g->n_split, align, g->scale);
     return 0;
 }
 
 template <int STAGES>
 static int launch_split_tc(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
-                           const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g)
+                           const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g,
+                           uint32_t align)
 {
-    return g->ring ? launch_tc<true, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g)
-                   : launch_tc<false, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g);
+    return g->ring ? launch_tc<true, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g, align)
+                   : launch_tc<false, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g, align);
 }
 
 /* G query heads per block; a KV head's GT = H/HKV query heads take GT/G blocks (grid.z) that
@@ -679,28 +778,58 @@ static int launch_by_g(cudaStream_t st, const float *q, const cu_step *step, con
     }
 }
 
+/* How one call is cut: cu_attention takes att_plan_for(g); the workbench times other plans. */
+struct att_plan {
+    bool tc;          /* k_attn_split_tc, else k_attn_split (v1) */
+    uint32_t n_split; /* blocks per KV head, at most g->n_split (the partials are sized for that) */
+    uint32_t align;   /* positions per split: a multiple of this (v1: 32) */
+    bool pdl;         /* the combine as a programmatic dependent of the split kernel */
+};
+
+static att_plan att_plan_for(const cu_attn_geom *g)
+{
+    att_plan p;
+    p.tc = g->impl == CU_ATTN_TC && g->n_head == TC_G * g->n_head_kv && g->head_dim == TC_D;
+    p.n_split = g->n_split;
+    p.align = 32;
+    p.pdl = ATT_PDL;
+    if (p.tc) {
+        const uint32_t cap = g->ring ? TC_RING_SPLIT : TC_MAX_SPLIT;
+        if (p.n_split > cap) p.n_split = cap;
+        p.align = TC_ALIGN;
+    }
+    return p;
+}
+
+/* parts: 1 the split kernel, 2 the combine, 3 both (the route). */
+static int att_run(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
+                   const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
+                   const float *gate, float *out, const cu_attn_geom *g0, const att_plan &p, uint8_t *xq, int parts)
+{
+    cu_attn_geom g = *g0;
+    g.n_split = p.n_split;
+    if (!g.n_split || g.n_split > g0->n_split || g.n_split > CMB_MAX_SPLIT || p.align < 32 || (p.align & (p.align - 1)))
+        return -1;
+    int rc = 0;
+    if (parts & 1) {
+        if (p.tc) rc = launch_split_tc<TC_STAGES>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g, p.align);
+        else if (p.align != 32) rc = -1;
+        else switch (g.head_dim) {
+        case 32: rc = launch_by_g<1>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g); break;
+        case 64: rc = launch_by_g<2>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g); break;
+        case 128: rc = launch_by_g<4>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g); break;
+        default: rc = -1;
+        }
+    }
+    if (!rc && (parts & 2)) rc = launch_combine(st, part_ml, part_acc, meta, gate, out, &g, g.n_split, p.align, p.pdl, xq);
+    return rc;
+}
+
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
                  const float *gate, float *out, const cu_attn_geom *g, uint8_t *xq)
 {
-    int rc;
-    cu_attn_geom gt;
-    if (g->impl == CU_ATTN_TC && g->n_head == TC_G * g->n_head_kv && g->head_dim == TC_D) {
-        gt = *g; /* fewer, longer splits (TC_MAX_SPLIT); the combine below gets the same count */
-        if (gt.n_split > TC_MAX_SPLIT) gt.n_split = TC_MAX_SPLIT;
-        g = &gt;
-        rc = launch_split_tc<TC_STAGES>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, g);
-    } else switch (g->head_dim) {
-    case 32: rc = launch_by_g<1>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, g); break;
-    case 64: rc = launch_by_g<2>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, g); break;
-    case 128: rc = launch_by_g<4>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, g); break;
-    default: rc = -1;
-    }
-    if (rc) return rc;
-    const uint32_t G = g->n_head / g->n_head_kv;
-    k_attn_combine<<<g->n_head, g->head_dim, 0, st>>>(part_ml, part_acc, step, meta, gate, out, G, g->head_dim,
-                                                       g->n_split, xq);
-    return 0;
+    return att_run(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, gate, out, g, att_plan_for(g), xq, 3);
 }
 
 int cu_attn_impl_parse(const char *s)

@@ -23,7 +23,8 @@ extern "C" {
 typedef struct muser_cuda_attn_case {
     uint32_t n_head, n_head_kv, head_dim;
     int ring;                     /* 1: SWA ring plane, 0: FULL plane */
-    uint32_t n_split;             /* blocks per KV head (the backend uses min(256, capacity / 64)) */
+    uint32_t n_split;             /* blocks per KV head (the backend uses min(256, capacity / 64));
+                                   * at most 256; tc uses at most 64 (ring: 32) of them */
     float scale;                  /* 1/sqrt(D) */
     uint64_t pos;                 /* position of the current token (the last stored one) */
     uint64_t origin_logical, origin_physical, len, capacity; /* plane metadata after the append */
