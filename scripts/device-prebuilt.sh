@@ -1,7 +1,8 @@
 #!/bin/bash
 # device-prebuilt.sh — run binaries built HERE (Debian 12, nvcc 13, sm_90) on the GPU machine,
 # skipping the ~2 min device build. Build and stage them first on the dev machine:
-#   cmake --build build-cuda --target muser test_cuda test_fail_closed kbench_matvec
+#   cmake --build build-cuda --target muser test_cuda test_fail_closed test_cuda_attn kbench_matvec kbench_mma \
+#       kbench_attention
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all)
@@ -11,7 +12,8 @@ set -u
 if [ "${1:-}" = "--stage" ]; then
     B=${MUSER_BUILD_DIR:-build-cuda}
     mkdir -p .devbin
-    cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/bench/kbench_matvec" .devbin/
+    cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/bench/kbench_matvec" \
+        "$B/bench/kbench_mma" "$B/bench/kbench_attention" .devbin/
     ls -la .devbin
     exit 0
 fi
@@ -37,6 +39,8 @@ for step in $steps; do
         note "test_cuda rc=$? :: $(tail -1 "$OUT/test_cuda.log")"
         (cd "$W" && MUSER_BUILD_DIR="$W" timeout -k 5 90 "$OLDPWD/$D/test_fail_closed") >"$OUT/test_fail_closed.log" 2>&1
         note "test_fail_closed rc=$? :: $(tail -1 "$OUT/test_fail_closed.log")"
+        (cd "$W" && MUSER_BUILD_DIR="$W" timeout -k 5 90 "$OLDPWD/$D/test_cuda_attn") >"$OUT/test_cuda_attn.log" 2>&1
+        note "test_cuda_attn rc=$? :: $(tail -1 "$OUT/test_cuda_attn.log")"
         ;;
     parity)
         "$D/muser" synth --preset small -o "$W/small.gguf" >/dev/null 2>&1
@@ -48,17 +52,19 @@ for step in $steps; do
     kbench)
         MUSER_KBENCH_KQ=1 MUSER_KBENCH_FAST=1 timeout -k 5 120 "$D/kbench_matvec" 9 >"$OUT/kbench.log" 2>&1
         note "kbench rc=$? :: $(grep 'kbench_matvec:' "$OUT/kbench.log")"
+        timeout -k 5 100 "$D/kbench_mma" 9 >"$OUT/kbench_mma.log" 2>&1
+        note "kbench_mma rc=$? :: $(grep 'kbench_mma:' "$OUT/kbench_mma.log")"
         ;;
     bench)
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
-        # the issue's table: v7 (default) at the four depths; v7 without PDL and v6 at two, same run
-        for v in v7 v7nopdl v6; do
+        # the issue's table: v8 (default) at the four depths; v7 and v8 without PDL at two, same run
+        for v in v8 v7 v8nopdl; do
             echo "=== MUSER_CUDA_MATVEC=$v" >>"$OUT/bench.log"
             mv=${v%nopdl}
             pdl=1
             [ "$v" != "$mv" ] && pdl=0
             ctx=0,32768
-            [ "$v" = v7 ] && ctx=0,4096,32768,130943
+            [ "$v" = v8 ] && ctx=0,4096,32768,130943
             MUSER_CUDA_MATVEC=$mv MUSER_CUDA_PDL=$pdl timeout -k 5 120 "$D/muser" bench --backend cuda -m /tmp/g.gguf \
                 --gen 64 --ctx $ctx >>"$OUT/bench.log" 2>&1
             note "bench $v rc=$?"

@@ -159,6 +159,13 @@ int main(void)
     const int types[] = {12 /* Q4_K */, 14 /* Q6_K */, 8 /* Q8_0 */, 1 /* F16 */, 30 /* BF16 */, 0 /* F32 */};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) parity_one(MUSER_ARCH_MUSE, types[i], 20, false);
     parity_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 20, false);
+    /* v7 (the DP4A matvec everywhere; the default v8 keeps it for the attention projections and
+     * the Q6_K matrices) on the release mix and on all-Q4_K, whose o_proj, gate·up and down v8
+     * takes to the tensor cores */
+    setenv("MUSER_CUDA_MATVEC", "v7", 1);
+    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 24, true);
+    parity_one(MUSER_ARCH_MUSE, 12 /* Q4_K */, 20, false);
+    parity_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 20, false);
     /* the older matvec versions stay selectable (MUSER_CUDA_MATVEC): they must pass too */
     const char *older[] = {"v6", "v6b", "v5"};
     for (size_t i = 0; i < sizeof older / sizeof older[0]; i++) {

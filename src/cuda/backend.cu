@@ -27,6 +27,7 @@ extern "C" {
 #include "cuda/cuda_backend.h"
 #include "cuda/ops.cuh"
 #include "cuda/mvq.cuh"
+#include "cuda/mmq.cuh"
 
 #define CU_TRY(call, what)                                                                          \
     do {                                                                                            \
@@ -73,9 +74,11 @@ typedef struct cu_ctx {
     size_t ring_bytes;         /* bytes of all rings (= of ring_undo) */
     cudaGraphExec_t g_fwd, g_bench;
     bool gate_up_paired;
-    int mv_ver;                /* MUSER_CUDA_MATVEC: 8 ("v7", default: mvq.cuh integer digits), 6 (v6: mantissa
+    int mv_ver;                /* MUSER_CUDA_MATVEC: 9 ("v8", default: v7, and mmq.cuh's tensor cores for the
+                                * Q4_K o_proj, gate·up, down), 8 ("v7": mvq.cuh integer digits), 6 (v6: mantissa
                                 * trick), 5 (v5), 7 ("v6b": v6 with Σx from sx8, summed once per input) */
     uint8_t *xq;               /* mvq_prep output of the current matvec input (v7) */
+    uint8_t *xm;               /* mmq_prep output of the current matvec input (v8's Q4_KT matrices) */
     bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
                                 * MUSER_CUDA_PDL=0 turns it off */
     bool tail_pdl;             /* the tails are launched the same way (MUSER_CUDA_TAIL_PDL=0: not) */
@@ -117,7 +120,7 @@ static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 /* Copy n bytes at src (host) to dst (device) through the pinned double buffer; repack `type`
  * blocks when dst is a repacked layout (rows [r0..) of a matrix of total_blk blocks). */
 static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uint32_t type, size_t first_blk,
-                    size_t total_blk, muser_error *err)
+                    size_t total_blk, uint32_t nb, muser_error *err)
 {
     const int i = u->cur;
     u->cur ^= 1;
@@ -130,6 +133,11 @@ static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uin
         if (type == MV_T_Q6_K) mv_repack_q6k<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
         else if (type == MV_T_Q8_0) mv_repack_q80<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
         else if (type == MV_T_Q6_KD) mvq_repack_q6k<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
+        else if (type == MV_T_Q4_KT) { /* whole 16-row tiles: a thread per (tile, block, row pair) */
+            const uint32_t rows = (uint32_t)(nblk / nb);
+            mmq_repack_q4k<<<(unsigned)((nblk / 2 + 255) / 256), 256, 0, u->c->st>>>(u->dev_stage[i], dst, rows, nb,
+                                                                                    first_blk / nb / 16);
+        }
         else mvq_repack_q4k<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
         CU_TRY(cudaGetLastError(), "repack");
     } else {
@@ -141,11 +149,15 @@ static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uin
     return MUSER_OK;
 }
 
-static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, muser_error *err)
+/* mmq: the matrix runs alone or as the gate·up pair (never in a multi-matrix launch), so v8 may
+ * give it the tensor-core layout. */
+static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, bool mmq, muser_error *err)
 {
     uint32_t type = mv_type_of(t->type);
-    if (u->c->mv_ver == 8 && type == MV_T_Q4_K) type = MV_T_Q4_KD; /* v7's plane layouts */
-    if (u->c->mv_ver == 8 && type == MV_T_Q6_K) type = MV_T_Q6_KD;
+    if (u->c->mv_ver >= 8 && type == MV_T_Q4_K) type = MV_T_Q4_KD; /* v7's plane layouts */
+    if (u->c->mv_ver >= 8 && type == MV_T_Q6_K) type = MV_T_Q6_KD;
+    if (u->c->mv_ver == 9 && mmq && type == MV_T_Q4_KD && mmq_shape_ok((uint32_t)t->rows, (uint32_t)t->cols))
+        type = MV_T_Q4_KT; /* v8: the tensor-core matvec */
     if (type == 0xFFFFFFFFu)
         return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: tensor %s: type %u has no CUDA matvec", t->name, t->type);
     const uint32_t blk_elems = mv_block_elems(type);
@@ -158,13 +170,15 @@ static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, muser_erro
     out->cols = (uint32_t)t->cols;
     out->data = u->c->weights + u->off;
     u->off = align256(u->off + bytes);
-    const size_t rows_per = CU_STAGE_BYTES / t->row_bytes > 0 ? CU_STAGE_BYTES / t->row_bytes : 1;
+    size_t rows_per = CU_STAGE_BYTES / t->row_bytes > 0 ? CU_STAGE_BYTES / t->row_bytes : 1;
+    if (type == MV_T_Q4_KT) rows_per = rows_per / 16 * 16; /* whole tiles (CU_STAGE_BYTES holds ≥ 16 rows) */
     const size_t blk_per_row = t->row_bytes / (mv_repacked(type) ? mv_block_bytes(type) : 1);
     for (size_t r = 0; r < t->rows; r += rows_per) {
         const size_t nr = r + rows_per <= t->rows ? rows_per : t->rows - r;
         const uint8_t *src = (const uint8_t *)t->data + r * t->row_bytes;
         uint8_t *dst = mv_repacked(type) ? (uint8_t *)out->data : (uint8_t *)out->data + r * t->row_bytes;
-        int rc = up_chunk(u, src, nr * t->row_bytes, dst, type, r * blk_per_row, (size_t)t->rows * blk_per_row, err);
+        int rc = up_chunk(u, src, nr * t->row_bytes, dst, type, r * blk_per_row, (size_t)t->rows * blk_per_row,
+                          (uint32_t)(t->cols / 256), err);
         if (rc) return rc;
     }
     return MUSER_OK;
@@ -185,7 +199,7 @@ static int up_vector(uploader *u, const muser_tensor *t, float **out, muser_erro
     }
     *out = (float *)(u->c->weights + u->off);
     u->off = align256(u->off + n * sizeof(float));
-    rc = up_chunk(u, (const uint8_t *)tmp, n * sizeof(float), (uint8_t *)*out, MV_T_F32, 0, 0, err);
+    rc = up_chunk(u, (const uint8_t *)tmp, n * sizeof(float), (uint8_t *)*out, MV_T_F32, 0, 0, 0, err);
     free(tmp);
     return rc;
 }
@@ -225,29 +239,29 @@ static int upload_weights(cu_ctx *c, muser_error *err)
     }
     const double t0 = muser_now_s();
     muser_progress_begin(&u.prog, "cuda upload", total);
-    int rc = up_matrix(&u, &m->tok_embd, &c->emb, err);
+    int rc = up_matrix(&u, &m->tok_embd, &c->emb, false, err);
     if (!rc) rc = up_vector(&u, &m->output_norm, &c->out_norm, err);
     if (!rc) {
         if (tied) c->out = c->emb;
-        else rc = up_matrix(&u, &m->output, &c->out, err);
+        else rc = up_matrix(&u, &m->output, &c->out, false, err);
     }
     c->read_bytes = (uint64_t)m->output.row_bytes * m->output.rows + m->output_norm.cols * 4;
     for (uint32_t l = 0; !rc && l < hp->n_layer; l++) {
         const muser_layer *L = &m->layers[l];
         cu_layer *D = &c->layers[l];
         if (!rc) rc = up_vector(&u, &L->attn_norm, &D->attn_norm, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_q, &D->q, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_k, &D->k, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_v, &D->v, err);
-        if (!rc && hp->attn_gate) rc = up_matrix(&u, &L->attn_gate, &D->gate, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_q, &D->q, false, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_k, &D->k, false, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_v, &D->v, false, err);
+        if (!rc && hp->attn_gate) rc = up_matrix(&u, &L->attn_gate, &D->gate, false, err);
         if (!rc && hp->qk_norm) rc = up_vector(&u, &L->attn_q_norm, &D->q_norm, err);
         if (!rc && hp->qk_norm) rc = up_vector(&u, &L->attn_k_norm, &D->k_norm, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_output, &D->o, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_output, &D->o, true, err);
         if (!rc && hp->sandwich) rc = up_vector(&u, &L->post_attention_norm, &D->post_attn_norm, err);
         if (!rc) rc = up_vector(&u, &L->ffn_norm, &D->ffn_norm, err);
-        if (!rc) rc = up_matrix(&u, &L->ffn_gate, &D->ffn_gate, err);
-        if (!rc) rc = up_matrix(&u, &L->ffn_up, &D->ffn_up, err);
-        if (!rc) rc = up_matrix(&u, &L->ffn_down, &D->ffn_down, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_gate, &D->ffn_gate, true, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_up, &D->ffn_up, true, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_down, &D->ffn_down, true, err);
         if (!rc && hp->sandwich) rc = up_vector(&u, &L->post_ffw_norm, &D->post_ffw_norm, err);
         const muser_tensor *ts[] = {&L->attn_norm, &L->attn_q, &L->attn_k, &L->attn_v, &L->attn_gate,
                                     &L->attn_q_norm, &L->attn_k_norm, &L->attn_output, &L->post_attention_norm,
@@ -302,6 +316,23 @@ static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint
 static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, bool *prepped)
 {
     const uint32_t t = L->seg[0].a.type;
+    if (t == MV_T_Q4_KT) { /* v8: its own digit layout in c->xm, one launch per segment */
+        const uint32_t K = L->seg[0].a.cols;
+        mmq_prep_launch(st, x, c->xm, K);
+        for (uint32_t i = 0; i < L->n_seg; i++) {
+            const mv_seg *g = &L->seg[i];
+            const bool pair = g->op == MV_OP_SILU_MUL;
+            mmq_args A;
+            A.a = g->a.data;
+            A.b = pair ? g->b.data : NULL;
+            A.rows = g->a.rows;
+            A.K = K;
+            A.x = c->xm;
+            A.out = g->out;
+            mmq_launch_auto(A, pair, st, c->pdl);
+        }
+        return;
+    }
     if (mvq_type_ok(t)) {
         if (!*prepped) {
             mvq_prep_launch(st, x, c->xq, L->seg[0].a.cols);
@@ -371,8 +402,8 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     }
     pf_mark(pf, st, PF_EMBED);
     /* v7: the producers of the matvec inputs a and attn_o write their digits too (no prep launch) */
-    uint8_t *xq_a = c->mv_ver == 8 && E % 256 == 0 ? c->xq : NULL;
-    uint8_t *xq_o = c->mv_ver == 8 && (H * D) % 256 == 0 ? c->xq : NULL;
+    uint8_t *xq_a = c->mv_ver >= 8 && E % 256 == 0 ? c->xq : NULL;
+    uint8_t *xq_o = c->mv_ver >= 8 && (H * D) % 256 == 0 ? c->xq : NULL;
     cu_embed_norm(st, &c->emb, &dstep->token, c->h, c->a, c->layers[0].attn_norm, hp->rms_eps, hp->entry_norm,
                   hp->rms_eps, E, xq_a);
     float *q = c->qkvg, *k = q + (size_t)H * D, *v = k + (size_t)HKV * D, *g = v + (size_t)HKV * D;
@@ -462,7 +493,7 @@ static void ctx_free(cu_ctx *c)
     if (!c) return;
     if (c->g_fwd) cudaGraphExecDestroy(c->g_fwd);
     if (c->g_bench) cudaGraphExecDestroy(c->g_bench);
-    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xq};
+    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xq, c->xm};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_logits) cudaFreeHost(c->h_logits);
@@ -515,12 +546,13 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         const char *mv = getenv("MUSER_CUDA_MATVEC");
         /* v7 (mvq.cuh, integer digits + DP4A) is the default: parity and speed in bench/RESULTS.md.
          * It decides the upload layout of Q4_K/Q6_K, so it is read before the upload. */
-        c->mv_ver = !mv || !*mv || !strcmp(mv, "v7") ? 8
+        c->mv_ver = !mv || !*mv || !strcmp(mv, "v8") ? 9
+                    : !strcmp(mv, "v7")             ? 8
                     : !strcmp(mv, "v6")             ? 6
                     : !strcmp(mv, "v5")             ? 5
                     : !strcmp(mv, "v6b")            ? 7
                                                     : -1;
-        if (c->mv_ver < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_MATVEC=%s: expected v7, v6, v6b or v5", mv));
+        if (c->mv_ver < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_MATVEC=%s: expected v8, v7, v6, v6b or v5", mv));
         const char *pdl = getenv("MUSER_CUDA_PDL");
         c->pdl = !(pdl && !strcmp(pdl, "0"));
         const char *tpdl = getenv("MUSER_CUDA_TAIL_PDL");
@@ -598,6 +630,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     {
         const size_t kmax = E > QD ? (E > F ? E : F) : (QD > F ? QD : F);
         e = cudaMalloc((void **)&c->xq, mvq_x_bytes((uint32_t)kmax));
+        if (!e && c->mv_ver == 9) e = cudaMalloc((void **)&c->xm, mmq_x_bytes((uint32_t)kmax + 255));
         if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: matvec input digits: %s", cudaGetErrorString(e)));
     }
     e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));

@@ -79,9 +79,10 @@ __host__ __device__ inline mvq_x mvq_x_at(const uint8_t *buf, uint32_t K)
 /* One 32-group of x into buf: lane l holds v = x[p], p = 32g + l; all 32 lanes call it. Kernels
  * that produce a matvec input with a warp per 32 consecutive elements (the tails, the embedding
  * norm, the attention combine) call it as they write x, so the matvec needs no prep launch. */
-__device__ __forceinline__ void mvq_prep_warp(float v, uint32_t p, uint8_t *__restrict__ buf)
+/* The group's power-of-two scale *s and this lane's X = rint(v/s), 24-bit signed; all 32 lanes of
+ * the group call it (v7's mvq_prep_warp and v8's mmq_prep_warp share it: the same integers). */
+__device__ __forceinline__ int mvq_group_int(float v, float *s_out)
 {
-    const uint32_t lane = p & 31;
     const uint32_t mx = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v) & 0x7FFFFFFFu);
     float s;
     int X = 0;
@@ -98,6 +99,15 @@ __device__ __forceinline__ void mvq_prep_warp(float v, uint32_t p, uint8_t *__re
         X = __float2int_rn(v * inv);
         X = max(-8388607, min(8388607, X));
     }
+    *s_out = s;
+    return X;
+}
+
+__device__ __forceinline__ void mvq_prep_warp(float v, uint32_t p, uint8_t *__restrict__ buf)
+{
+    const uint32_t lane = p & 31;
+    float s;
+    const int X = mvq_group_int(v, &s);
     uint8_t *r = buf + (size_t)(p >> 7) * MVQ_REC;
     const uint32_t w = p & 127;
     r[w] = (uint8_t)(X & 255);

@@ -1,0 +1,349 @@
+/* mmq.cuh — v8: v7's exact-integer Q4_K matvec with the digit products on tensor cores
+ * (mma.sync m16n8k32 u8 × s8 → s32) instead of DP4A (MUSER_CUDA_MATVEC=v8).
+ *
+ * Numerics are v7's (mvq.cuh, docs/numerics.md): per 32-group of x a power of two s and
+ * X = rint(x/s), a 24-bit integer, here split into four signed-byte digits
+ * X = e0 + 2^7·e1 + 2^14·e2 + 2^21·e3 (e0..e2 in [0,127], e3 in [-4,3]) so that every digit is an
+ * s8. Σ q·X over a (row, sub-block) is exact in int32 per digit and combined in f32 with one
+ * rounding; then the block's d·Σ sc·s·P − dmin·Σ m·S in f32 as v7 does. The design, the layouts
+ * and the workbench numbers are in bench/kernels/mma.cu (the prototype this came from) and
+ * bench/kernels/NOTES.md ("mma").
+ *
+ * Weights: MV_T_Q4_KT, repacked at upload into units of (16-row tile, block), 2304 bytes (the
+ * GGUF 144 bytes per block). x: mmq_prep / mmq_prep_warp, 2240 bytes per 256 elements.
+ * Launch: CTAs of 8 warps; KW warps split the blocks of the same tiles and sum in fixed order
+ * (replays are bit-identical); R tiles of 16 rows per warp; the SiLU pair alternates gate and up
+ * warp sets over the same tiles. Only single-matrix launches and the gate·up pair: the
+ * attention projections (one launch over four matrices, sometimes of two formats) stay on v7. */
+#ifndef MUSER_CUDA_MMQ_CUH
+#define MUSER_CUDA_MMQ_CUH
+
+#include "cuda/mvq.cuh"
+
+/* ---- layouts -------------------------------------------------------------------------------- */
+#define MMQ_UNIT 2304u   /* bytes of one (16-row tile, block) unit: 16 × 144 */
+#define MMQ_CPAIR 544u   /* x bytes of one chunk pair: 16 lanes × 32 B + 32 zero bytes */
+#define MMQ_XBLK 2240u   /* x bytes of one block: 8 chunks + 64 B of scales */
+
+static inline size_t mmq_x_bytes(uint32_t K) { return (size_t)K / 256 * MMQ_XBLK; }
+
+/* Sub-block of item (t, G): lanes t = 0,1 lo subs of pairs 2G, 2G+1; t = 2,3 the hi subs. */
+__host__ __device__ inline uint32_t mmq_sub(uint32_t t, uint32_t G) { return 4 * G + 2 * (t & 1) + (t >> 1); }
+
+/* Per row pair, the header record (32 B): item q of lane t is (row g + 8(q>>1), group G = q&1).
+ *   w0 = d_g | d_g8 << 16, w1 = dmin_g | dmin_g8 << 16 (f16 bits)
+ *   w2+t: sc(q) at bits 6q (q = 0..3), m(0) at 24..29, bits 30..31 = m(3) >> 4
+ *   half at 24 + 2t: m(1) at 0..5, m(2) at 6..11, m(3) & 15 at 12..15 */
+static __global__ void mmq_repack_q4k(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst, uint32_t rows, uint32_t nb,
+                                      size_t first_tile)
+{
+    /* src: rows (a multiple of 16) GGUF rows; dst: the whole matrix, these rows from tile first_tile */
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; /* (tile, block, row pair g) */
+    if (i >= (size_t)rows / 16 * nb * 8) return;
+    const uint32_t g = (uint32_t)(i % 8), b = (uint32_t)((i / 8) % nb);
+    const size_t tile = i / 8 / nb;
+    uint8_t *u = dst + ((first_tile + tile) * nb + b) * MMQ_UNIT;
+    const uint8_t *blk[2];
+    for (int h = 0; h < 2; h++) blk[h] = src + ((tile * 16 + g + 8 * h) * nb + b) * 144;
+    /* qs words: lane (g, t), load u4, word w = 2·(chunk&1) + h: chunk ci = 2·u4 + (w>>1) */
+    for (uint32_t t = 0; t < 4; t++)
+        for (uint32_t u4 = 0; u4 < 4; u4++)
+            for (uint32_t w = 0; w < 4; w++) {
+                const uint32_t ci = 2 * u4 + (w >> 1), h = w & 1, G = ci / 4, c = ci % 4;
+                const uint32_t P = 2 * G + (t >> 1), pp = 8 * c + 4 * (t & 1);
+                for (uint32_t k = 0; k < 4; k++)
+                    u[(u4 * 32 + 4 * g + t) * 16 + 4 * w + k] = blk[h][16 + 32 * P + pp + k];
+            }
+    uint8_t *hd = u + 2048 + 32 * g;
+    for (int h = 0; h < 2; h++) {
+        hd[2 * h] = blk[h][0];
+        hd[2 * h + 1] = blk[h][1];
+        hd[4 + 2 * h] = blk[h][2];
+        hd[4 + 2 * h + 1] = blk[h][3];
+    }
+    for (uint32_t t = 0; t < 4; t++) {
+        uint32_t sc[4], mn[4];
+        for (uint32_t q = 0; q < 4; q++) {
+            const uint8_t *s = blk[q >> 1] + 4;
+            const uint32_t j = mmq_sub(t, q & 1);
+            if (j < 4) {
+                sc[q] = s[j] & 63;
+                mn[q] = s[j + 4] & 63;
+            } else {
+                sc[q] = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+                mn[q] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+            }
+        }
+        const uint32_t w = sc[0] | sc[1] << 6 | sc[2] << 12 | sc[3] << 18 | mn[0] << 24 | (mn[3] >> 4) << 30;
+        const uint32_t hw = mn[1] | mn[2] << 6 | (mn[3] & 15) << 12;
+        memcpy(hd + 8 + 4 * t, &w, 4);
+        hd[24 + 2 * t] = (uint8_t)(hw & 255);
+        hd[24 + 2 * t + 1] = (uint8_t)(hw >> 8);
+    }
+}
+
+/* x → digits in B-fragment order, one 32-group (= one Q4_K sub-block): lane l holds v = x[p],
+ * p = 32g + l; all 32 lanes call it. Kernels that produce a matvec input with a warp per 32
+ * consecutive elements call it as they write x (as mvq_prep_warp for v7's layout). */
+__device__ __forceinline__ void mmq_prep_warp(float v, uint32_t p, uint8_t *__restrict__ buf)
+{
+    const uint32_t sub = (p >> 5) & 7, lane = p & 31, b = p >> 8;
+    float s;
+    const int X = mvq_group_int(v, &s); /* the same s and X as v7 */
+    const int e[4] = {X & 127, (X >> 7) & 127, (X >> 14) & 127, X >> 21};
+    uint8_t *blk = buf + (size_t)b * MMQ_XBLK;
+    /* where this position's digits go: pair P, hi?, position pp in the pair */
+    const uint32_t P = sub >> 1, hi = sub & 1, pp = lane, G = P >> 1, c = pp >> 3;
+    const uint32_t tp = 2 * (P & 1) + ((pp >> 2) & 1), i = pp & 3; /* the B lane's t' and byte */
+    const uint32_t uu = hi ? 2 + (P & 1) : (P & 1);
+    /* chunk pair cp = 2G + c/2; chunk c even → b0, odd → b1; fragment of B lane j: 32 B =
+     * [raw mma: digits e0,e1 (b0, b1) | e2,e3 (b0, b1)][twin mma: the same] */
+    uint8_t *ch = blk + (2 * G + (c >> 1)) * MMQ_CPAIR;
+    for (int dp = 0; dp < 2; dp++)
+        for (int ee = 0; ee < 2; ee++) {
+            const uint32_t n = 2 * uu + ee, j = 2 * n + (tp & 1);
+            const int D = e[2 * dp + ee];
+            uint8_t *f = ch + 32 * j + 8 * dp + 4 * (c & 1) + i;
+            f[0] = hi ? 0 : (uint8_t)(int8_t)D;              /* raw byte: lo + 16·hi */
+            f[16] = (uint8_t)(int8_t)(hi ? D : -D);          /* twin byte: 16·hi */
+        }
+    if (sub == 0) ((uint32_t *)(blk + (lane >> 3) * MMQ_CPAIR + 512))[lane & 7] = 0u; /* the zero slots */
+    int t = X;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) t += __shfl_xor_sync(0xFFFFFFFFu, t, o);
+    if (lane == 0) {
+        /* lane t of the kernel holding this sub-block, and its group */
+        const uint32_t sq = sub & 3, tt = 2 * (sq & 1) + (sq >> 1), GG = sub >> 2;
+        float *sc = (float *)(blk + 4 * MMQ_CPAIR) + 4 * tt;
+        sc[GG] = hi ? s * 0.0625f : s;
+        sc[2 + GG] = s * (float)t;
+    }
+}
+
+/* One CTA per 256-block, a warp per 32-group. K a multiple of 256. */
+static __global__ void __launch_bounds__(256) mmq_prep(const float *__restrict__ x, uint8_t *__restrict__ buf, uint32_t K)
+{
+    mvq_trigger();
+    const uint32_t p = 256 * blockIdx.x + threadIdx.x;
+    if (p >= K) return;
+    mmq_prep_warp(x[p], p, buf);
+}
+
+static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K)
+{
+    mmq_prep<<<K / 256, 256, 0, st>>>(x, buf, K);
+}
+
+/* ---- the kernel ------------------------------------------------------------------------------ */
+__device__ __forceinline__ uint4 mmq_ldw(const void *p)
+{
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void mmq_mma(int c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* One tile's weights for one block: the 4 qs loads and the lane's header words. */
+struct mmq_w {
+    uint4 q[4];
+    uint2 dd;      /* d pair, dmin pair */
+    uint32_t sc;   /* scales word */
+    uint32_t mh;   /* mins half */
+};
+__device__ __forceinline__ void mmq_load(const uint8_t *unit, uint32_t lane, mmq_w &W)
+{
+#pragma unroll
+    for (int u = 0; u < 4; u++) W.q[u] = mmq_ldw(unit + (u * 32 + lane) * 16);
+    const uint8_t *hd = unit + 2048 + 32 * (lane >> 2);
+    W.dd = __ldg((const uint2 *)hd);
+    W.sc = __ldg((const uint32_t *)(hd + 8 + 4 * (lane & 3)));
+    W.mh = __ldg((const unsigned short *)(hd + 24 + 2 * (lane & 3)));
+}
+
+__device__ __forceinline__ float mmq_i2f(int v) { return __int2float_rn(v); }
+/* P = exact Σ q·X (as f32) from the two digit-pair sums */
+__device__ __forceinline__ float mmq_p(int c0, int c1, int c2, int c3)
+{
+    return fmaf(mmq_i2f(c2 + 128 * c3), 16384.f, mmq_i2f(c0 + 128 * c1));
+}
+
+/* The lane's x for one block: B fragments of the 8 chunks, its (s_eff, S) of groups 0, 1. */
+template <int R>
+__device__ __forceinline__ void mmq_block(const mmq_w W[R], const uint8_t *xb, uint32_t lane, float acc[R][2])
+{
+    const uint32_t t = lane & 3;
+    const uint32_t g = lane >> 2;
+    const uint32_t j = ((g >> 1) & 1) == (t >> 1) ? 2 * g + (t & 1) : 16; /* nonzero B lane, or the zero slot */
+    const float4 sS = __ldg((const float4 *)(xb + 4 * MMQ_CPAIR + 16 * t));
+    /* item q = (row half q>>1, group q&1); scale fields at bit 6q, min fields: see repack */
+    const float ks[2] = {sS.x, sS.y};
+    float Psc[R][2][2]; /* [tile][group][row half] P·s_eff·2^(6q) as computed below */
+#pragma unroll
+    for (int G = 0; G < 2; G++) {
+        int C[R][2][4];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) C[r][0][k] = C[r][1][k] = 0;
+#pragma unroll
+        for (int c2 = 0; c2 < 2; c2++) {
+            /* chunk pair cp: A = the loaded words as they are (chunk 2cp in k 0..15, 2cp+1 in
+             * k 16..31), then their twins; no register moves for the fragments */
+            const uint32_t cp = 2 * G + c2;
+            const uint4 Br = __ldg((const uint4 *)(xb + cp * MMQ_CPAIR + 32 * j));
+            const uint4 Bt = __ldg((const uint4 *)(xb + cp * MMQ_CPAIR + 32 * j + 16));
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint4 &q = W[r].q[cp];
+                const uint32_t m = 0xF0F0F0F0u;
+                mmq_mma(C[r][0], q.x, q.y, q.z, q.w, Br.x, Br.y);
+                mmq_mma(C[r][1], q.x, q.y, q.z, q.w, Br.z, Br.w);
+                mmq_mma(C[r][0], q.x & m, q.y & m, q.z & m, q.w & m, Bt.x, Bt.y);
+                mmq_mma(C[r][1], q.x & m, q.y & m, q.z & m, q.w & m, Bt.z, Bt.w);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            Psc[r][G][0] = mmq_p(C[r][0][0], C[r][0][1], C[r][1][0], C[r][1][1]) * ks[G];
+            Psc[r][G][1] = mmq_p(C[r][0][2], C[r][0][3], C[r][1][2], C[r][1][3]) * ks[G];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint32_t w = W[r].sc, h = W[r].mh;
+        /* scales: field q at bits 6q; I2F of the masked field is sc·2^(6q), exact */
+        const float sc0 = mmq_i2f((int)(w & 63u)), sc1 = mmq_i2f((int)(w & (63u << 6)));
+        const float sc2 = mmq_i2f((int)(w & (63u << 12))), sc3 = mmq_i2f((int)(w & (63u << 18)));
+        const float m0 = mmq_i2f((int)(w & (63u << 24))), m1 = mmq_i2f((int)(h & 63u));
+        const float m2 = mmq_i2f((int)(h & (63u << 6))), m3 = mmq_i2f((int)(((w >> 26) & 0x30u) | (h >> 12)));
+        const float2 d = __half22float2(*(const __half2 *)&W[r].dd.x);
+        const float2 dm = __half22float2(*(const __half2 *)&W[r].dd.y);
+        /* row g: items 0 (G0), 1 (G1); row g+8: items 2 (G0), 3 (G1) */
+        const float vg = fmaf(sc1 * 0x1p-6f, Psc[r][1][0], sc0 * Psc[r][0][0]);
+        const float vg8 = fmaf(sc3 * 0x1p-18f, Psc[r][1][1], sc2 * 0x1p-12f * Psc[r][0][1]);
+        const float ng = fmaf(m1, sS.w, m0 * 0x1p-24f * sS.z);
+        const float ng8 = fmaf(m3, sS.w, m2 * 0x1p-6f * sS.z);
+        acc[r][0] += d.x * vg - dm.x * ng; /* as v7: the block's scale and min terms meet first */
+        acc[r][1] += d.y * vg8 - dm.y * ng8;
+    }
+}
+
+struct mmq_args {
+    const uint8_t *a, *b; /* repacked matrices (b: up, PAIR only) */
+    uint32_t rows, K;     /* rows of a */
+    const uint8_t *x;
+    float *out;
+};
+
+/* R tiles per warp, KW warps per tile set splitting the blocks, PF: next block's weights loaded
+ * before this block's arithmetic. PAIR (R = 1, KW <= 4): the CTA's sets alternate gate / up of
+ * the same tile. MINB: blocks per SM for the register budget. */
+template <int R, int KW, bool PF, bool PAIR, int MINB>
+__global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
+{
+    constexpr int SETS = 8 / KW;
+    constexpr int TPC = PAIR ? SETS / 2 : SETS * R; /* output tiles per CTA */
+    static_assert(!PAIR || (R == 1 && SETS >= 2), "pair: one tile per warp, gate and up sets");
+    mvq_trigger(); /* programmatic dependent launch as v7: weights first, then wait for x */
+    __shared__ float red[8][R][16];
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid % KW, set = wid / KW;
+    const uint32_t nb = A.K / 256, ntile = A.rows / 16;
+    const uint8_t *unit[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        uint32_t tile = PAIR ? blockIdx.x * TPC + set / 2 : (blockIdx.x * SETS + set) * R + r;
+        if (tile >= ntile) tile = ntile - 1; /* tail: recompute, store once */
+        unit[r] = (PAIR && (set & 1) ? A.b : A.a) + ((size_t)tile * nb + kw) * MMQ_UNIT;
+    }
+    float acc[R][2];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.f;
+    const uint8_t *xb = A.x + (size_t)kw * MMQ_XBLK;
+    if (kw < nb) {
+        mmq_w W[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) mmq_load(unit[r], lane, W[r]);
+        mvq_wait();
+        for (uint32_t b = kw;;) {
+            const bool more = b + KW < nb;
+            if (PF) {
+                mmq_w N[R];
+                if (more)
+#pragma unroll
+                    for (int r = 0; r < R; r++) mmq_load(unit[r] + (size_t)KW * MMQ_UNIT, lane, N[r]);
+                mmq_block<R>(W, xb, lane, acc);
+                if (!more) break;
+#pragma unroll
+                for (int r = 0; r < R; r++) W[r] = N[r];
+            } else {
+                mmq_block<R>(W, xb, lane, acc);
+                if (!more) break;
+#pragma unroll
+                for (int r = 0; r < R; r++) mmq_load(unit[r] + (size_t)KW * MMQ_UNIT, lane, W[r]);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) unit[r] += (size_t)KW * MMQ_UNIT;
+            xb += (size_t)KW * MMQ_XBLK;
+            b += KW;
+        }
+    } else {
+        mvq_wait();
+    }
+    /* sum the 4 lanes of each row (t = 0..3), then the KW warps of the set */
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float v = acc[r][h];
+            v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+            v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+            if ((lane & 3) == 0) red[wid][r][(lane >> 2) + 8 * h] = v;
+        }
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < (uint32_t)(TPC * 16); i += blockDim.x) {
+        const uint32_t ot = i / 16, row16 = i % 16, tile = blockIdx.x * TPC + ot;
+        if (tile >= ntile) continue;
+        float y = 0.f, u = 0.f;
+        if (PAIR) {
+            for (int k = 0; k < KW; k++) {
+                y += red[(2 * ot) * KW + k][0][row16];
+                u += red[(2 * ot + 1) * KW + k][0][row16];
+            }
+            y = y / (1.f + expf(-y)) * u;
+        } else {
+            const uint32_t st = ot / R, rt = ot % R;
+            for (int k = 0; k < KW; k++) y += red[st * KW + k][rt][row16];
+        }
+        A.out[(size_t)tile * 16 + row16] = y;
+    }
+}
+
+template <int R, int KW, bool PF, bool PAIR>
+static void mmq_launch(const mmq_args &A, cudaStream_t st = 0, bool pdl = true)
+{
+    constexpr int MINB = R >= 2 ? 2 : PF ? 3 : 4;
+    const uint32_t tiles_per_cta = PAIR ? 8 / KW / 2 : (8 / KW) * R;
+    const uint32_t ntile = A.rows / 16;
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3((ntile + tiles_per_cta - 1) / tiles_per_cta), dim3(256), st, pdl, at);
+    cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, MINB>, A);
+}
+
+/* The engine's choice per launch (kbench_mma, H200): the SiLU pair KW 4; the LM-head-sized
+ * launches (≥ 65536 rows) R 1 KW 2; the per-layer shapes R 2 KW 8. */
+static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st, bool pdl)
+{
+    if (pair) mmq_launch<1, 4, false, true>(A, st, pdl);
+    else if (A.rows >= 65536) mmq_launch<1, 2, false, false>(A, st, pdl);
+    else mmq_launch<2, 8, false, false>(A, st, pdl);
+}
+
+/* A matrix the mmq kernel can take: Q4_K, whole 16-row tiles, whole blocks. */
+static inline bool mmq_shape_ok(uint32_t rows, uint32_t cols) { return rows % 16 == 0 && cols % 256 == 0 && rows >= 16; }
+
+#endif
