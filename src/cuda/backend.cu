@@ -312,13 +312,14 @@ static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint
 }
 
 /* One matvec launch with the kernel version chosen at context creation (MUSER_CUDA_MATVEC).
- * *prepped: whether the per-input buffer (v6b: c->sx8, v7: c->xq) already holds x's. */
-static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, bool *prepped)
+ * *prepped: whether the per-input buffer (v6b: c->sx8, v7: c->xq) already holds x's; xm_ready:
+ * whether c->xm holds v8's digits of x (written by the kernel that produced x). */
+static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, bool *prepped, bool xm_ready)
 {
     const uint32_t t = L->seg[0].a.type;
     if (t == MV_T_Q4_KT) { /* v8: its own digit layout in c->xm, one launch per segment */
         const uint32_t K = L->seg[0].a.cols;
-        mmq_prep_launch(st, x, c->xm, K);
+        if (!xm_ready) mmq_prep_launch(st, x, c->xm, K);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             const bool pair = g->op == MV_OP_SILU_MUL;
@@ -356,9 +357,10 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
 static uint32_t seg_rows_per_warp(uint32_t type) { return mvq_type_ok(type) ? (uint32_t)mvq_rows_per_warp(type) : (uint32_t)mv_rows_per_warp(type); }
 
 /* matvec of several matrices over the same x; consecutive same-type matrices share one launch.
- * prepped: c->xq already holds x's digits (written by the kernel that produced x). */
+ * prepped: c->xq already holds x's v7 digits, xm_ready: c->xm its v8 digits (written by the
+ * kernel that produced x). */
 static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, float *const *outs, int n, const float *x,
-                     bool prepped)
+                     bool prepped, bool xm_ready)
 {
     mv_launch L;
     memset(&L, 0, sizeof L);
@@ -376,12 +378,12 @@ static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, floa
     }
     for (int i = 0; i < n; i++) {
         if (L.n_seg && (L.n_seg == MV_MAX_SEG || L.seg[0].a.type != mats[i]->type)) {
-            mv_go(c, st, &L, x, &prepped);
+            mv_go(c, st, &L, x, &prepped, xm_ready);
             memset(&L, 0, sizeof L);
         }
         seg_set(&L, mats[i], outs[i], MV_OP_STORE, seg_rows_per_warp(mats[i]->type));
     }
-    if (L.n_seg) mv_go(c, st, &L, x, &prepped);
+    if (L.n_seg) mv_go(c, st, &L, x, &prepped, xm_ready);
 }
 
 static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
@@ -412,22 +414,26 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         pf_mark(pf, st, PF_QKVG);
         const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
         float *outs[4] = {q, k, v, g};
-        mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, xq_a != NULL);
+        mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, xq_a != NULL, false);
         pf_mark(pf, st, PF_ROPE);
         cu_qk_rope_store(st, c->qkvg, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
                          hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
                          &L->geom);
         pf_mark(pf, st, PF_ATTN);
+        /* the combine writes o_proj's digits: v8's layout when o_proj runs on the tensor cores */
+        const bool o_mmq = L->o.type == MV_T_Q4_KT;
         if (cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc, hp->attn_gate ? g : NULL,
-                         c->attn_o, &L->geom, xq_o))
+                         c->attn_o, &L->geom, o_mmq ? c->xm : xq_o, o_mmq))
             return -1;
         pf_mark(pf, st, PF_OPROJ);
         const mv_mat *om[1] = {&L->o};
         float *oo[1] = {c->y};
-        mv_group(c, st, om, oo, 1, c->attn_o, xq_o != NULL);
+        mv_group(c, st, om, oo, 1, c->attn_o, !o_mmq && xq_o != NULL, o_mmq);
         pf_mark(pf, st, PF_TAIL);
+        /* this tail writes gate·up's digits: v8's layout when the pair runs on the tensor cores */
+        const bool gu_mmq = c->gate_up_paired && L->ffn_gate.type == MV_T_Q4_KT;
         cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E,
-                xq_a, c->tail_pdl);
+                gu_mmq ? c->xm : xq_a, gu_mmq, c->tail_pdl);
         pf_mark(pf, st, PF_FFN_UP);
         if (c->gate_up_paired) {
             mv_launch ml;
@@ -435,22 +441,22 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             const uint32_t t = L->ffn_gate.type;
             seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, mvq_type_ok(t) ? (uint32_t)mvq_rows_per_warp(t) / 2 : 1);
             ml.seg[0].b = L->ffn_up;
-            bool prepped = xq_a != NULL;
-            mv_go(c, st, &ml, c->a, &prepped);
+            bool prepped = !gu_mmq && xq_a != NULL;
+            mv_go(c, st, &ml, c->a, &prepped, gu_mmq);
         } else {
             const mv_mat *gm[2] = {&L->ffn_gate, &L->ffn_up};
             float *go[2] = {c->ffn_g, c->ffn_u};
-            mv_group(c, st, gm, go, 2, c->a, xq_a != NULL);
+            mv_group(c, st, gm, go, 2, c->a, xq_a != NULL, false);
             cu_silu_mul(st, c->ffn_g, c->ffn_u, c->ffn, hp->n_ff);
         }
         pf_mark(pf, st, PF_DOWN);
         const mv_mat *dm[1] = {&L->ffn_down};
         float *dout[1] = {c->y};
-        mv_group(c, st, dm, dout, 1, c->ffn, false);
+        mv_group(c, st, dm, dout, 1, c->ffn, false, false);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
         cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
-                hp->rms_eps, hp->sandwich, E, xq_a, c->tail_pdl);
+                hp->rms_eps, hp->sandwich, E, xq_a, false, c->tail_pdl);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
@@ -459,7 +465,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
     bool head_prepped = xq_a != NULL;
-    mv_go(c, st, &hl, c->a, &head_prepped);
+    mv_go(c, st, &hl, c->a, &head_prepped, false);
     cu_argmax(st, c->logits, hp->n_vocab, c->am_v, c->am_i, c->d_token, c->d_nonfinite);
     cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
     cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);

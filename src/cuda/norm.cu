@@ -86,7 +86,7 @@ __device__ static double cluster_sum(double v, double *sh, double *slot)
 
 __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
     k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next, float eps_next,
-           int sandwich, uint32_t E, uint8_t *xq)
+           int sandwich, uint32_t E, uint8_t *xq, int xq_mmq)
 {
     __shared__ double sh[32];
     __shared__ double slot;
@@ -136,20 +136,20 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
         if (i < hi) {
             const float v = hv[k] * r2 * wn[k];
             a[i] = v;
-            if (xq) mvq_prep_warp(v, i, xq); /* lo, hi and E multiples of 32: whole warps */
+            if (xq) cu_digits_warp(v, i, xq, xq_mmq); /* lo, hi and E multiples of 32: whole warps */
         }
     }
 }
 
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, bool pdl)
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, bool xq_mmq, bool pdl)
 {
     /* E <= TAIL_CL * TAIL_T * TAIL_PER (8192) is checked at context creation. pdl: the blocks may
      * start while the matvec before them runs (it triggers at its start); they read only the norm
      * weights before griddepcontrol.wait, and write nothing before it. */
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(TAIL_CL), dim3(TAIL_T), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, k_tail, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, xq);
+    cudaLaunchKernelEx(&cfg, k_tail, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, xq, (int)xq_mmq);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)

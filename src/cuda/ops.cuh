@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "cuda/attention.h" /* CU_ATTN_*, the C entry point for tests */
-#include "cuda/mvq.cuh"       /* and matvec.cuh */
+#include "cuda/mmq.cuh"       /* and mvq.cuh, matvec.cuh */
 
 /* KV plane metadata as the kernels see it (SPEC §3; mirrors kv_plane after this token's append). */
 typedef struct cu_plane_meta {
@@ -43,9 +43,10 @@ typedef struct cu_attn_geom {
 /* xq (nullable): also write the output as v7 matvec input digits (mvq_prep_warp); E % 32 == 0 */
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
                    const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, uint8_t *xq);
-/* pdl: launch with programmatic stream serialization (after a v7 matvec, which triggers early) */
+/* xq (nullable): also write a as matvec input digits, v8's layout when xq_mmq, else v7's.
+ * pdl: launch with programmatic stream serialization (after a matvec, which triggers early) */
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, bool pdl);
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, bool xq_mmq, bool pdl);
 void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
 /* argmax over logits -> *d_token (next token for the bench lane) and d_flags[0] = #non-finite */
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
@@ -55,10 +56,11 @@ void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, 
 void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
                       const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g);
-/* xq (nullable): also write out as v7 matvec input digits; head_dim % 32 == 0 */
+/* xq (nullable): also write out as matvec input digits (v8's layout when xq_mmq, else v7's);
+ * head_dim % 32 == 0 */
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
-                 const float *gate, float *out, const cu_attn_geom *g, uint8_t *xq);
+                 const float *gate, float *out, const cu_attn_geom *g, uint8_t *xq, bool xq_mmq);
 /* MUSER_CUDA_ATTN value -> CU_ATTN_*: NULL or "" -> the default, "tc", "v1"; -1 if unknown. */
 int cu_attn_impl_parse(const char *s);
 /* Fill rows [0, n) of a plane with random f16 (benchmarks at depth; never zeros). */
