@@ -52,7 +52,7 @@ __device__ __forceinline__ size_t att_off(bool ring, uint32_t hkv, uint32_t D, u
 }
 
 /* One block per head (H query heads, then HKV key heads); the K block also stores V. */
-__global__ void k_qk_rope_store(float *qkv, const float *q_norm, const float *k_norm, float eps, int rope,
+__global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_norm, const float *k_norm, float eps, int rope,
                                 int neox, float theta, const cu_step *step, const cu_plane_meta *meta,
                                 uint16_t *kp, uint16_t *vp, uint32_t H, uint32_t HKV, uint32_t D, int ring)
 {
@@ -98,7 +98,7 @@ __global__ void k_qk_rope_store(float *qkv, const float *q_norm, const float *k_
     const uint32_t h = b - H;
     const cu_plane_meta m = meta[0];
     const uint64_t r = att_row(m, ring, pos);
-    const float *v = qkv + (size_t)(H + HKV) * D + (size_t)h * D;
+    const float *v = vsrc + (size_t)h * D;
     const size_t off = att_off(ring, HKV, D, m.capacity, h, r);
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
         x[d] = xs[d];
@@ -107,14 +107,14 @@ __global__ void k_qk_rope_store(float *qkv, const float *q_norm, const float *k_
     }
 }
 
-void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *q_norm, const float *k_norm, float eps,
+void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *v, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
                       const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g)
 {
     (void)rope_dim;
     const uint32_t threads = g->head_dim < 32 ? 32 : (g->head_dim > 256 ? 256 : g->head_dim);
     k_qk_rope_store<<<g->n_head + g->n_head_kv, threads, g->head_dim * sizeof(float), st>>>(
-        qkv, q_norm, k_norm, eps, rope, neox, theta, step, meta, k_plane, v_plane, g->n_head, g->n_head_kv,
+        qkv, v, q_norm, k_norm, eps, rope, neox, theta, step, meta, k_plane, v_plane, g->n_head, g->n_head_kv,
         g->head_dim, g->ring);
 }
 

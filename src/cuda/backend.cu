@@ -41,6 +41,8 @@ extern "C" {
 /* Device copy of one layer's weights. Vectors are f32. */
 typedef struct cu_layer {
     mv_mat q, k, v, gate, o, ffn_gate, ffn_up, ffn_down;
+    mv_mat qkg;                /* v8: q | k | gate [| v] as one stacked Q4_KT matrix (data NULL: none) */
+    bool qkg_v;                /* v is the stack's last part */
     float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffw_norm;
     uint16_t *kp, *vp;         /* KV plane storage (f16), layout per kv.h */
     uint16_t *save_k, *save_v; /* ring rows saved at a checkpoint */
@@ -212,6 +214,28 @@ static size_t tensor_dev_bytes(const muser_tensor *t)
     return align256((size_t)t->row_bytes * t->rows);
 }
 
+/* v8: q, k, gate (and v when it too is Q4_KT) as one matrix over their consecutive tiles; the
+ * outputs land in the same order in c->qkvg (q | k | gate | v). */
+static void stack_qkg(cu_layer *D, bool gate)
+{
+    memset(&D->qkg, 0, sizeof D->qkg);
+    D->qkg_v = false;
+    const mv_mat *parts[4] = {&D->q, &D->k, gate ? &D->gate : &D->v, gate ? &D->v : NULL};
+    mv_mat s = D->q;
+    if (s.type != MV_T_Q4_KT) return;
+    int n = 1;
+    for (int i = 1; i < 4 && parts[i]; i++) {
+        const mv_mat *m = parts[i];
+        const uint8_t *end = s.data + (size_t)s.rows * (s.cols / 256) * 144;
+        if (m->type != MV_T_Q4_KT || m->cols != s.cols || m->data != end) break;
+        s.rows += m->rows;
+        n++;
+    }
+    if (n < 2 || (gate && n < 3)) return; /* q and k (and gate) at least: else separate launches */
+    D->qkg = s;
+    D->qkg_v = n == (gate ? 4 : 3);
+}
+
 static int upload_weights(cu_ctx *c, muser_error *err)
 {
     const muser_model *m = c->m;
@@ -250,10 +274,13 @@ static int upload_weights(cu_ctx *c, muser_error *err)
         const muser_layer *L = &m->layers[l];
         cu_layer *D = &c->layers[l];
         if (!rc) rc = up_vector(&u, &L->attn_norm, &D->attn_norm, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_q, &D->q, false, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_k, &D->k, false, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_v, &D->v, false, err);
-        if (!rc && hp->attn_gate) rc = up_matrix(&u, &L->attn_gate, &D->gate, false, err);
+        /* q, k, gate, v in this order: on v8 the Q4_KT ones lie back to back (whole 16-row tiles
+         * are multiples of 256 bytes), one stacked matrix for one launch (stack_qkg) */
+        if (!rc) rc = up_matrix(&u, &L->attn_q, &D->q, true, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_k, &D->k, true, err);
+        if (!rc && hp->attn_gate) rc = up_matrix(&u, &L->attn_gate, &D->gate, true, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_v, &D->v, true, err);
+        if (!rc) stack_qkg(D, hp->attn_gate);
         if (!rc && hp->qk_norm) rc = up_vector(&u, &L->attn_q_norm, &D->q_norm, err);
         if (!rc && hp->qk_norm) rc = up_vector(&u, &L->attn_k_norm, &D->k_norm, err);
         if (!rc) rc = up_matrix(&u, &L->attn_output, &D->o, true, err);
@@ -386,6 +413,17 @@ static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, floa
     if (L.n_seg) mv_go(c, st, &L, x, &prepped, xm_ready);
 }
 
+/* The digits the producer of layer l's attention-projection input must write: v8's (xm) for the
+ * stacked Q4_KT launch, v7's (xq) for whatever runs on v7 (v outside the stack, or no stack).
+ * l == n_layer: the head. */
+static void qkvg_digits(const cu_ctx *c, uint32_t l, uint8_t *xq_a, uint8_t **xq, uint8_t **xm)
+{
+    const cu_layer *L = l < c->m->hp.n_layer ? &c->layers[l] : NULL;
+    const bool stacked = L && L->qkg.data;
+    *xm = stacked ? c->xm : NULL;
+    *xq = stacked && L->qkg_v ? NULL : xq_a;
+}
+
 static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
 {
     const muser_hparams *hp = &c->m->hp;
@@ -406,17 +444,34 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     /* v7: the producers of the matvec inputs a and attn_o write their digits too (no prep launch) */
     uint8_t *xq_a = c->mv_ver >= 8 && E % 256 == 0 ? c->xq : NULL;
     uint8_t *xq_o = c->mv_ver >= 8 && (H * D) % 256 == 0 ? c->xq : NULL;
+    uint8_t *dq, *dm8; /* the digits the next attention projections read */
+    qkvg_digits(c, 0, xq_a, &dq, &dm8);
     cu_embed_norm(st, &c->emb, &dstep->token, c->h, c->a, c->layers[0].attn_norm, hp->rms_eps, hp->entry_norm,
-                  hp->rms_eps, E, xq_a);
-    float *q = c->qkvg, *k = q + (size_t)H * D, *v = k + (size_t)HKV * D, *g = v + (size_t)HKV * D;
+                  hp->rms_eps, E, dq, dm8);
+    /* c->qkvg = q | k | gate | v (v8 stacks the matrices in this order) */
+    float *q = c->qkvg, *k = q + (size_t)H * D, *g = k + (size_t)HKV * D;
+    float *v = hp->attn_gate ? g + (size_t)H * D : g;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         cu_layer *L = &c->layers[l];
         pf_mark(pf, st, PF_QKVG);
-        const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
-        float *outs[4] = {q, k, v, g};
-        mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, xq_a != NULL, false);
+        if (L->qkg.data) { /* v8: one tensor-core launch over the stack, v on v7 when not in it */
+            mv_launch sl;
+            memset(&sl, 0, sizeof sl);
+            seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1);
+            bool no = false;
+            mv_go(c, st, &sl, c->a, &no, dm8 != NULL);
+            if (!L->qkg_v) {
+                const mv_mat *vm[1] = {&L->v};
+                float *vo[1] = {v};
+                mv_group(c, st, vm, vo, 1, c->a, dq != NULL, false);
+            }
+        } else {
+            const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
+            float *outs[4] = {q, k, v, g};
+            mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, dq != NULL, false);
+        }
         pf_mark(pf, st, PF_ROPE);
-        cu_qk_rope_store(st, c->qkvg, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
+        cu_qk_rope_store(st, c->qkvg, v, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
                          hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
                          &L->geom);
         pf_mark(pf, st, PF_ATTN);
@@ -433,7 +488,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         /* this tail writes gate·up's digits: v8's layout when the pair runs on the tensor cores */
         const bool gu_mmq = c->gate_up_paired && L->ffn_gate.type == MV_T_Q4_KT;
         cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E,
-                gu_mmq ? c->xm : xq_a, gu_mmq, c->tail_pdl);
+                gu_mmq ? NULL : xq_a, gu_mmq ? c->xm : NULL, c->tail_pdl);
         pf_mark(pf, st, PF_FFN_UP);
         if (c->gate_up_paired) {
             mv_launch ml;
@@ -455,8 +510,9 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         mv_group(c, st, dm, dout, 1, c->ffn, false, false);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
+        qkvg_digits(c, l + 1, xq_a, &dq, &dm8);
         cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
-                hp->rms_eps, hp->sandwich, E, xq_a, false, c->tail_pdl);
+                hp->rms_eps, hp->sandwich, E, dq, dm8, c->tail_pdl);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
@@ -621,7 +677,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     e = cudaMalloc((void **)&c->h, sx8_off + n_sx8 * sizeof(float));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: activations: %s", cudaGetErrorString(e)));
     c->a = c->h + E;                      /* [E] normed input of the next matvec */
-    c->qkvg = c->a + E;                   /* [H·D | HKV·D | HKV·D | H·D] */
+    c->qkvg = c->a + E;                   /* q [H·D] | k [HKV·D] | gate [H·D] | v [HKV·D] */
     c->attn_o = c->qkvg + 2 * QD + 2 * KD; /* [H·D] gated attention output */
     c->y = c->attn_o + QD;                /* [E] o_proj / down output */
     c->ffn = c->y + E;                    /* [F] silu(g)·u */

@@ -40,20 +40,22 @@ typedef struct cu_attn_geom {
 /* Split-attention kernels: CU_ATTN_TC / CU_ATTN_V1 in cuda/attention.h. */
 
 /* norm.cu */
-/* xq (nullable): also write the output as v7 matvec input digits (mvq_prep_warp); E % 32 == 0 */
+/* xq, xm (nullable): also write the output as matvec input digits, v7's layout into xq, v8's into
+ * xm; E % 32 == 0 (xm: E % 256 == 0) */
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
-                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, uint8_t *xq);
-/* xq (nullable): also write a as matvec input digits, v8's layout when xq_mmq, else v7's.
+                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, uint8_t *xq, uint8_t *xm);
+/* xq, xm (nullable): also write a as matvec input digits, v7's layout into xq, v8's into xm.
  * pdl: launch with programmatic stream serialization (after a matvec, which triggers early) */
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, bool xq_mmq, bool pdl);
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, uint8_t *xm, bool pdl);
 void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
 /* argmax over logits -> *d_token (next token for the bench lane) and d_flags[0] = #non-finite */
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
                int32_t *d_token, int32_t *d_nonfinite);
 
 /* attention.cu */
-void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *q_norm, const float *k_norm, float eps,
+/* qkv: q then k (normed and rotated in place); v: the values stored beside k */
+void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *v, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
                       const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g);
 /* xq (nullable): also write out as matvec input digits (v8's layout when xq_mmq, else v7's);
