@@ -62,7 +62,11 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
     const bool is_q = b < H;
     float *x = is_q ? qkv + (size_t)b * D : qkv + (size_t)H * D + (size_t)(b - H) * D;
     const float *w = is_q ? q_norm : k_norm;
-    const uint64_t pos = step->pos;
+    const uint64_t pos = step->pos; /* the token's step copy precedes every kernel of the token */
+    /* the f64 frequency of this thread's first pair depends on nothing a kernel writes: computed
+     * before the wait for the projections (launched as a programmatic dependent, cu_pdl_cfg) */
+    const double f0 = rope && threadIdx.x < D / 2 ? pow((double)theta, -2.0 * (double)threadIdx.x / (double)D) : 0.0;
+    mvq_wait();
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) xs[d] = x[d];
     __syncthreads();
     if (w) {
@@ -81,7 +85,8 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
     if (rope) {
         for (uint32_t i = threadIdx.x; i < D / 2; i += blockDim.x) {
             /* angle in f64: at pos 131072 an f32 angle is off by ~0.01 rad */
-            const double ang = (double)pos * pow((double)theta, -2.0 * (double)i / (double)D);
+            const double f = i == threadIdx.x ? f0 : pow((double)theta, -2.0 * (double)i / (double)D);
+            const double ang = (double)pos * f;
             double s, c;
             sincos(ang, &s, &c);
             const uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + D / 2 : 2 * i + 1;
@@ -109,12 +114,15 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
 
 void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *v, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
-                      const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g)
+                      const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g, bool pdl)
 {
     (void)rope_dim;
     const uint32_t threads = g->head_dim < 32 ? 32 : (g->head_dim > 256 ? 256 : g->head_dim);
-    k_qk_rope_store<<<g->n_head + g->n_head_kv, threads, g->head_dim * sizeof(float), st>>>(
-        qkv, v, q_norm, k_norm, eps, rope, neox, theta, step, meta, k_plane, v_plane, g->n_head, g->n_head_kv,
+    cudaLaunchAttribute at[1];
+    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(g->n_head + g->n_head_kv), dim3(threads), st, pdl, at);
+    cfg.dynamicSmemBytes = g->head_dim * sizeof(float);
+    cudaLaunchKernelEx(&cfg, k_qk_rope_store,
+        qkv, v, q_norm, k_norm, eps, (int)rope, (int)neox, theta, step, meta, k_plane, v_plane, g->n_head, g->n_head_kv,
         g->head_dim, g->ring);
 }
 

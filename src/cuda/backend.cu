@@ -83,7 +83,8 @@ typedef struct cu_ctx {
     uint8_t *xm;               /* mmq_prep output of the current matvec input (v8's Q4_KT matrices) */
     bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
                                 * MUSER_CUDA_PDL=0 turns it off */
-    bool tail_pdl;             /* the tails are launched the same way (MUSER_CUDA_TAIL_PDL=0: not) */
+    bool tail_pdl;             /* the tails and QK-norm/RoPE are launched the same way, waiting before their
+                                * first dependent read (MUSER_CUDA_TAIL_PDL=0: not) */
     float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
     double upload_s;
 } cu_ctx;
@@ -473,7 +474,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         pf_mark(pf, st, PF_ROPE);
         cu_qk_rope_store(st, c->qkvg, v, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
                          hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
-                         &L->geom);
+                         &L->geom, c->tail_pdl);
         pf_mark(pf, st, PF_ATTN);
         /* the combine writes o_proj's digits: v8's layout when o_proj runs on the tensor cores */
         const bool o_mmq = L->o.type == MV_T_Q4_KT;

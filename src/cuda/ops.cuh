@@ -54,10 +54,11 @@ void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, 
                int32_t *d_token, int32_t *d_nonfinite);
 
 /* attention.cu */
-/* qkv: q then k (normed and rotated in place); v: the values stored beside k */
+/* qkv: q then k (normed and rotated in place); v: the values stored beside k. pdl: launched as a
+ * programmatic dependent of the projections (it waits before its first read of qkv) */
 void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *v, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
-                      const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g);
+                      const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g, bool pdl);
 /* xq (nullable): also write out as matvec input digits (v8's layout when xq_mmq, else v7's);
  * head_dim % 32 == 0 */
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
