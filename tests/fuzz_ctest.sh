@@ -15,7 +15,10 @@ if [ "${MUSER_SANITIZED:-0}" = 1 ]; then
   echo "note: MUSER_SANITIZED=1; the fuzzer carries its own ASan/UBSan build, running it anyway"
 fi
 export MUSER_FUZZ_DIR="$BUILD/fuzz"
-rm -rf "$MUSER_FUZZ_DIR/$TARGET/corpus"
+# scripts/fuzz.sh keeps gguf in $MUSER_FUZZ_DIR itself, every other target in a folder of its own
+tdir="$MUSER_FUZZ_DIR/$TARGET"
+[ "$TARGET" = gguf ] && tdir="$MUSER_FUZZ_DIR"
+rm -rf "$tdir/corpus"
 log="$BUILD/fuzz-$TARGET.log"
 mkdir -p "$MUSER_FUZZ_DIR"
 bash "$SRC/scripts/fuzz.sh" --short "$TARGET" >"$log" 2>&1
@@ -26,7 +29,7 @@ if [ $rc -eq 77 ]; then
   exit 77
 fi
 if [ $rc -ne 0 ]; then
-  echo "FAIL: fuzz_$TARGET exited $rc (full log: $log; crash inputs in $MUSER_FUZZ_DIR/$TARGET)"
+  echo "FAIL: fuzz_$TARGET exited $rc (full log: $log; crash inputs in $tdir)"
   grep -m 20 -E "ERROR|runtime error|invariant|SUMMARY|error:" "$log"
   exit 1
 fi
