@@ -152,8 +152,8 @@ static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uin
     return MUSER_OK;
 }
 
-/* mmq: the matrix runs alone or as the gate·up pair (never in a multi-matrix launch), so v8 may
- * give it the tensor-core layout. */
+/* mmq: v8 may give the matrix the tensor-core layout (a Q4_K matrix of whole 16-row tiles); its
+ * launches take one matrix, the gate·up pair, or a stack of matrices uploaded back to back. */
 static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, bool mmq, muser_error *err)
 {
     uint32_t type = mv_type_of(t->type);
@@ -227,7 +227,7 @@ static void stack_qkg(cu_layer *D, bool gate)
     int n = 1;
     for (int i = 1; i < 4 && parts[i]; i++) {
         const mv_mat *m = parts[i];
-        const uint8_t *end = s.data + (size_t)s.rows * (s.cols / 256) * 144;
+        const uint8_t *end = s.data + (size_t)s.rows * (s.cols / 256) * mv_block_bytes(MV_T_Q4_KT);
         if (m->type != MV_T_Q4_KT || m->cols != s.cols || m->data != end) break;
         s.rows += m->rows;
         n++;
@@ -607,8 +607,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     if (!c->layers || !c->meta_step || !c->meta_call) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
     {
         const char *mv = getenv("MUSER_CUDA_MATVEC");
-        /* v7 (mvq.cuh, integer digits + DP4A) is the default: parity and speed in bench/RESULTS.md.
-         * It decides the upload layout of Q4_K/Q6_K, so it is read before the upload. */
+        /* v8 (mmq.cuh for Q4_K, v7's mvq.cuh for Q6_K) is the default: parity and speed in
+         * bench/RESULTS.md. It decides the upload layouts, so it is read before the upload. */
         c->mv_ver = !mv || !*mv || !strcmp(mv, "v8") ? 9
                     : !strcmp(mv, "v7")             ? 8
                     : !strcmp(mv, "v6")             ? 6
