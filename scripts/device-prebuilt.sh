@@ -74,6 +74,37 @@ for step in $steps; do
             >"$OUT/profile.log" 2>&1
         note "phase profile rc=$?"
         ;;
+    skip)
+        # each op family's cost inside the graph, by difference: the route with that family left
+        # out (MUSER_CUDA_SKIP, timing only), against the whole route before and after
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        for f in none qkvg rope attn oproj tail gu prep down head none; do
+            sk=$f
+            [ "$f" = none ] && sk=
+            MUSER_CUDA_SKIP=$sk timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 64 --ctx 0,32768 \
+                >"$OUT/skip_$f.log" 2>&1
+            note "skip $f rc=$? :: $(grep '^ctx ' "$OUT/skip_$f.log" | awk '{printf "%s ", $0}')"
+        done
+        ;;
+    ab)
+        # interleaved A/B of one setting: AB_VAR=NAME AB_VALS="a b ..." (2 rounds), AB_CTX (0,32768)
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        for round in 1 2; do
+            for v in ${AB_VALS:-}; do
+                env "${AB_VAR:-MUSER_CUDA_MATVEC}=$v" timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf \
+                    --gen 64 --ctx "${AB_CTX:-0,32768}" >"$OUT/ab_${v}_$round.log" 2>&1
+                note "ab ${AB_VAR:-MUSER_CUDA_MATVEC}=$v rc=$? :: $(grep '^ctx ' "$OUT/ab_${v}_$round.log" | awk '{printf "%s %s | ", $2, $6}')"
+            done
+        done
+        ;;
+    ncu)
+        # isolated duration and DRAM bytes of every kernel of one non-graph token (the phase profile's)
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        MUSER_PHASE_PROFILE=1 timeout -k 5 200 ncu --clock-control none --csv --print-units base \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum -k 'regex:^(?!.*repack)' \
+            "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 1 --ctx 0 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+        note "ncu rc=$? :: $(wc -l <"$OUT/ncu.csv") lines; $(tail -2 "$OUT/ncu.err" | tr '\n' ' ')"
+        ;;
     esac
 done
 rm -rf "$W"

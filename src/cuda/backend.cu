@@ -86,8 +86,15 @@ typedef struct cu_ctx {
     bool tail_pdl;             /* the tails and QK-norm/RoPE are launched the same way, waiting before their
                                 * first dependent read (MUSER_CUDA_TAIL_PDL=0: not) */
     float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
+    uint32_t skip;             /* MUSER_CUDA_SKIP: op families left out of the route (timing only; the
+                                * logits are then meaningless), a mask of 1 << SK_* */
     double upload_s;
 } cu_ctx;
+
+/* Op families MUSER_CUDA_SKIP can leave out, to time each one inside the graph by difference. */
+enum { SK_QKVG, SK_ROPE, SK_ATTN, SK_OPROJ, SK_TAIL, SK_GU, SK_PREP, SK_DOWN, SK_HEAD, SK_N };
+static const char *const sk_names[SK_N] = {"qkvg", "rope", "attn", "oproj", "tail", "gu", "prep", "down", "head"};
+#define SKIP(c, f) (((c)->skip >> (f)) & 1u)
 
 /* Blocks per KV head of a plane's attention (at least 64 positions each): more blocks keep more
  * K/V loads in flight on long FULL planes; the combine merges them with threads over splits. */
@@ -347,7 +354,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
     const uint32_t t = L->seg[0].a.type;
     if (t == MV_T_Q4_KT) { /* v8: its own digit layout in c->xm, one launch per segment */
         const uint32_t K = L->seg[0].a.cols;
-        if (!xm_ready) mmq_prep_launch(st, x, c->xm, K);
+        if (!xm_ready && !SKIP(c, SK_PREP)) mmq_prep_launch(st, x, c->xm, K);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             const bool pair = g->op == MV_OP_SILU_MUL;
@@ -364,7 +371,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
     }
     if (mvq_type_ok(t)) {
         if (!*prepped) {
-            mvq_prep_launch(st, x, c->xq, L->seg[0].a.cols);
+            if (!SKIP(c, SK_PREP)) mvq_prep_launch(st, x, c->xq, L->seg[0].a.cols);
             *prepped = true;
         }
         mvq_launch(st, *L, c->xq, c->pdl);
@@ -400,7 +407,7 @@ static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, floa
     }
     if (all_kd && mixed) {
         for (int i = 0; i < n; i++) seg_set(&L, mats[i], outs[i], MV_OP_STORE, MVQ_R_MIXED);
-        if (!prepped) mvq_prep_launch(st, x, c->xq, mats[0]->cols);
+        if (!prepped && !SKIP(c, SK_PREP)) mvq_prep_launch(st, x, c->xq, mats[0]->cols);
         mvq_launch_mixed(st, L, c->xq, c->pdl);
         return;
     }
@@ -455,7 +462,8 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         cu_layer *L = &c->layers[l];
         pf_mark(pf, st, PF_QKVG);
-        if (L->qkg.data) { /* v8: one tensor-core launch over the stack, v on v7 when not in it */
+        if (SKIP(c, SK_QKVG)) {
+        } else if (L->qkg.data) { /* v8: one tensor-core launch over the stack, v on v7 when not in it */
             mv_launch sl;
             memset(&sl, 0, sizeof sl);
             seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1);
@@ -472,26 +480,29 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, dq != NULL, false);
         }
         pf_mark(pf, st, PF_ROPE);
-        cu_qk_rope_store(st, c->qkvg, v, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
+        if (!SKIP(c, SK_ROPE))
+            cu_qk_rope_store(st, c->qkvg, v, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
                          hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
                          &L->geom, c->tail_pdl);
         pf_mark(pf, st, PF_ATTN);
         /* the combine writes o_proj's digits: v8's layout when o_proj runs on the tensor cores */
         const bool o_mmq = L->o.type == MV_T_Q4_KT;
-        if (cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc, hp->attn_gate ? g : NULL,
+        if (!SKIP(c, SK_ATTN) && cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc, hp->attn_gate ? g : NULL,
                          c->attn_o, &L->geom, o_mmq ? c->xm : xq_o, o_mmq))
             return -1;
         pf_mark(pf, st, PF_OPROJ);
         const mv_mat *om[1] = {&L->o};
         float *oo[1] = {c->y};
-        mv_group(c, st, om, oo, 1, c->attn_o, !o_mmq && xq_o != NULL, o_mmq);
+        if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, !o_mmq && xq_o != NULL, o_mmq);
         pf_mark(pf, st, PF_TAIL);
         /* this tail writes gate·up's digits: v8's layout when the pair runs on the tensor cores */
         const bool gu_mmq = c->gate_up_paired && L->ffn_gate.type == MV_T_Q4_KT;
-        cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E,
+        if (!SKIP(c, SK_TAIL))
+            cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E,
                 gu_mmq ? NULL : xq_a, gu_mmq ? c->xm : NULL, c->tail_pdl);
         pf_mark(pf, st, PF_FFN_UP);
-        if (c->gate_up_paired) {
+        if (SKIP(c, SK_GU)) {
+        } else if (c->gate_up_paired) {
             mv_launch ml;
             memset(&ml, 0, sizeof ml);
             const uint32_t t = L->ffn_gate.type;
@@ -508,11 +519,12 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         pf_mark(pf, st, PF_DOWN);
         const mv_mat *dm[1] = {&L->ffn_down};
         float *dout[1] = {c->y};
-        mv_group(c, st, dm, dout, 1, c->ffn, false, false);
+        if (!SKIP(c, SK_DOWN)) mv_group(c, st, dm, dout, 1, c->ffn, false, false);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
         qkvg_digits(c, l + 1, xq_a, &dq, &dm8);
-        cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
+        if (!SKIP(c, SK_TAIL))
+            cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
                 hp->rms_eps, hp->sandwich, E, dq, dm8, c->tail_pdl);
     }
     pf_mark(pf, st, PF_HEAD);
@@ -522,7 +534,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
     bool head_prepped = xq_a != NULL;
-    mv_go(c, st, &hl, c->a, &head_prepped, false);
+    if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, &head_prepped, false);
     cu_argmax(st, c->logits, hp->n_vocab, c->am_v, c->am_i, c->d_token, c->d_nonfinite);
     cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
     cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
@@ -620,6 +632,18 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         c->pdl = !(pdl && !strcmp(pdl, "0"));
         const char *tpdl = getenv("MUSER_CUDA_TAIL_PDL");
         c->tail_pdl = c->pdl && !(tpdl && !strcmp(tpdl, "0"));
+        const char *sk = getenv("MUSER_CUDA_SKIP");
+        for (const char *p = sk; p && *p;) {
+            const size_t n = strcspn(p, ",");
+            int f = 0;
+            while (f < SK_N && !(strlen(sk_names[f]) == n && !strncmp(p, sk_names[f], n))) f++;
+            if (f == SK_N)
+                FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_SKIP=%s: expected a comma list of qkvg, rope, attn, "
+                                                    "oproj, tail, gu, prep, down, head", sk));
+            c->skip |= 1u << f;
+            p += n + (p[n] == ',');
+        }
+        if (c->skip) fprintf(stderr, "muser: MUSER_CUDA_SKIP=%s: those ops are left out; timing only, the logits are wrong\n", sk);
     }
     FAIL(kv_init(&c->kv, hp, n_ctx, false, err));
     cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);

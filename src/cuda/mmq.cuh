@@ -128,17 +128,20 @@ __device__ __forceinline__ void cu_digits_warp(float v, uint32_t p, uint8_t *__r
 }
 
 /* One CTA per 256-block, a warp per 32-group. K a multiple of 256. */
-static __global__ void __launch_bounds__(256) mmq_prep(const float *__restrict__ x, uint8_t *__restrict__ buf, uint32_t K)
+static __global__ void __launch_bounds__(256) mmq_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {
     mvq_trigger();
+    mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
     const uint32_t p = 256 * blockIdx.x + threadIdx.x;
     if (p >= K) return;
     mmq_prep_warp(x[p], p, buf);
 }
 
-static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K)
+static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
 {
-    mmq_prep<<<K / 256, 256, 0, st>>>(x, buf, K);
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(K / 256), dim3(256), st, pdl, at);
+    cudaLaunchKernelEx(&cfg, mmq_prep, x, buf, K);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------ */
@@ -186,7 +189,7 @@ __device__ __forceinline__ void mmq_block(const mmq_w W[R], const uint8_t *xb, u
     const uint32_t t = lane & 3;
     const uint32_t g = lane >> 2;
     const uint32_t j = ((g >> 1) & 1) == (t >> 1) ? 2 * g + (t & 1) : 16; /* nonzero B lane, or the zero slot */
-    const float4 sS = __ldg((const float4 *)(xb + 4 * MMQ_CPAIR + 16 * t));
+    const float4 sS = cu_ldx<float4>(xb + 4 * MMQ_CPAIR + 16 * t);
     /* item q = (row half q>>1, group q&1); scale fields at bit 6q, min fields: see repack */
     const float ks[2] = {sS.x, sS.y};
     float Psc[R][2][2]; /* [tile][group][row half] P·s_eff·2^(6q) as computed below */
@@ -202,8 +205,8 @@ __device__ __forceinline__ void mmq_block(const mmq_w W[R], const uint8_t *xb, u
             /* chunk pair cp: A = the loaded words as they are (chunk 2cp in k 0..15, 2cp+1 in
              * k 16..31), then their twins; no register moves for the fragments */
             const uint32_t cp = 2 * G + c2;
-            const uint4 Br = __ldg((const uint4 *)(xb + cp * MMQ_CPAIR + 32 * j));
-            const uint4 Bt = __ldg((const uint4 *)(xb + cp * MMQ_CPAIR + 32 * j + 16));
+            const uint4 Br = cu_ldx<uint4>(xb + cp * MMQ_CPAIR + 32 * j);
+            const uint4 Bt = cu_ldx<uint4>(xb + cp * MMQ_CPAIR + 32 * j + 16);
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 const uint4 &q = W[r].q[cp];

@@ -50,6 +50,36 @@
  * well broke v7's results on the device and bought nothing; see bench/kernels/NOTES.md.) */
 __device__ __forceinline__ void mvq_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void mvq_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+/* A matvec's load of its prepared x, which the kernel before it wrote: the non-coherent path
+ * (__ldg), 1.6% faster per token than a plain load (H200, interleaved). That is safe only because
+ * no producer of x (tail, embedding norm, combine, prep) lets its dependents launch early: when
+ * the matvec launches, every kernel older than the producer has finished, so no SM's L1 holds
+ * x's previous contents. With early triggers an older kernel still running on the same SM can
+ * pull the old x into L1 through this path after the matvec's launch, and a load after
+ * griddepcontrol.wait hits that stale line: the two "PDL breaks v7" results in
+ * bench/kernels/NOTES.md. Early triggers need a plain load here (tested: they then pass). */
+template <typename T>
+__device__ __forceinline__ T cu_ldx(const void *p)
+{
+    return __ldg((const T *)p);
+}
+
+/* A launch configuration of grid × block on st, with programmatic stream serialization when pdl
+ * (the kernel then may start while its predecessor runs; see mvq_wait). at: storage for the
+ * attribute. Any kernel launched this way must call mvq_wait before it reads what its
+ * predecessor writes, or writes what its predecessor reads. */
+static inline cudaLaunchConfig_t cu_pdl_cfg(dim3 grid, dim3 block, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = st;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cfg;
+}
 
 /* ---- prepared x --------------------------------------------------------------------------- */
 /* Records of 128 positions (a half block), MVQ_REC bytes each:
@@ -121,18 +151,21 @@ __device__ __forceinline__ void mvq_prep_warp(float v, uint32_t p, uint8_t *__re
 }
 
 /* One warp per 32-group. K multiple of 256 (blocks), buf 16-byte aligned. */
-static __global__ void __launch_bounds__(256) mvq_prep(const float *__restrict__ x, uint8_t *__restrict__ buf, uint32_t K)
+static __global__ void __launch_bounds__(256) mvq_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {
     mvq_trigger();
+    mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
     const uint32_t g = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (g >= K / 32) return;
     const uint32_t p = 32 * g + (threadIdx.x & 31);
     mvq_prep_warp(x[p], p, buf);
 }
 
-static inline void mvq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K)
+static inline void mvq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
 {
-    mvq_prep<<<(K / 32 + 7) / 8, 256, 0, st>>>(x, buf, K);
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3((K / 32 + 7) / 8), dim3(256), st, pdl, at);
+    cudaLaunchKernelEx(&cfg, mvq_prep, x, buf, K);
 }
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -174,7 +207,7 @@ struct mvq_xp {
 __device__ __forceinline__ void mvq_load_chunk(const mvq_xp &X, int k, uint4 D[3])
 {
 #pragma unroll
-    for (int dg = 0; dg < 3; dg++) D[dg] = __ldg((const uint4 *)(X.xr + 128 * dg + 16 * k));
+    for (int dg = 0; dg < 3; dg++) D[dg] = cu_ldx<uint4>(X.xr + 128 * dg + 16 * k);
 }
 /* The lane's x pointers at block b, and their step for b += 8. */
 __device__ __forceinline__ mvq_xp mvq_xp_at(const mvq_x &q, uint32_t b, uint32_t c)
@@ -249,8 +282,8 @@ __device__ __forceinline__ float mvq_q4k_finish(const uint4 &hdr, uint32_t c, fl
 template <int R>
 __device__ __forceinline__ void mvq_q4k_compute(const mvq_q4w W[R], const mvq_xp &X, uint32_t c, float acc[R])
 {
-    const float2 s = __ldg((const float2 *)X.xs);
-    const float4 S = __ldg((const float4 *)X.xS);
+    const float2 s = cu_ldx<float2>(X.xs);
+    const float4 S = cu_ldx<float4>(X.xS);
     float Pl[R];
     mvq_acc A[R];
 #pragma unroll
@@ -304,8 +337,8 @@ __device__ __forceinline__ uint32_t mvq_q6_word(const mvq_q6w &W, int k, int w)
 template <int R>
 __device__ __forceinline__ void mvq_q6k_compute(const mvq_q6w W[R], const mvq_xp &X, float acc[R])
 {
-    const float2 s = __ldg((const float2 *)X.xs);
-    const float4 S4 = __ldg((const float4 *)X.xS);
+    const float2 s = cu_ldx<float2>(X.xs);
+    const float4 S4 = cu_ldx<float4>(X.xS);
     const float S[4] = {S4.x, S4.y, S4.z, S4.w};
     float part[R];
 #pragma unroll
@@ -405,7 +438,7 @@ __device__ __forceinline__ void mvq_warp_sum(float acc[R])
  * Q4_K at 128 registers, 2 blocks per SM). R rows per warp; a SiLU pair segment takes R/2 rows
  * of gate and the same R/2 rows of up. */
 template <int R, uint32_t T>
-__global__ void __launch_bounds__(MV_WARPS * 32, 2) mvq_kernel(const mv_launch L, const uint8_t *__restrict__ xbuf, uint32_t K)
+__global__ void __launch_bounds__(MV_WARPS * 32, 2) mvq_kernel(const mv_launch L, const uint8_t *xbuf, uint32_t K)
 {
     mvq_trigger();
     const uint32_t warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
@@ -444,23 +477,6 @@ __global__ void __launch_bounds__(MV_WARPS * 32, 2) mvq_kernel(const mv_launch L
         }
         g.out[rw] = y;
     }
-}
-
-/* A launch configuration of grid × block on st, with programmatic stream serialization when pdl
- * (the kernel then may start while its predecessor runs; see mvq_wait). at: storage for the
- * attribute. Any kernel launched this way must call mvq_wait before it reads what its
- * predecessor writes, or writes what its predecessor reads. */
-static inline cudaLaunchConfig_t cu_pdl_cfg(dim3 grid, dim3 block, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.stream = st;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cfg;
 }
 
 /* The launch configuration of L: a block per MV_WARPS warps. */
