@@ -81,11 +81,14 @@ typedef struct cu_ctx {
                                 * trick), 5 (v5), 7 ("v6b": v6 with Σx from sx8, summed once per input) */
     uint8_t *xq;               /* mvq_prep output of the current matvec input (v7) */
     uint8_t *xm;               /* mmq_prep output of the current matvec input (v8's Q4_KT matrices) */
+    uint8_t *x6;               /* mmq6_prep output of the current matvec input (v8's Q6_KT matrices) */
     bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
                                 * MUSER_CUDA_PDL=0 turns it off */
     bool tail_pdl;             /* the tails and QK-norm/RoPE are launched the same way, waiting before their
                                 * first dependent read (MUSER_CUDA_TAIL_PDL=0: not) */
     float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
+    bool q6_tc;                /* v8 runs Q6_K on the tensor cores too (mmq6.cuh; MUSER_CUDA_Q6=v7: on v7) */
+    int gu_cfg;                /* MUSER_CUDA_GU: the gate·up launch shape (mmq_launch_auto's pair_cfg) */
     uint32_t skip;             /* MUSER_CUDA_SKIP: op families left out of the route (timing only; the
                                 * logits are then meaningless), a mask of 1 << SK_* */
     double upload_s;
@@ -147,6 +150,10 @@ static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uin
             const uint32_t rows = (uint32_t)(nblk / nb);
             mmq_repack_q4k<<<(unsigned)((nblk / 2 + 255) / 256), 256, 0, u->c->st>>>(u->dev_stage[i], dst, rows, nb,
                                                                                     first_blk / nb / 16);
+        } else if (type == MV_T_Q6_KT) {
+            const uint32_t rows = (uint32_t)(nblk / nb);
+            mmq6_repack_q6k<<<(unsigned)((nblk / 2 + 255) / 256), 256, 0, u->c->st>>>(u->dev_stage[i], dst, rows, nb,
+                                                                                     first_blk / nb / 16);
         }
         else mvq_repack_q4k<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
         CU_TRY(cudaGetLastError(), "repack");
@@ -159,15 +166,20 @@ static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uin
     return MUSER_OK;
 }
 
-/* mmq: v8 may give the matrix the tensor-core layout (a Q4_K matrix of whole 16-row tiles); its
- * launches take one matrix, the gate·up pair, or a stack of matrices uploaded back to back. */
-static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, bool mmq, muser_error *err)
+/* tc: the tensor-core layouts v8 may give the matrix (TC_Q4: Q4_K of whole 16-row tiles, whose
+ * launches take one matrix, the gate·up pair, or a stack of matrices uploaded back to back;
+ * TC_Q6: Q6_K, one matrix per launch, with the LM head's scale and soft cap). */
+#define TC_Q4 1u
+#define TC_Q6 2u
+static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, unsigned tc, muser_error *err)
 {
     uint32_t type = mv_type_of(t->type);
     if (u->c->mv_ver >= 8 && type == MV_T_Q4_K) type = MV_T_Q4_KD; /* v7's plane layouts */
     if (u->c->mv_ver >= 8 && type == MV_T_Q6_K) type = MV_T_Q6_KD;
-    if (u->c->mv_ver == 9 && mmq && type == MV_T_Q4_KD && mmq_shape_ok((uint32_t)t->rows, (uint32_t)t->cols))
+    if (u->c->mv_ver == 9 && (tc & TC_Q4) && type == MV_T_Q4_KD && mmq_shape_ok((uint32_t)t->rows, (uint32_t)t->cols))
         type = MV_T_Q4_KT; /* v8: the tensor-core matvec */
+    if (u->c->mv_ver == 9 && u->c->q6_tc && (tc & TC_Q6) && type == MV_T_Q6_KD && mmq6_shape_ok((uint32_t)t->rows, (uint32_t)t->cols))
+        type = MV_T_Q6_KT;
     if (type == 0xFFFFFFFFu)
         return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: tensor %s: type %u has no CUDA matvec", t->name, t->type);
     const uint32_t blk_elems = mv_block_elems(type);
@@ -181,7 +193,7 @@ static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, bool mmq, 
     out->data = u->c->weights + u->off;
     u->off = align256(u->off + bytes);
     size_t rows_per = CU_STAGE_BYTES / t->row_bytes > 0 ? CU_STAGE_BYTES / t->row_bytes : 1;
-    if (type == MV_T_Q4_KT) rows_per = rows_per / 16 * 16; /* whole tiles (CU_STAGE_BYTES holds ≥ 16 rows) */
+    if (type == MV_T_Q4_KT || type == MV_T_Q6_KT) rows_per = rows_per / 16 * 16; /* whole tiles (CU_STAGE_BYTES holds ≥ 16 rows) */
     const size_t blk_per_row = t->row_bytes / (mv_repacked(type) ? mv_block_bytes(type) : 1);
     for (size_t r = 0; r < t->rows; r += rows_per) {
         const size_t nr = r + rows_per <= t->rows ? rows_per : t->rows - r;
@@ -271,11 +283,11 @@ static int upload_weights(cu_ctx *c, muser_error *err)
     }
     const double t0 = muser_now_s();
     muser_progress_begin(&u.prog, "cuda upload", total);
-    int rc = up_matrix(&u, &m->tok_embd, &c->emb, false, err);
+    int rc = up_matrix(&u, &m->tok_embd, &c->emb, 0, err);
     if (!rc) rc = up_vector(&u, &m->output_norm, &c->out_norm, err);
     if (!rc) {
         if (tied) c->out = c->emb;
-        else rc = up_matrix(&u, &m->output, &c->out, false, err);
+        else rc = up_matrix(&u, &m->output, &c->out, TC_Q6, err); /* mmq has no soft cap */
     }
     c->read_bytes = (uint64_t)m->output.row_bytes * m->output.rows + m->output_norm.cols * 4;
     for (uint32_t l = 0; !rc && l < hp->n_layer; l++) {
@@ -284,19 +296,19 @@ static int upload_weights(cu_ctx *c, muser_error *err)
         if (!rc) rc = up_vector(&u, &L->attn_norm, &D->attn_norm, err);
         /* q, k, gate, v in this order: on v8 the Q4_KT ones lie back to back (whole 16-row tiles
          * are multiples of 256 bytes), one stacked matrix for one launch (stack_qkg) */
-        if (!rc) rc = up_matrix(&u, &L->attn_q, &D->q, true, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_k, &D->k, true, err);
-        if (!rc && hp->attn_gate) rc = up_matrix(&u, &L->attn_gate, &D->gate, true, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_v, &D->v, true, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_q, &D->q, TC_Q4 | TC_Q6, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_k, &D->k, TC_Q4 | TC_Q6, err);
+        if (!rc && hp->attn_gate) rc = up_matrix(&u, &L->attn_gate, &D->gate, TC_Q4 | TC_Q6, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_v, &D->v, TC_Q4 | TC_Q6, err);
         if (!rc) stack_qkg(D, hp->attn_gate);
         if (!rc && hp->qk_norm) rc = up_vector(&u, &L->attn_q_norm, &D->q_norm, err);
         if (!rc && hp->qk_norm) rc = up_vector(&u, &L->attn_k_norm, &D->k_norm, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_output, &D->o, true, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_output, &D->o, TC_Q4 | TC_Q6, err);
         if (!rc && hp->sandwich) rc = up_vector(&u, &L->post_attention_norm, &D->post_attn_norm, err);
         if (!rc) rc = up_vector(&u, &L->ffn_norm, &D->ffn_norm, err);
-        if (!rc) rc = up_matrix(&u, &L->ffn_gate, &D->ffn_gate, true, err);
-        if (!rc) rc = up_matrix(&u, &L->ffn_up, &D->ffn_up, true, err);
-        if (!rc) rc = up_matrix(&u, &L->ffn_down, &D->ffn_down, true, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_gate, &D->ffn_gate, TC_Q4 | TC_Q6, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_up, &D->ffn_up, TC_Q4 | TC_Q6, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_down, &D->ffn_down, TC_Q4 | TC_Q6, err);
         if (!rc && hp->sandwich) rc = up_vector(&u, &L->post_ffw_norm, &D->post_ffw_norm, err);
         const muser_tensor *ts[] = {&L->attn_norm, &L->attn_q, &L->attn_k, &L->attn_v, &L->attn_gate,
                                     &L->attn_q_norm, &L->attn_k_norm, &L->attn_output, &L->post_attention_norm,
@@ -346,15 +358,37 @@ static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint
     L->n_warps += (a->rows + R - 1) / R;
 }
 
+/* The tensor-core digit layouts of the current matvec input that its producer already wrote. */
+#define DIG_XM 1u /* v8 Q4_KT's, in c->xm */
+#define DIG_X6 2u /* v8 Q6_KT's, in c->x6 */
+
 /* One matvec launch with the kernel version chosen at context creation (MUSER_CUDA_MATVEC).
- * *prepped: whether the per-input buffer (v6b: c->sx8, v7: c->xq) already holds x's; xm_ready:
- * whether c->xm holds v8's digits of x (written by the kernel that produced x). */
-static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, bool *prepped, bool xm_ready)
+ * *prepped: whether the per-input buffer (v6b: c->sx8, v7: c->xq) already holds x's; ready:
+ * DIG_* bits, the tensor-core layouts already written (by the kernel that produced x). */
+static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, bool *prepped, uint32_t ready)
 {
     const uint32_t t = L->seg[0].a.type;
+    if (t == MV_T_Q6_KT) { /* v8 for Q6_K: its own digit layout in c->x6, one launch per segment */
+        const uint32_t K = L->seg[0].a.cols;
+        if (!(ready & DIG_X6) && !SKIP(c, SK_PREP)) mmq6_prep_launch(st, x, c->x6, K);
+        for (uint32_t i = 0; i < L->n_seg; i++) {
+            const mv_seg *g = &L->seg[i];
+            mmq6_args A;
+            A.a = g->a.data;
+            A.rows = g->a.rows;
+            A.K = K;
+            A.x = c->x6;
+            A.out = g->out;
+            A.op = g->op;
+            A.scale = g->scale;
+            A.cap = g->cap;
+            mmq6_launch_auto(A, st, c->pdl);
+        }
+        return;
+    }
     if (t == MV_T_Q4_KT) { /* v8: its own digit layout in c->xm, one launch per segment */
         const uint32_t K = L->seg[0].a.cols;
-        if (!xm_ready && !SKIP(c, SK_PREP)) mmq_prep_launch(st, x, c->xm, K);
+        if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) mmq_prep_launch(st, x, c->xm, K);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             const bool pair = g->op == MV_OP_SILU_MUL;
@@ -365,7 +399,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.K = K;
             A.x = c->xm;
             A.out = g->out;
-            mmq_launch_auto(A, pair, st, c->pdl);
+            mmq_launch_auto(A, pair, st, c->pdl, c->gu_cfg);
         }
         return;
     }
@@ -392,10 +426,9 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
 static uint32_t seg_rows_per_warp(uint32_t type) { return mvq_type_ok(type) ? (uint32_t)mvq_rows_per_warp(type) : (uint32_t)mv_rows_per_warp(type); }
 
 /* matvec of several matrices over the same x; consecutive same-type matrices share one launch.
- * prepped: c->xq already holds x's v7 digits, xm_ready: c->xm its v8 digits (written by the
- * kernel that produced x). */
+ * prepped: c->xq already holds x's v7 digits; ready: DIG_* bits as in mv_go. */
 static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, float *const *outs, int n, const float *x,
-                     bool prepped, bool xm_ready)
+                     bool prepped, uint32_t ready)
 {
     mv_launch L;
     memset(&L, 0, sizeof L);
@@ -413,23 +446,26 @@ static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, floa
     }
     for (int i = 0; i < n; i++) {
         if (L.n_seg && (L.n_seg == MV_MAX_SEG || L.seg[0].a.type != mats[i]->type)) {
-            mv_go(c, st, &L, x, &prepped, xm_ready);
+            mv_go(c, st, &L, x, &prepped, ready);
             memset(&L, 0, sizeof L);
         }
         seg_set(&L, mats[i], outs[i], MV_OP_STORE, seg_rows_per_warp(mats[i]->type));
     }
-    if (L.n_seg) mv_go(c, st, &L, x, &prepped, xm_ready);
+    if (L.n_seg) mv_go(c, st, &L, x, &prepped, ready);
 }
 
 /* The digits the producer of layer l's attention-projection input must write: v8's (xm) for the
  * stacked Q4_KT launch, v7's (xq) for whatever runs on v7 (v outside the stack, or no stack).
  * l == n_layer: the head. */
-static void qkvg_digits(const cu_ctx *c, uint32_t l, uint8_t *xq_a, uint8_t **xq, uint8_t **xm)
+static void qkvg_digits(const cu_ctx *c, uint32_t l, uint8_t *xq_a, uint8_t **xq, uint8_t **xm, uint8_t **x6)
 {
     const cu_layer *L = l < c->m->hp.n_layer ? &c->layers[l] : NULL;
     const bool stacked = L && L->qkg.data;
+    /* who else reads this input on v7: v outside the stack, the unstacked projections, the head */
+    const uint32_t other = !L ? c->out.type : stacked ? (L->qkg_v ? MV_T_Q4_KT : L->v.type) : L->q.type;
     *xm = stacked ? c->xm : NULL;
-    *xq = stacked && L->qkg_v ? NULL : xq_a;
+    *xq = mvq_type_ok(other) || (L && !stacked) ? xq_a : NULL;
+    *x6 = other == MV_T_Q6_KT ? c->x6 : NULL; /* v outside the stack, or the head, on Q6_K tensor cores */
 }
 
 static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
@@ -452,10 +488,10 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     /* v7: the producers of the matvec inputs a and attn_o write their digits too (no prep launch) */
     uint8_t *xq_a = c->mv_ver >= 8 && E % 256 == 0 ? c->xq : NULL;
     uint8_t *xq_o = c->mv_ver >= 8 && (H * D) % 256 == 0 ? c->xq : NULL;
-    uint8_t *dq, *dm8; /* the digits the next attention projections read */
-    qkvg_digits(c, 0, xq_a, &dq, &dm8);
+    uint8_t *dq, *dm8, *d6; /* the digits the next attention projections (or the head) read */
+    qkvg_digits(c, 0, xq_a, &dq, &dm8, &d6);
     cu_embed_norm(st, &c->emb, &dstep->token, c->h, c->a, c->layers[0].attn_norm, hp->rms_eps, hp->entry_norm,
-                  hp->rms_eps, E, dq, dm8);
+                  hp->rms_eps, E, dq, dm8, d6);
     /* c->qkvg = q | k | gate | v (v8 stacks the matrices in this order) */
     float *q = c->qkvg, *k = q + (size_t)H * D, *g = k + (size_t)HKV * D;
     float *v = hp->attn_gate ? g + (size_t)H * D : g;
@@ -468,16 +504,16 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             memset(&sl, 0, sizeof sl);
             seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1);
             bool no = false;
-            mv_go(c, st, &sl, c->a, &no, dm8 != NULL);
+            mv_go(c, st, &sl, c->a, &no, dm8 != NULL ? DIG_XM : 0);
             if (!L->qkg_v) {
                 const mv_mat *vm[1] = {&L->v};
                 float *vo[1] = {v};
-                mv_group(c, st, vm, vo, 1, c->a, dq != NULL, false);
+                mv_group(c, st, vm, vo, 1, c->a, dq != NULL, d6 != NULL ? DIG_X6 : 0);
             }
         } else {
             const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
             float *outs[4] = {q, k, v, g};
-            mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, dq != NULL, false);
+            mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, dq != NULL, 0);
         }
         pf_mark(pf, st, PF_ROPE);
         if (!SKIP(c, SK_ROPE))
@@ -493,13 +529,13 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         pf_mark(pf, st, PF_OPROJ);
         const mv_mat *om[1] = {&L->o};
         float *oo[1] = {c->y};
-        if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, !o_mmq && xq_o != NULL, o_mmq);
+        if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, !o_mmq && xq_o != NULL, o_mmq ? DIG_XM : 0);
         pf_mark(pf, st, PF_TAIL);
         /* this tail writes gate·up's digits: v8's layout when the pair runs on the tensor cores */
         const bool gu_mmq = c->gate_up_paired && L->ffn_gate.type == MV_T_Q4_KT;
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E,
-                gu_mmq ? NULL : xq_a, gu_mmq ? c->xm : NULL, c->tail_pdl);
+                gu_mmq ? NULL : xq_a, gu_mmq ? c->xm : NULL, NULL, c->tail_pdl);
         pf_mark(pf, st, PF_FFN_UP);
         if (SKIP(c, SK_GU)) {
         } else if (c->gate_up_paired) {
@@ -509,23 +545,23 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, mvq_type_ok(t) ? (uint32_t)mvq_rows_per_warp(t) / 2 : 1);
             ml.seg[0].b = L->ffn_up;
             bool prepped = !gu_mmq && xq_a != NULL;
-            mv_go(c, st, &ml, c->a, &prepped, gu_mmq);
+            mv_go(c, st, &ml, c->a, &prepped, gu_mmq ? DIG_XM : 0);
         } else {
             const mv_mat *gm[2] = {&L->ffn_gate, &L->ffn_up};
             float *go[2] = {c->ffn_g, c->ffn_u};
-            mv_group(c, st, gm, go, 2, c->a, xq_a != NULL, false);
+            mv_group(c, st, gm, go, 2, c->a, xq_a != NULL, 0);
             cu_silu_mul(st, c->ffn_g, c->ffn_u, c->ffn, hp->n_ff);
         }
         pf_mark(pf, st, PF_DOWN);
         const mv_mat *dm[1] = {&L->ffn_down};
         float *dout[1] = {c->y};
-        if (!SKIP(c, SK_DOWN)) mv_group(c, st, dm, dout, 1, c->ffn, false, false);
+        if (!SKIP(c, SK_DOWN)) mv_group(c, st, dm, dout, 1, c->ffn, false, 0);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
-        qkvg_digits(c, l + 1, xq_a, &dq, &dm8);
+        qkvg_digits(c, l + 1, xq_a, &dq, &dm8, &d6);
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
-                hp->rms_eps, hp->sandwich, E, dq, dm8, c->tail_pdl);
+                hp->rms_eps, hp->sandwich, E, dq, dm8, d6, c->tail_pdl);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
@@ -533,8 +569,8 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, seg_rows_per_warp(c->out.type));
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
-    bool head_prepped = xq_a != NULL;
-    if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, &head_prepped, false);
+    bool head_prepped = xq_a != NULL && mvq_type_ok(c->out.type);
+    if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, &head_prepped, d6 != NULL ? DIG_X6 : 0);
     cu_argmax(st, c->logits, hp->n_vocab, c->am_v, c->am_i, c->d_token, c->d_nonfinite);
     cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
     cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
@@ -568,7 +604,7 @@ static void ctx_free(cu_ctx *c)
     if (!c) return;
     if (c->g_fwd) cudaGraphExecDestroy(c->g_fwd);
     if (c->g_bench) cudaGraphExecDestroy(c->g_bench);
-    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xq, c->xm};
+    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xq, c->xm, c->x6};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_logits) cudaFreeHost(c->h_logits);
@@ -632,6 +668,11 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         c->pdl = !(pdl && !strcmp(pdl, "0"));
         const char *tpdl = getenv("MUSER_CUDA_TAIL_PDL");
         c->tail_pdl = c->pdl && !(tpdl && !strcmp(tpdl, "0"));
+        const char *q6 = getenv("MUSER_CUDA_Q6");
+        c->q6_tc = !(q6 && !strcmp(q6, "v7"));
+        const char *gu = getenv("MUSER_CUDA_GU");
+        c->gu_cfg = gu && *gu ? atoi(gu) : 0;
+        if (c->gu_cfg < 0 || c->gu_cfg > 2) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_GU=%s: expected 0, 1 or 2", gu));
         const char *sk = getenv("MUSER_CUDA_SKIP");
         for (const char *p = sk; p && *p;) {
             const size_t n = strcspn(p, ",");
@@ -718,6 +759,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         const size_t kmax = E > QD ? (E > F ? E : F) : (QD > F ? QD : F);
         e = cudaMalloc((void **)&c->xq, mvq_x_bytes((uint32_t)kmax));
         if (!e && c->mv_ver == 9) e = cudaMalloc((void **)&c->xm, mmq_x_bytes((uint32_t)kmax + 255));
+        if (!e && c->mv_ver == 9) e = cudaMalloc((void **)&c->x6, mmq6_x_bytes((uint32_t)kmax + 255));
         if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: matvec input digits: %s", cudaGetErrorString(e)));
     }
     e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));
@@ -734,6 +776,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     c->gate_up_paired = c->layers[0].ffn_gate.type == c->layers[0].ffn_up.type;
     for (uint32_t l = 1; l < hp->n_layer; l++)
         if (c->layers[l].ffn_gate.type != c->layers[l].ffn_up.type) c->gate_up_paired = false;
+    for (uint32_t l = 0; l < hp->n_layer; l++) /* mmq6 has no SiLU pair: gate, up, then cu_silu_mul */
+        if (c->layers[l].ffn_gate.type == MV_T_Q6_KT) c->gate_up_paired = false;
     FAIL(record_graph(c, true, false, &c->g_fwd, err));
     FAIL(record_graph(c, false, true, &c->g_bench, err));
     e = cudaStreamSynchronize(c->st);

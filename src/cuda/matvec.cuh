@@ -34,21 +34,22 @@ enum { MV_T_F32 = 0, MV_T_F16 = 1, MV_T_Q8_0 = 8, MV_T_Q4_K = 12, MV_T_Q6_K = 14
 #define MV_T_Q4_KD 112u
 #define MV_T_Q6_KD 114u
 #define MV_T_Q4_KT 116u /* v8 (mmq.cuh): Q4_K in (16-row tile, block) units for the tensor-core matvec */
+#define MV_T_Q6_KT 117u /* v8 (mmq6.cuh): Q6_K in (16-row tile, block) units for the tensor-core matvec */
 
 /* Layouts that the upload repacks block by block (Q6_K, Q8_0: planes; the v7 layouts). */
 static inline bool mv_repacked(uint32_t t)
 {
-    return t == MV_T_Q6_K || t == MV_T_Q8_0 || t == MV_T_Q4_KD || t == MV_T_Q6_KD || t == MV_T_Q4_KT;
+    return t == MV_T_Q6_K || t == MV_T_Q8_0 || t == MV_T_Q4_KD || t == MV_T_Q6_KD || t == MV_T_Q4_KT || t == MV_T_Q6_KT;
 }
 /* GGUF bytes of one block and its elements (float formats: 1 byte / 8 elements, the granule the
  * kernels need). */
 static inline size_t mv_block_bytes(uint32_t t)
 {
-    return t == MV_T_Q6_K || t == MV_T_Q6_KD ? 210 : t == MV_T_Q4_K || t == MV_T_Q4_KD || t == MV_T_Q4_KT ? 144 : t == MV_T_Q8_0 ? 34 : 1;
+    return t == MV_T_Q6_K || t == MV_T_Q6_KD || t == MV_T_Q6_KT ? 210 : t == MV_T_Q4_K || t == MV_T_Q4_KD || t == MV_T_Q4_KT ? 144 : t == MV_T_Q8_0 ? 34 : 1;
 }
 static inline uint32_t mv_block_elems(uint32_t t)
 {
-    return t == MV_T_Q4_K || t == MV_T_Q6_K || t == MV_T_Q4_KD || t == MV_T_Q6_KD || t == MV_T_Q4_KT ? 256 : t == MV_T_Q8_0 ? 32 : 8;
+    return t == MV_T_Q4_K || t == MV_T_Q6_K || t == MV_T_Q4_KD || t == MV_T_Q6_KD || t == MV_T_Q4_KT || t == MV_T_Q6_KT ? 256 : t == MV_T_Q8_0 ? 32 : 8;
 }
 enum { MV_OP_STORE = 0, MV_OP_SOFTCAP = 1, MV_OP_SILU_MUL = 2 };
 

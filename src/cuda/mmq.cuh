@@ -251,14 +251,16 @@ struct mmq_args {
 };
 
 /* R tiles per warp, KW warps per tile set splitting the blocks, PF: next block's weights loaded
- * before this block's arithmetic. PAIR (R = 1, KW <= 4): the CTA's sets alternate gate / up of
- * the same tile. MINB: blocks per SM for the register budget. */
+ * before this block's arithmetic. PAIR, R = 1 (KW <= 4): the CTA's sets alternate gate / up of
+ * the same tile; PAIR, R = 2: each warp takes gate and up of the same tile and block, so x is
+ * loaded once for both (kbench_stream's "pair-units"). MINB: blocks per SM for the registers. */
 template <int R, int KW, bool PF, bool PAIR, int MINB>
 __global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
 {
     constexpr int SETS = 8 / KW;
-    constexpr int TPC = PAIR ? SETS / 2 : SETS * R; /* output tiles per CTA */
-    static_assert(!PAIR || (R == 1 && SETS >= 2), "pair: one tile per warp, gate and up sets");
+    constexpr bool PU = PAIR && R == 2;                         /* pair-units */
+    constexpr int TPC = PU ? SETS : PAIR ? SETS / 2 : SETS * R; /* output tiles per CTA */
+    static_assert(!PAIR || PU || (R == 1 && SETS >= 2), "pair: gate and up sets, or gate and up in each warp");
     mvq_trigger(); /* programmatic dependent launch as v7: weights first, then wait for x */
     __shared__ double red[8][R][16];
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid % KW, set = wid / KW;
@@ -266,9 +268,10 @@ __global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
     const uint8_t *unit[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        uint32_t tile = PAIR ? blockIdx.x * TPC + set / 2 : (blockIdx.x * SETS + set) * R + r;
+        uint32_t tile = PU ? blockIdx.x * TPC + set : PAIR ? blockIdx.x * TPC + set / 2 : (blockIdx.x * SETS + set) * R + r;
         if (tile >= ntile) tile = ntile - 1; /* tail: recompute, store once */
-        unit[r] = (PAIR && (set & 1) ? A.b : A.a) + ((size_t)tile * nb + kw) * MMQ_UNIT;
+        const bool up = PU ? r == 1 : PAIR && (set & 1);
+        unit[r] = (up ? A.b : A.a) + ((size_t)tile * nb + kw) * MMQ_UNIT;
     }
     float acc[R][2];
 #pragma unroll
@@ -324,8 +327,8 @@ __global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
         float y;
         if (PAIR) {
             for (int k = 0; k < KW; k++) {
-                ys += red[(2 * ot) * KW + k][0][row16];
-                us += red[(2 * ot + 1) * KW + k][0][row16];
+                ys += PU ? red[ot * KW + k][0][row16] : red[(2 * ot) * KW + k][0][row16];
+                us += PU ? red[ot * KW + k][1][row16] : red[(2 * ot + 1) * KW + k][0][row16];
             }
             y = (float)ys;
             const float u = (float)us;
@@ -343,7 +346,7 @@ template <int R, int KW, bool PF, bool PAIR>
 static void mmq_launch(const mmq_args &A, cudaStream_t st = 0, bool pdl = true)
 {
     constexpr int MINB = R >= 2 ? 2 : PF ? 3 : 4;
-    const uint32_t tiles_per_cta = PAIR ? 8 / KW / 2 : (8 / KW) * R;
+    const uint32_t tiles_per_cta = PAIR ? (R == 2 ? 8 / KW : 8 / KW / 2) : (8 / KW) * R;
     const uint32_t ntile = A.rows / 16;
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3((ntile + tiles_per_cta - 1) / tiles_per_cta), dim3(256), st, pdl, at);
@@ -352,9 +355,12 @@ static void mmq_launch(const mmq_args &A, cudaStream_t st = 0, bool pdl = true)
 
 /* The engine's choice per launch (kbench_mma, H200): the SiLU pair KW 4; the LM-head-sized
  * launches (≥ 65536 rows) R 1 KW 2; the per-layer shapes R 2 KW 8. */
-static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st, bool pdl)
+/* pair_cfg (MUSER_CUDA_GU): 0 pair-units KW 8, 1 pair-units KW 4, 2 gate and up warp sets KW 4 */
+static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st, bool pdl, int pair_cfg = 0)
 {
-    if (pair) mmq_launch<1, 4, false, true>(A, st, pdl);
+    if (pair && pair_cfg == 0) mmq_launch<2, 8, false, true>(A, st, pdl);
+    else if (pair && pair_cfg == 1) mmq_launch<2, 4, false, true>(A, st, pdl);
+    else if (pair) mmq_launch<1, 4, false, true>(A, st, pdl);
     else if (A.rows >= 65536) mmq_launch<1, 2, false, false>(A, st, pdl);
     else mmq_launch<2, 8, false, false>(A, st, pdl);
 }

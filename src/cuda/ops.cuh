@@ -13,6 +13,7 @@
 
 #include "cuda/attention.h" /* CU_ATTN_*, the C entry point for tests */
 #include "cuda/mmq.cuh"       /* and mvq.cuh, matvec.cuh */
+#include "cuda/mmq6.cuh"
 
 /* KV plane metadata as the kernels see it (SPEC §3; mirrors kv_plane after this token's append). */
 typedef struct cu_plane_meta {
@@ -40,14 +41,16 @@ typedef struct cu_attn_geom {
 /* Split-attention kernels: CU_ATTN_TC / CU_ATTN_V1 in cuda/attention.h. */
 
 /* norm.cu */
-/* xq, xm (nullable): also write the output as matvec input digits, v7's layout into xq, v8's into
- * xm; E % 32 == 0 (xm: E % 256 == 0) */
+/* xq, xm, x6 (nullable): also write the output as matvec input digits, v7's layout into xq, v8's
+ * into xm (Q4_K) and x6 (Q6_K); E % 32 == 0 (xm, x6: E % 256 == 0) */
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
-                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, uint8_t *xq, uint8_t *xm);
-/* xq, xm (nullable): also write a as matvec input digits, v7's layout into xq, v8's into xm.
+                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, uint8_t *xq, uint8_t *xm,
+                   uint8_t *x6);
+/* xq, xm, x6 (nullable): also write a as matvec input digits, as cu_embed_norm.
  * pdl: launch with programmatic stream serialization (after a matvec, which triggers early) */
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, uint8_t *xm, bool pdl);
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, uint8_t *xm, uint8_t *x6,
+             bool pdl);
 void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
 /* argmax over logits -> *d_token (next token for the bench lane) and d_flags[0] = #non-finite */
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
