@@ -88,7 +88,7 @@ typedef struct cu_ctx {
                                 * first dependent read (MUSER_CUDA_TAIL_PDL=0: not) */
     float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
     bool q6_tc;                /* v8 runs Q6_K on the tensor cores too (mmq6.cuh; MUSER_CUDA_Q6=v7: on v7) */
-    int gu_cfg;                /* MUSER_CUDA_GU: the gate·up launch shape (mmq_launch_auto's pair_cfg) */
+    bool gu_sets;              /* MUSER_CUDA_GU=sets: gate·up as gate and up warp sets, not pair-units */
     uint32_t skip;             /* MUSER_CUDA_SKIP: op families left out of the route (timing only; the
                                 * logits are then meaningless), a mask of 1 << SK_* */
     double upload_s;
@@ -399,7 +399,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.K = K;
             A.x = c->xm;
             A.out = g->out;
-            mmq_launch_auto(A, pair, st, c->pdl, c->gu_cfg);
+            mmq_launch_auto(A, pair, st, c->pdl, c->gu_sets);
         }
         return;
     }
@@ -671,8 +671,9 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         const char *q6 = getenv("MUSER_CUDA_Q6");
         c->q6_tc = !(q6 && !strcmp(q6, "v7"));
         const char *gu = getenv("MUSER_CUDA_GU");
-        c->gu_cfg = gu && *gu ? atoi(gu) : 0;
-        if (c->gu_cfg < 0 || c->gu_cfg > 2) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_GU=%s: expected 0, 1 or 2", gu));
+        if (gu && *gu && strcmp(gu, "units") && strcmp(gu, "sets"))
+            FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_GU=%s: expected units or sets", gu));
+        c->gu_sets = gu && !strcmp(gu, "sets");
         const char *sk = getenv("MUSER_CUDA_SKIP");
         for (const char *p = sk; p && *p;) {
             const size_t n = strcspn(p, ",");

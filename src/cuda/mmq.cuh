@@ -353,13 +353,13 @@ static void mmq_launch(const mmq_args &A, cudaStream_t st = 0, bool pdl = true)
     cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, MINB>, A);
 }
 
-/* The engine's choice per launch (kbench_mma, H200): the SiLU pair KW 4; the LM-head-sized
- * launches (≥ 65536 rows) R 1 KW 2; the per-layer shapes R 2 KW 8. */
-/* pair_cfg (MUSER_CUDA_GU): 0 pair-units KW 8, 1 pair-units KW 4, 2 gate and up warp sets KW 4 */
-static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st, bool pdl, int pair_cfg = 0)
+/* The engine's choice per launch (kbench_mma, kbench_stream and the engine, H200): the SiLU pair
+ * as pair-units, KW 8 (sets: gate and up warp sets KW 4, MUSER_CUDA_GU=sets); the LM-head-sized
+ * launches (≥ 65536 rows) R 1 KW 2; the per-layer shapes R 2 KW 8. Loading the next block first
+ * (PF) lost 2-10% in the engine on the pair and the per-layer shapes (bench/kernels/NOTES.md). */
+static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st, bool pdl, bool pair_sets = false)
 {
-    if (pair && pair_cfg == 0) mmq_launch<2, 8, false, true>(A, st, pdl);
-    else if (pair && pair_cfg == 1) mmq_launch<2, 4, false, true>(A, st, pdl);
+    if (pair && !pair_sets) mmq_launch<2, 8, false, true>(A, st, pdl);
     else if (pair) mmq_launch<1, 4, false, true>(A, st, pdl);
     else if (A.rows >= 65536) mmq_launch<1, 2, false, false>(A, st, pdl);
     else mmq_launch<2, 8, false, false>(A, st, pdl);
