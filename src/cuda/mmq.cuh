@@ -354,7 +354,8 @@ static void mmq_launch(const mmq_args &A, cudaStream_t st = 0, bool pdl = true)
 }
 
 /* The engine's choice per launch (kbench_mma, kbench_stream and the engine, H200): the SiLU pair
- * as pair-units, KW 8 (sets: gate and up warp sets KW 4, MUSER_CUDA_GU=sets); the LM-head-sized
+ * as pair-units, KW 8 (sets: gate and up warp sets KW 4, MUSER_CUDA_GU=sets; the engine's default
+ * is mmq_pair_persist below); the LM-head-sized
  * launches (≥ 65536 rows) R 1 KW 2; the per-layer shapes R 2 KW 8. Loading the next block first
  * (PF) lost 2-10% in the engine on the pair and the per-layer shapes (bench/kernels/NOTES.md). */
 static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st, bool pdl, bool pair_sets = false)
@@ -367,5 +368,98 @@ static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st
 
 /* A matrix the mmq kernel can take: Q4_K, whole 16-row tiles, whole blocks. */
 static inline bool mmq_shape_ok(uint32_t rows, uint32_t cols) { return rows % 16 == 0 && cols % 256 == 0 && rows >= 16; }
+
+/* ---- the gate·up pair, persistent ------------------------------------------------------------ */
+/* MPP_CTAS_PER_SM CTAs per SM, each owning a contiguous range of whole tiles (kbench_stream's
+ * "pair-units, whole tiles per CTA": 89% of the streaming read against 75% for the warp sets).
+ * Items are (tile, block) in tile-major order; warp w of the CTA takes items u0 + w, u0 + w + 8, …,
+ * each the gate and up units of one block through mmq_block<2> (x loaded once for both). A lane
+ * adds each block's f32 result to an f64 sum per (tile, row); when its next item is in another
+ * tile it stores the 4-lane f64 sums of the last one in shared memory; the epilogue sums the 8
+ * warps per tile in warp order. The split of tiles over CTAs depends only on the tile count and
+ * the grid, so replays are bit-identical. */
+#define MPP_CTAS_PER_SM 2
+static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(const mmq_args A)
+{
+    extern __shared__ double mpp_red[]; /* [tiles of this CTA][8 warps][32]: gate rows 0-15, up rows 0-15 */
+    mvq_trigger();
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = A.K / 256, ntile = A.rows / 16;
+    const uint32_t t0 = (uint32_t)((uint64_t)blockIdx.x * ntile / gridDim.x);
+    const uint32_t t1 = (uint32_t)((uint64_t)(blockIdx.x + 1) * ntile / gridDim.x);
+    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 256; i += blockDim.x) mpp_red[i] = 0;
+    __syncthreads();
+    uint32_t key = 0xFFFFFFFFu;
+    double sum[2][2] = {{0, 0}, {0, 0}};
+    const uint32_t u1 = t1 * nb;
+    bool waited = false;
+    for (uint32_t u = t0 * nb + wid; u < u1; u += 8) {
+        const uint32_t tile = u / nb, b = u - tile * nb;
+        const size_t off = (size_t)u * MMQ_UNIT;
+        mmq_w W[2];
+        mmq_load(A.a + off, lane, W[0]);
+        mmq_load(A.b + off, lane, W[1]);
+        if (!waited) {
+            mvq_wait();
+            waited = true;
+        }
+        if (tile != key) {
+            if (key != 0xFFFFFFFFu)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        double v = sum[r][h];
+                        v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+                        v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+                        if ((lane & 3) == 0) mpp_red[((key - t0) * 8 + wid) * 32 + 16 * r + 8 * h + (lane >> 2)] = v;
+                        sum[r][h] = 0;
+                    }
+            key = tile;
+        }
+        float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+        mmq_block<2>(W, A.x + (size_t)b * MMQ_XBLK, lane, acc);
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) sum[r][h] += (double)acc[r][h];
+    }
+    if (!waited) mvq_wait();
+    if (key != 0xFFFFFFFFu)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                double v = sum[r][h];
+                v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+                v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+                if ((lane & 3) == 0) mpp_red[((key - t0) * 8 + wid) * 32 + 16 * r + 8 * h + (lane >> 2)] = v;
+            }
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 16; i += blockDim.x) {
+        const uint32_t tl = i / 16, row16 = i % 16;
+        double ys = 0, us = 0;
+        for (int w = 0; w < 8; w++) {
+            ys += mpp_red[(tl * 8 + w) * 32 + row16];
+            us += mpp_red[(tl * 8 + w) * 32 + 16 + row16];
+        }
+        float y = (float)ys;
+        const float uu = (float)us;
+        y = y / (1.f + expf(-y)) * uu; /* SiLU·up on the f32 matvec results, as mmq_kernel */
+        A.out[(size_t)(t0 + tl) * 16 + row16] = y;
+    }
+}
+
+/* false (nothing launched) when a CTA's tiles would need more than 48 KB of shared memory */
+static inline bool mmq_pair_persist_launch(const mmq_args &A, int n_sm, cudaStream_t st, bool pdl)
+{
+    const uint32_t ntile = A.rows / 16, grid = (uint32_t)n_sm * MPP_CTAS_PER_SM;
+    const uint32_t most = (ntile + grid - 1) / grid; /* tiles of the largest CTA range */
+    if ((size_t)most * 256 * sizeof(double) > 48 * 1024) return false;
+    cudaLaunchAttribute at[1];
+    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(grid), dim3(256), st, pdl, at);
+    cfg.dynamicSmemBytes = (size_t)most * 256 * sizeof(double);
+    cudaLaunchKernelEx(&cfg, mmq_pair_persist, A);
+    return true;
+}
 
 #endif
