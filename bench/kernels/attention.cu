@@ -32,17 +32,7 @@
 #include "cuda/attention.cu"
 #include "cuda/norm.cu"
 
-#include <algorithm>
-#include <vector>
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#include "kbench.cuh"
 
 #define H 32
 #define HKV 2
@@ -171,18 +161,8 @@ int main(int argc, char **argv)
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     /* the streaming-read ceiling */
-    std::vector<float> ts;
-    for (int r = 0; r < 7; r++) {
-        CK(cudaEventRecord(e0, st));
-        cu_read_stream(st, big, stream_bytes, sink, n_sm);
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ts.push_back(ms);
-    }
-    std::sort(ts.begin(), ts.end());
-    const double read_gbs = stream_bytes / (ts[ts.size() / 2] * 1e-3) / 1e9;
+    const float read_ms = kb_median_ms(7, 0, e0, e1, [&] { cu_read_stream(st, big, stream_bytes, sink, n_sm); }, st);
+    const double read_gbs = stream_bytes / (read_ms * 1e-3) / 1e9;
     printf("streaming read (cu_read_stream, 1 GiB): %.0f GB/s\n\n", read_gbs);
 
     const wcase cases[] = {
@@ -237,19 +217,12 @@ int main(int argc, char **argv)
         return rc;
     };
     auto time_it = [&](auto &&fn) -> double {
-        ts.clear();
+        std::vector<float> ts;
         for (int r = 0; r < reps; r++) {
             cu_read_stream(st, big, flush_bytes, sink, n_sm);
-            CK(cudaEventRecord(e0, st));
-            fn();
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            ts.push_back(ms);
+            ts.push_back(kb_event_ms(e0, e1, fn, st));
         }
-        std::sort(ts.begin(), ts.end());
-        return ts[ts.size() / 2] * 1e3;
+        return kb_median(ts) * 1e3;
     };
     /* CHAIN calls in one graph; µs per call (median of 7 replays); *same: replays bit-identical */
     auto time_chain = [&](int var, const wcase &c, bool *same) -> double {
@@ -262,23 +235,13 @@ int main(int argc, char **argv)
         std::vector<float> o1(H * D), o2(H * D);
         CK(cudaGraphLaunch(ge, st));
         CK(cudaMemcpyAsync(o1.data(), dout, H * D * sizeof(float), cudaMemcpyDeviceToHost, st));
-        ts.clear();
-        for (int r = 0; r < 7; r++) {
-            CK(cudaEventRecord(e0, st));
-            CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            ts.push_back(ms);
-        }
+        const float ms = kb_median_ms(7, 0, e0, e1, [&] { CK(cudaGraphLaunch(ge, st)); }, st);
         CK(cudaMemcpyAsync(o2.data(), dout, H * D * sizeof(float), cudaMemcpyDeviceToHost, st));
         CK(cudaStreamSynchronize(st));
         *same = !memcmp(o1.data(), o2.data(), o1.size() * sizeof(float));
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(gr));
-        std::sort(ts.begin(), ts.end());
-        return ts[ts.size() / 2] * 1e3 / CHAIN;
+        return ms * 1e3 / CHAIN;
     };
     const int n_case = (int)(sizeof cases / sizeof cases[0]);
     std::vector<double> t_cold(n_var * n_case), t_chain(n_var * n_case), t_split(n_var * n_case), err(n_var * n_case);

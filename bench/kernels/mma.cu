@@ -45,175 +45,21 @@
 #include "cuda/mvq.cuh"
 #include "cuda/mmq.cuh"
 
-#include <cuda_runtime.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <algorithm>
-#include <vector>
-
-extern "C" {
-#include "quant.h"
-}
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#include "kbench.cuh"
 
 /* The kernel, its layouts, prep and launch live in src/cuda/mmq.cuh (the engine's v8). */
 
 /* ---- workbench -------------------------------------------------------------------------------- */
-static __device__ uint32_t hash32(uint64_t i, uint32_t seed)
-{
-    uint64_t z = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (uint32_t)(z ^ (z >> 31));
-}
-static __device__ float urand(uint64_t i, uint32_t seed) { return (float)(hash32(i, seed) >> 8) * (2.0f / 16777216.0f) - 1.0f; }
-
-/* Raw Q4_K blocks: random qs and scale bytes, sane f16 d and dmin (as matvec.cu draws them). */
-static __global__ void fill_q4k(uint8_t *p, size_t n, uint32_t seed)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 2; i += (size_t)gridDim.x * blockDim.x) {
-        uint16_t v = (uint16_t)hash32(i, seed);
-        const size_t o = (2 * i) % 144;
-        if (o == 0) v = __half_as_ushort(__float2half(0.002f + 0.004f * fabsf(urand(i, seed))));
-        if (o == 2) v = __half_as_ushort(__float2half(0.001f + 0.002f * fabsf(urand(i, seed))));
-        ((uint16_t *)p)[i] = v;
-    }
-}
-static __global__ void fill_x(float *x, uint32_t n, uint32_t seed)
-{
-    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = urand(i, seed);
-}
-static __global__ void read_bw(const uint4 *p, size_t n, uint32_t *sink)
-{
-    uint32_t acc = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = __ldg(p + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x12345678u) sink[0] = acc;
-}
-
 /* A Q4_K matrix: n rotating copies in v7's layout and in ours, sampled raw rows for the check. */
-struct qmat {
-    uint32_t rows, cols;
-    size_t bytes;
-    std::vector<uint8_t *> v7, mm;
-    std::vector<uint8_t> host_raw;
-    std::vector<uint32_t> sample;
-};
-static void make_mat(qmat &m, uint32_t rows, uint32_t cols, int n_copy, uint32_t seed)
+static void make_mat(kb_qmat &m, uint32_t rows, uint32_t cols, int n_copy, uint32_t seed)
 {
-    m.rows = rows;
-    m.cols = cols;
-    const uint32_t nb = cols / 256;
-    const size_t rb = (size_t)nb * 144, nblk = (size_t)rows * nb;
-    m.bytes = rb * rows;
-    uint8_t *raw;
-    CK(cudaMalloc(&raw, m.bytes));
-    for (int k = 0; k < n_copy; k++) {
-        fill_q4k<<<2048, 256>>>(raw, m.bytes, seed + k);
-        CK(cudaGetLastError());
-        if (k == 0) {
-            for (uint32_t i = 0; i < 1024 && i < rows; i++) m.sample.push_back((uint32_t)(((uint64_t)i * 2654435761u) % rows));
-            m.sample.push_back(0);
-            m.sample.push_back(rows - 1);
-            m.host_raw.resize(rb * m.sample.size());
-            for (size_t i = 0; i < m.sample.size(); i++)
-                CK(cudaMemcpy(m.host_raw.data() + i * rb, raw + (size_t)m.sample[i] * rb, rb, cudaMemcpyDeviceToHost));
-        }
-        uint8_t *d7, *dm;
-        CK(cudaMalloc(&d7, m.bytes));
-        CK(cudaMalloc(&dm, m.bytes));
-        mvq_repack_q4k<<<(unsigned)((nblk + 255) / 256), 256>>>(raw, d7, nblk, 0, nblk);
-        const size_t nt = (size_t)rows / 16 * nb * 8;
-        mmq_repack_q4k<<<(unsigned)((nt + 255) / 256), 256>>>(raw, dm, rows, nb, 0);
-        CK(cudaGetLastError());
-        m.v7.push_back(d7);
-        m.mm.push_back(dm);
-    }
-    CK(cudaDeviceSynchronize());
-    CK(cudaFree(raw));
-}
-static void free_mat(qmat &m)
-{
-    for (uint8_t *p : m.v7) CK(cudaFree(p));
-    for (uint8_t *p : m.mm) CK(cudaFree(p));
-    m.v7.clear();
-    m.mm.clear();
-}
-
-/* f64 references of the sampled rows: quant.c's f32 dequantized weights × x, summed in f64. */
-static std::vector<double> reference(const qmat &m, const float *hx)
-{
-    const size_t rb = (size_t)m.cols / 256 * 144;
-    std::vector<float> w(m.cols);
-    std::vector<double> ref(m.sample.size());
-    for (size_t i = 0; i < m.sample.size(); i++) {
-        if (quant_dequantize_row(GGML_TYPE_Q4_K, m.host_raw.data() + i * rb, w.data(), m.cols) != 0) {
-            fprintf(stderr, "quant_dequantize_row failed\n");
-            exit(1);
-        }
-        double s = 0;
-        for (uint32_t c = 0; c < m.cols; c++) s += (double)w[c] * hx[c];
-        ref[i] = s;
-    }
-    return ref;
-}
-/* Rel. L2 error on the sampled rows; -1 if any output (all rows) is NaN/Inf or unwritten. */
-static double check(const qmat &m, const std::vector<double> &ref, const std::vector<float> &hy, bool silu_pair,
-                    const std::vector<double> *ref_up)
-{
-    for (uint32_t i = 0; i < m.rows; i++)
-        if (!isfinite(hy[i])) return -1;
-    double num = 0, den = 0;
-    for (size_t i = 0; i < m.sample.size(); i++) {
-        double r = ref[i];
-        if (silu_pair) r = r / (1 + exp(-r)) * (*ref_up)[i];
-        const double e = hy[m.sample[i]] - r;
-        num += e * e;
-        den += r * r;
-    }
-    return sqrt(num / (den > 0 ? den : 1));
+    kb_make_qmat(m, GGML_TYPE_Q4_K, rows, cols, n_copy, seed, mvq_repack_q4k, mmq_repack_q4k);
 }
 
 typedef void (*launch_fn)(int copy);
-static float time_it(launch_fn f, int ncopy, int reps)
-{
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    const int burst = 8;
-    for (int i = 0; i < 2; i++) f(i % ncopy);
-    std::vector<float> t;
-    for (int i = 0; i < reps; i++) {
-        CK(cudaEventRecord(a));
-        for (int k = 0; k < burst; k++) f((i * burst + k) % ncopy);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms / burst);
-    }
-    CK(cudaGetLastError());
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
 
 /* the current case, for the launch functions */
-static const qmat *g_m, *g_mu; /* g_mu: up (pair) */
+static const kb_qmat *g_m, *g_mu; /* g_mu: up (pair) */
 static const uint8_t *g_xq7, *g_xqm;
 static float *g_y;
 static bool g_pdl = true;
@@ -263,39 +109,18 @@ static void run_mm(int copy)
  * per (σ, row half) against the f64 reference. Localizes a layout mistake in one device run. */
 static void diagnose(float *x, uint8_t *xq7, uint8_t *xqm)
 {
-    qmat m;
+    kb_qmat m;
     make_mat(m, 16, 256, 1, 77);
     g_m = &m;
     g_mu = NULL;
-    std::vector<float> hx(256), hy(16);
     printf("diagnose (16 rows x 256, x in one sub-block; rel. err of rows 0-7 | 8-15, mma R1 / v7):\n");
-    for (int sub = -1; sub < 8; sub++) {
-        for (int i = 0; i < 256; i++) {
-            const uint32_t h = (uint32_t)(i * 2654435761u + 12345u * (sub + 2));
-            hx[i] = (sub < 0 || i / 32 == sub) ? (float)((int)(h >> 8) % 2001 - 1000) / 1000.f : 0.f;
-        }
-        CK(cudaMemcpy(x, hx.data(), 256 * 4, cudaMemcpyHostToDevice));
+    const launch_fn run[2] = {run_mm<1, 8, false>, run_v7};
+    const char *const name[2] = {"mma", "v7"};
+    kb_diagnose(m, x, g_y, 32, "sub", false, [&] {
         mvq_prep_launch(0, x, xq7, 256);
         mmq_prep<<<1, 256>>>(x, xqm, 256);
-        const std::vector<double> ref = reference(m, hx.data());
-        printf("  sub %2d:", sub);
-        for (int k = 0; k < 2; k++) {
-            CK(cudaMemset(g_y, 0xFF, 16 * 4));
-            if (k == 0) run_mm<1, 8, false>(0);
-            else run_v7(0);
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(hy.data(), g_y, 16 * 4, cudaMemcpyDeviceToHost));
-            double n[2] = {0, 0}, d[2] = {0, 0};
-            for (size_t i = 0; i < m.sample.size(); i++) {
-                const int hf = m.sample[i] >= 8;
-                n[hf] += (hy[m.sample[i]] - ref[i]) * (hy[m.sample[i]] - ref[i]);
-                d[hf] += ref[i] * ref[i];
-            }
-            printf("  %s %.1e | %.1e", k == 0 ? "mma" : "v7", sqrt(n[0] / (d[0] + 1e-300)), sqrt(n[1] / (d[1] + 1e-300)));
-        }
-        printf("\n");
-    }
-    free_mat(m);
+    }, run, name);
+    kb_free_qmat(m);
 }
 
 struct variant {
@@ -306,33 +131,8 @@ struct variant {
 int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 25;
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-
-    const size_t bw_bytes = (size_t)4 << 30;
-    uint4 *big;
-    uint32_t *sink;
-    CK(cudaMalloc(&big, bw_bytes));
-    CK(cudaMalloc(&sink, 4));
-    fill_q4k<<<2048, 256>>>((uint8_t *)big, bw_bytes, 1);
-    std::vector<float> tb;
-    cudaEvent_t ea, eb;
-    CK(cudaEventCreate(&ea));
-    CK(cudaEventCreate(&eb));
-    for (int i = 0; i < 12; i++) {
-        CK(cudaEventRecord(ea));
-        read_bw<<<prop.multiProcessorCount * 8, 512>>>(big, bw_bytes / 16, sink);
-        CK(cudaEventRecord(eb));
-        CK(cudaEventSynchronize(eb));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, ea, eb));
-        if (i >= 2) tb.push_back(ms);
-    }
-    std::sort(tb.begin(), tb.end());
-    const double read_gbs = bw_bytes / (tb[tb.size() / 2] * 1e-3) / 1e9;
-    printf("streaming read: %.1f GB/s (4 GiB, median of 10)\n", read_gbs);
-    CK(cudaFree(big));
+    const cudaDeviceProp prop = kb_device();
+    const double read_gbs = kb_read_ceiling(prop.multiProcessorCount, kb_fill_q4k);
 
     const variant vs[] = {
         {"v7", run_v7},
@@ -372,21 +172,21 @@ int main(int argc, char **argv)
     for (auto &sh : shapes) {
         const uint32_t cols = sh[0], rows = sh[1];
         const bool pair = sh[2] != 0;
-        qmat m, mu;
+        kb_qmat m, mu;
         const size_t bytes = (size_t)rows * cols / 256 * 144 * (pair ? 2 : 1);
-        const int n_copy = (int)std::min<size_t>(8, std::max<size_t>(2, (size_t)(400u << 20) / bytes + 1));
+        const int n_copy = kb_n_copy(bytes, 8);
         make_mat(m, rows, cols, n_copy, 1000 + cols + rows);
         if (pair) make_mat(mu, rows, cols, n_copy, 5000 + cols + rows);
         g_m = &m;
         g_mu = pair ? &mu : NULL;
-        fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + rows);
+        kb_fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + rows);
         mvq_prep_launch(0, x, xq7, cols);
         mmq_prep<<<cols / 256, 256>>>(x, xqm, cols);
         CK(cudaGetLastError());
         CK(cudaMemcpy(hx.data(), x, cols * 4, cudaMemcpyDeviceToHost));
-        const std::vector<double> ref = reference(m, hx.data());
+        const std::vector<double> ref = kb_reference(m, hx.data());
         std::vector<double> refu;
-        if (pair) refu = reference(mu, hx.data());
+        if (pair) refu = kb_reference(mu, hx.data());
         double err7 = 0;
         char label[64];
         snprintf(label, sizeof label, "%s%u->%u", pair ? "gate.up 2x " : "", cols, rows);
@@ -397,9 +197,9 @@ int main(int argc, char **argv)
             V[v].f(0);
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(hy.data(), g_y, (size_t)rows * 4, cudaMemcpyDeviceToHost));
-            const double err = check(m, ref, hy, pair, pair ? &refu : NULL);
+            const double err = kb_check(m, ref, hy, pair ? &refu : NULL).l2;
             if (v == 0) err7 = err;
-            const float ms = time_it(V[v].f, n_copy, reps);
+            const float ms = kb_time_launches(V[v].f, n_copy, reps);
             const double gbs = bytes / (ms * 1e-3) / 1e9;
             /* ours must be finite, written, < 1e-6; report whether it is <= v7's */
             const bool ok = err >= 0 && err < 1e-6;
@@ -407,31 +207,17 @@ int main(int argc, char **argv)
             printf("%-22s %10.1f | %-16s %8.1f %7.0f %5.1f%% %9.2e %s%s\n", v == 0 ? label : "", bytes / 1e6, V[v].name, ms * 1e3, gbs,
                    100 * gbs / read_gbs, err, ok ? "ok" : "BAD", v > 1 && err > err7 ? " (> v7)" : "");
         }
-        free_mat(m);
-        if (pair) free_mat(mu);
+        kb_free_qmat(m);
+        if (pair) kb_free_qmat(mu);
     }
     /* the per-token x prep of each form, timed alone */
+    cudaEvent_t ea, eb;
+    CK(cudaEventCreate(&ea));
+    CK(cudaEventCreate(&eb));
     for (uint32_t K : {4096u, 6656u, 19968u}) {
-        std::vector<float> t7, tm;
-        for (int it = 0; it < reps + 2; it++) {
-            float ms;
-            CK(cudaEventRecord(ea));
-            mvq_prep_launch(0, x, xq7, K);
-            CK(cudaEventRecord(eb));
-            CK(cudaEventSynchronize(eb));
-            CK(cudaEventElapsedTime(&ms, ea, eb));
-            if (it >= 2) t7.push_back(ms);
-            CK(cudaEventRecord(ea));
-            mmq_prep<<<K / 256, 256>>>(x, xqm, K);
-            CK(cudaEventRecord(eb));
-            CK(cudaEventSynchronize(eb));
-            CK(cudaEventElapsedTime(&ms, ea, eb));
-            if (it >= 2) tm.push_back(ms);
-        }
-        std::sort(t7.begin(), t7.end());
-        std::sort(tm.begin(), tm.end());
-        printf("x prep K=%u: v7 mvq_prep %.1f us, mmq_prep %.1f us (one launch each, timed alone)\n", K, t7[t7.size() / 2] * 1e3,
-               tm[tm.size() / 2] * 1e3);
+        float m7, mm;
+        kb_median_ms2(reps + 2, 2, ea, eb, [&] { mvq_prep_launch(0, x, xq7, K); }, [&] { mmq_prep<<<K / 256, 256>>>(x, xqm, K); }, &m7, &mm);
+        printf("x prep K=%u: v7 mvq_prep %.1f us, mmq_prep %.1f us (one launch each, timed alone)\n", K, m7 * 1e3, mm * 1e3);
     }
     printf("\nkbench_mma: %s\n", fails ? "FAILED" : "all checks ok");
     return fails ? 1 : 0;

@@ -32,52 +32,9 @@
 #include "cuda/mvq.cuh"
 #include "cuda/mmq.cuh"
 
-#include <cuda_runtime.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <algorithm>
-#include <vector>
+#include "kbench.cuh"
 
-extern "C" {
-#include "quant.h"
-}
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
-
-/* ---- fill, reference, streaming read (as mma.cu) ---------------------------------------------- */
-static __device__ uint32_t hash32(uint64_t i, uint32_t seed)
-{
-    uint64_t z = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (uint32_t)(z ^ (z >> 31));
-}
-static __device__ float urand(uint64_t i, uint32_t seed) { return (float)(hash32(i, seed) >> 8) * (2.0f / 16777216.0f) - 1.0f; }
-
-static __global__ void fill_q4k(uint8_t *p, size_t n, uint32_t seed)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 2; i += (size_t)gridDim.x * blockDim.x) {
-        uint16_t v = (uint16_t)hash32(i, seed);
-        const size_t o = (2 * i) % 144;
-        if (o == 0) v = __half_as_ushort(__float2half(0.002f + 0.004f * fabsf(urand(i, seed))));
-        if (o == 2) v = __half_as_ushort(__float2half(0.001f + 0.002f * fabsf(urand(i, seed))));
-        ((uint16_t *)p)[i] = v;
-    }
-}
-static __global__ void fill_x(float *x, uint32_t n, uint32_t seed)
-{
-    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = urand(i, seed);
-}
+/* ---- the read of the same bytes, the matrix (fills, reference, checks, timing: kbench.cuh) ---- */
 /* k_read_stream-style: grid-stride 16-byte loads over a (n16 uint4) then b (n16b) */
 static __global__ void read_bw(const uint4 *a, size_t n16, const uint4 *b, size_t n16b, uint32_t *sink)
 {
@@ -90,78 +47,10 @@ static __global__ void read_bw(const uint4 *a, size_t n16, const uint4 *b, size_
     if (acc == 0x12345678u) sink[0] = acc;
 }
 
-struct qmat {
-    uint32_t rows, cols;
-    size_t bytes;
-    std::vector<uint8_t *> mm;
-    std::vector<uint8_t> host_raw;
-    std::vector<uint32_t> sample;
-};
-static void make_mat(qmat &m, uint32_t rows, uint32_t cols, int n_copy, uint32_t seed)
+/* A Q4_K matrix: n rotating copies in mmq's units, sampled raw rows for the check. */
+static void make_mat(kb_qmat &m, uint32_t rows, uint32_t cols, int n_copy, uint32_t seed)
 {
-    m.rows = rows;
-    m.cols = cols;
-    const uint32_t nb = cols / 256;
-    const size_t rb = (size_t)nb * 144;
-    m.bytes = rb * rows;
-    uint8_t *raw;
-    CK(cudaMalloc(&raw, m.bytes));
-    for (int k = 0; k < n_copy; k++) {
-        fill_q4k<<<2048, 256>>>(raw, m.bytes, seed + k);
-        CK(cudaGetLastError());
-        if (k == 0) {
-            for (uint32_t i = 0; i < 1024 && i < rows; i++) m.sample.push_back((uint32_t)(((uint64_t)i * 2654435761u) % rows));
-            m.sample.push_back(0);
-            m.sample.push_back(rows - 1);
-            m.host_raw.resize(rb * m.sample.size());
-            for (size_t i = 0; i < m.sample.size(); i++)
-                CK(cudaMemcpy(m.host_raw.data() + i * rb, raw + (size_t)m.sample[i] * rb, rb, cudaMemcpyDeviceToHost));
-        }
-        uint8_t *dm;
-        CK(cudaMalloc(&dm, m.bytes));
-        const size_t nt = (size_t)rows / 16 * nb * 8;
-        mmq_repack_q4k<<<(unsigned)((nt + 255) / 256), 256>>>(raw, dm, rows, nb, 0);
-        CK(cudaGetLastError());
-        m.mm.push_back(dm);
-    }
-    CK(cudaDeviceSynchronize());
-    CK(cudaFree(raw));
-}
-static void free_mat(qmat &m)
-{
-    for (uint8_t *p : m.mm) CK(cudaFree(p));
-    m.mm.clear();
-}
-static std::vector<double> reference(const qmat &m, const float *hx)
-{
-    const size_t rb = (size_t)m.cols / 256 * 144;
-    std::vector<float> w(m.cols);
-    std::vector<double> ref(m.sample.size());
-    for (size_t i = 0; i < m.sample.size(); i++) {
-        if (quant_dequantize_row(GGML_TYPE_Q4_K, m.host_raw.data() + i * rb, w.data(), m.cols) != 0) {
-            fprintf(stderr, "quant_dequantize_row failed\n");
-            exit(1);
-        }
-        double s = 0;
-        for (uint32_t c = 0; c < m.cols; c++) s += (double)w[c] * hx[c];
-        ref[i] = s;
-    }
-    return ref;
-}
-/* rel. L2 error on the sampled rows; -1 if any output is NaN/Inf (unwritten: NaN poison) */
-static double check(const qmat &m, const std::vector<double> &ref, const std::vector<float> &hy, const std::vector<double> *ref_up)
-{
-    for (uint32_t i = 0; i < m.rows; i++)
-        if (!isfinite(hy[i])) return -1;
-    double num = 0, den = 0;
-    for (size_t i = 0; i < m.sample.size(); i++) {
-        double r = ref[i];
-        if (ref_up) r = r / (1 + exp(-r)) * (*ref_up)[i];
-        const double e = hy[m.sample[i]] - r;
-        num += e * e;
-        den += r * r;
-    }
-    return sqrt(num / (den > 0 ? den : 1));
+    kb_make_qmat(m, GGML_TYPE_Q4_K, rows, cols, n_copy, seed, NULL, mmq_repack_q4k);
 }
 
 /* ---- the persistent kernels --------------------------------------------------------------------- */
@@ -560,7 +449,7 @@ __global__ void __launch_bounds__(256) probe_mmq(const mmq_args A, uint32_t zero
 
 /* ---- workbench ---------------------------------------------------------------------------------- */
 static int g_nsm;
-static const qmat *g_m, *g_mu; /* g_mu: up (pair) */
+static const kb_qmat *g_m, *g_mu; /* g_mu: up (pair) */
 static const uint8_t *g_xqm;
 static float *g_y;
 static double *g_scratch;
@@ -666,37 +555,9 @@ typedef void (*launch_fn)(int copy);
  * launch between two events (includes the launch and the ramp); medians */
 static void time_it(launch_fn f, int ncopy, int reps, float *burst_us, float *single_us)
 {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    const int burst = 8;
-    for (int i = 0; i < 2; i++) f(i % ncopy);
-    std::vector<float> t, t1;
-    for (int i = 0; i < reps; i++) {
-        CK(cudaEventRecord(a));
-        for (int k = 0; k < burst; k++) f((i * burst + k) % ncopy);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms / burst);
-    }
-    for (int i = 0; i < reps; i++) {
-        CK(cudaEventRecord(a));
-        f((i + 1) % ncopy);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t1.push_back(ms);
-    }
-    CK(cudaGetLastError());
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    std::sort(t.begin(), t.end());
-    std::sort(t1.begin(), t1.end());
-    *burst_us = t[t.size() / 2] * 1e3f;
-    *single_us = t1[t1.size() / 2] * 1e3f;
+    float single_ms;
+    *burst_us = kb_time_launches(f, ncopy, reps, &single_ms) * 1e3f;
+    *single_us = single_ms * 1e3f;
 }
 
 struct variant {
@@ -717,27 +578,9 @@ int main(int argc, char **argv)
            prop.sharedMemPerMultiprocessor >> 10);
 
     CK(cudaMalloc(&g_sink, 4));
-    const size_t bw_bytes = (size_t)4 << 30;
-    uint4 *big;
-    CK(cudaMalloc(&big, bw_bytes));
-    fill_q4k<<<2048, 256>>>((uint8_t *)big, bw_bytes, 1);
-    std::vector<float> tb;
-    cudaEvent_t ea, eb;
-    CK(cudaEventCreate(&ea));
-    CK(cudaEventCreate(&eb));
-    for (int i = 0; i < 12; i++) {
-        CK(cudaEventRecord(ea));
-        read_bw<<<g_nsm * 8, 512>>>(big, bw_bytes / 16, NULL, 0, g_sink);
-        CK(cudaEventRecord(eb));
-        CK(cudaEventSynchronize(eb));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, ea, eb));
-        if (i >= 2) tb.push_back(ms);
-    }
-    std::sort(tb.begin(), tb.end());
-    const double read_gbs = bw_bytes / (tb[tb.size() / 2] * 1e-3) / 1e9;
-    printf("streaming read: %.1f GB/s (4 GiB, median of 10); %%read below is against this\n", read_gbs);
-    CK(cudaFree(big));
+    const double read_gbs = kb_read_ceiling(
+        kb_fill_q4k, [](const uint4 *p, size_t n16) { read_bw<<<g_nsm * 8, 512>>>(p, n16, NULL, 0, g_sink); },
+        "; %read below is against this");
 
     /* b/c: items of one unit; p/pc: pair-units (two tiles' block b, or gate and up; x shared) */
     const variant probes[] = {
@@ -814,20 +657,20 @@ int main(int argc, char **argv)
                         return 1;
                     }
             }
-        qmat m, mu;
+        kb_qmat m, mu;
         const size_t bytes = (size_t)rows * cols / 256 * 144 * M;
-        const int n_copy = (int)std::min<size_t>(8, std::max<size_t>(2, (size_t)(400u << 20) / bytes + 1));
+        const int n_copy = kb_n_copy(bytes, 8);
         make_mat(m, rows, cols, n_copy, 1000 + cols + rows);
         if (pair) make_mat(mu, rows, cols, n_copy, 5000 + cols + rows);
         g_m = &m;
         g_mu = pair ? &mu : NULL;
-        fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + rows);
+        kb_fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + rows);
         mmq_prep<<<cols / 256, 256>>>(x, xqm, cols);
         CK(cudaGetLastError());
         CK(cudaMemcpy(hx.data(), x, cols * 4, cudaMemcpyDeviceToHost));
-        const std::vector<double> ref = reference(m, hx.data());
+        const std::vector<double> ref = kb_reference(m, hx.data());
         std::vector<double> refu;
-        if (pair) refu = reference(mu, hx.data());
+        if (pair) refu = kb_reference(mu, hx.data());
         printf("\n== %s%u->%u: %.1f MB, %u units of 2304 B, %d copies; burst = 8 back-to-back launches / 8, single = 1 launch "
                "between events\n",
                pair ? "gate.up 2x " : "", cols, rows, bytes / 1e6, N, n_copy);
@@ -846,7 +689,7 @@ int main(int argc, char **argv)
         run_v8(0);
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(hy8.data(), g_y, (size_t)rows * 4, cudaMemcpyDeviceToHost));
-        const double err8 = check(m, ref, hy8, pair ? &refu : NULL);
+        const double err8 = kb_check(m, ref, hy8, pair ? &refu : NULL).l2;
         printf("%-22s %4s | %8s %6s | %8s %6s | %8s %6s | %9s %s\n", "full matvec", "occ", "burst us", "%read", "no-PDL", "%read", "single",
                "%read", "rel.err", "bits=v8 / replay");
         for (const variant &v : fulls) {
@@ -860,7 +703,7 @@ int main(int argc, char **argv)
                 CK(cudaMemcpy(rep == 0 ? hy.data() : hy2.data(), g_y, (size_t)rows * 4, cudaMemcpyDeviceToHost));
                 if (rep > 0 && memcmp(hy.data(), hy2.data(), (size_t)rows * 4) != 0) replay = false;
             }
-            err = check(m, ref, hy, pair ? &refu : NULL);
+            err = kb_check(m, ref, hy, pair ? &refu : NULL).l2;
             for (uint32_t i = 0; i < rows; i++) same += memcmp(&hy[i], &hy8[i], 4) == 0;
             float tbu, tsu, tnp, dummy;
             time_it(v.f, n_copy, reps, &tbu, &tsu);
@@ -874,8 +717,8 @@ int main(int argc, char **argv)
                    100 * bytes / (tbu * 1e-6) / 1e9 / read_gbs, tnp, 100 * bytes / (tnp * 1e-6) / 1e9 / read_gbs, tsu,
                    100 * bytes / (tsu * 1e-6) / 1e9 / read_gbs, err, same, rows, replay ? "same" : "DIFF", ok ? "ok" : "BAD");
         }
-        free_mat(m);
-        if (pair) free_mat(mu);
+        kb_free_qmat(m);
+        if (pair) kb_free_qmat(mu);
     }
     printf("\nkbench_stream: %s\n", fails ? "FAILED" : "all checks ok");
     return fails ? 1 : 0;
