@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
 __global__ void __launch_bounds__(CMB_WARPS * 32) k_attn_combine(const float *part_ml, const float *part_acc,
                                                                 const cu_plane_meta *meta, const float *gate,
                                                                 float *out, uint32_t G, uint32_t D, uint32_t n_split,
-                                                                uint32_t align, uint8_t *xq, int xq_mmq)
+                                                                uint32_t align, cu_digits dg)
 {
     __shared__ float fs[CMB_MAX_SPLIT];
     __shared__ float wred[2][CMB_WARPS];
@@ -399,14 +399,14 @@ __global__ void __launch_bounds__(CMB_WARPS * 32) k_attn_combine(const float *pa
     float o = num / den;
     if (gate) o = o * (1.f / (1.f + expf(-gate[(size_t)hq * D + d])));
     out[(size_t)hq * D + d] = o;
-    if (xq) cu_digits_warp(o, hq * D + d, xq, xq_mmq); /* one whole warp over 32 consecutive elements */
+    cu_digits_write(dg, o, hq * D + d); /* one whole warp over 32 consecutive elements */
 }
 
 /* The combine for n_split splits per KV head cut at `align`; pdl: launched as a programmatic
  * dependent of the split kernel (see att_pdl_trigger). */
 static int launch_combine(cudaStream_t st, const float *pml, const float *pacc, const cu_plane_meta *meta,
                           const float *gate, float *out, const cu_attn_geom *g, uint32_t n_split, uint32_t align,
-                          bool pdl, uint8_t *xq, bool xq_mmq)
+                          bool pdl, cu_digits dg)
 {
     if (n_split > CMB_MAX_SPLIT || g->head_dim % 32) return -1;
     cudaLaunchConfig_t cfg = {};
@@ -419,7 +419,7 @@ static int launch_combine(cudaStream_t st, const float *pml, const float *pacc, 
     cfg.attrs = at;
     cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, k_attn_combine, pml, pacc, meta, gate, out, g->n_head / g->n_head_kv,
-                              g->head_dim, n_split, align, xq, (int)xq_mmq) == cudaSuccess ? 0 : -1;
+                              g->head_dim, n_split, align, dg) == cudaSuccess ? 0 : -1;
 }
 
 /* ---- tc: the split kernel on tensor cores (GQA 16:1, D = 128) ---------------------------------
@@ -812,8 +812,7 @@ static att_plan att_plan_for(const cu_attn_geom *g)
 /* parts: 1 the split kernel, 2 the combine, 3 both (the route). */
 static int att_run(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                    const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
-                   const float *gate, float *out, const cu_attn_geom *g0, const att_plan &p, uint8_t *xq, bool xq_mmq,
-                   int parts)
+                   const float *gate, float *out, const cu_attn_geom *g0, const att_plan &p, cu_digits dg, int parts)
 {
     cu_attn_geom g = *g0;
     g.n_split = p.n_split;
@@ -830,15 +829,15 @@ static int att_run(cudaStream_t st, const float *q, const cu_step *step, const c
         default: rc = -1;
         }
     }
-    if (!rc && (parts & 2)) rc = launch_combine(st, part_ml, part_acc, meta, gate, out, &g, g.n_split, p.align, p.pdl, xq, xq_mmq);
+    if (!rc && (parts & 2)) rc = launch_combine(st, part_ml, part_acc, meta, gate, out, &g, g.n_split, p.align, p.pdl, dg);
     return rc;
 }
 
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
-                 const float *gate, float *out, const cu_attn_geom *g, uint8_t *xq, bool xq_mmq)
+                 const float *gate, float *out, const cu_attn_geom *g, cu_digits dg)
 {
-    return att_run(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, gate, out, g, att_plan_for(g), xq, xq_mmq, 3);
+    return att_run(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, gate, out, g, att_plan_for(g), dg, 3);
 }
 
 int cu_attn_impl_parse(const char *s)
@@ -916,7 +915,7 @@ int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, cha
     TRY(cudaMemset(dout, 0xFF, H * D * sizeof(float)), "poison");
     TRY(cudaMemset(pacc, 0xFF, HKV * c->n_split * G * D * sizeof(float)), "poison");
     if (cu_attention(st, dq, (const cu_step *)dstep, (const cu_plane_meta *)((cu_step *)dstep + 1), dk, dv, pml, pacc,
-                     dgate, dout, &g, NULL, false)) {
+                     dgate, dout, &g, cu_digits{NULL, NULL, NULL})) {
         snprintf(msg, msg_len, "cu_attention refused the geometry (H %zu, HKV %zu, D %zu)", H, HKV, D);
         goto done_quiet;
     }

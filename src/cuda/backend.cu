@@ -460,18 +460,42 @@ static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, floa
     if (L.n_seg) mv_go(c, st, &L, x, &prepped, ready);
 }
 
-/* The digits the producer of layer l's attention-projection input must write: v8's (xm) for the
- * stacked Q4_KT launch, v7's (xq) for whatever runs on v7 (v outside the stack, or no stack).
+/* The digits a producer writes for one matrix of `type` that reads its output next (v7's only when
+ * the input's length allows them: xq_base NULL otherwise). */
+static cu_digits digits_for(const cu_ctx *c, uint32_t type, uint8_t *xq_base)
+{
+    cu_digits d = {NULL, NULL, NULL};
+    if (type == MV_T_Q4_KT) d.q4 = c->xm;
+    else if (type == MV_T_Q6_KT) d.q6 = c->x6;
+    else if (mvq_type_ok(type)) d.v7 = xq_base;
+    return d;
+}
+
+/* Both producers' digits: what either consumer reads. */
+static cu_digits digits_or(cu_digits a, cu_digits b)
+{
+    if (!a.v7) a.v7 = b.v7;
+    if (!a.q4) a.q4 = b.q4;
+    if (!a.q6) a.q6 = b.q6;
+    return a;
+}
+/* The tensor-core layouts (DIG_*) a producer writing d leaves ready. */
+static uint32_t digits_ready(cu_digits d) { return (d.q4 ? DIG_XM : 0u) | (d.q6 ? DIG_X6 : 0u); }
+
+/* The digits the producer of layer l's attention-projection input must write: v8's Q4_K layout
+ * for the stacked launch, and whatever v (outside the stack) or the unstacked projections read;
  * l == n_layer: the head. */
-static void qkvg_digits(const cu_ctx *c, uint32_t l, uint8_t *xq_a, uint8_t **xq, uint8_t **xm, uint8_t **x6)
+static cu_digits qkvg_digits(const cu_ctx *c, uint32_t l, uint8_t *xq_a)
 {
     const cu_layer *L = l < c->m->hp.n_layer ? &c->layers[l] : NULL;
-    const bool stacked = L && L->qkg.data;
-    /* who else reads this input on v7: v outside the stack, the unstacked projections, the head */
-    const uint32_t other = !L ? c->out.type : stacked ? (L->qkg_v ? MV_T_Q4_KT : L->v.type) : L->q.type;
-    *xm = stacked ? c->xm : NULL;
-    *xq = mvq_type_ok(other) || (L && !stacked) ? xq_a : NULL;
-    *x6 = other == MV_T_Q6_KT ? c->x6 : NULL; /* v outside the stack, or the head, on Q6_K tensor cores */
+    if (!L) return digits_for(c, c->out.type, xq_a);
+    if (!L->qkg.data) { /* unstacked: v7's for the v7 matrices (the others prep their own) */
+        cu_digits d = {xq_a, NULL, NULL};
+        return d;
+    }
+    cu_digits d = L->qkg_v ? digits_for(c, MV_T_Q4_KT, xq_a) : digits_for(c, L->v.type, xq_a);
+    d.q4 = c->xm;
+    return d;
 }
 
 static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
@@ -494,10 +518,9 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     /* v7: the producers of the matvec inputs a and attn_o write their digits too (no prep launch) */
     uint8_t *xq_a = c->mv_ver >= 8 && E % 256 == 0 ? c->xq : NULL;
     uint8_t *xq_o = c->mv_ver >= 8 && (H * D) % 256 == 0 ? c->xq : NULL;
-    uint8_t *dq, *dm8, *d6; /* the digits the next attention projections (or the head) read */
-    qkvg_digits(c, 0, xq_a, &dq, &dm8, &d6);
+    cu_digits dg = qkvg_digits(c, 0, xq_a); /* the digits the next attention projections (or the head) read */
     cu_embed_norm(st, &c->emb, &dstep->token, c->h, c->a, c->layers[0].attn_norm, hp->rms_eps, hp->entry_norm,
-                  hp->rms_eps, E, dq, dm8, d6);
+                  hp->rms_eps, E, dg);
     /* c->qkvg = q | k | gate | v (v8 stacks the matrices in this order) */
     float *q = c->qkvg, *k = q + (size_t)H * D, *g = k + (size_t)HKV * D;
     float *v = hp->attn_gate ? g + (size_t)H * D : g;
@@ -510,16 +533,16 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             memset(&sl, 0, sizeof sl);
             seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1);
             bool no = false;
-            mv_go(c, st, &sl, c->a, &no, dm8 != NULL ? DIG_XM : 0);
+            mv_go(c, st, &sl, c->a, &no, DIG_XM);
             if (!L->qkg_v) {
                 const mv_mat *vm[1] = {&L->v};
                 float *vo[1] = {v};
-                mv_group(c, st, vm, vo, 1, c->a, dq != NULL, d6 != NULL ? DIG_X6 : 0);
+                mv_group(c, st, vm, vo, 1, c->a, dg.v7 != NULL, digits_ready(dg));
             }
         } else {
             const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
             float *outs[4] = {q, k, v, g};
-            mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, dq != NULL, 0);
+            mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, dg.v7 != NULL, 0);
         }
         pf_mark(pf, st, PF_ROPE);
         if (!SKIP(c, SK_ROPE))
@@ -527,21 +550,21 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
                          hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
                          &L->geom, c->tail_pdl);
         pf_mark(pf, st, PF_ATTN);
-        /* the combine writes o_proj's digits: v8's layout when o_proj runs on the tensor cores */
-        const bool o_mmq = L->o.type == MV_T_Q4_KT;
+        /* the combine writes o_proj's digits, in the layout o_proj's matvec reads */
+        const cu_digits od = digits_for(c, L->o.type, xq_o);
         if (!SKIP(c, SK_ATTN) && cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc, hp->attn_gate ? g : NULL,
-                         c->attn_o, &L->geom, o_mmq ? c->xm : xq_o, o_mmq))
+                         c->attn_o, &L->geom, od))
             return -1;
         pf_mark(pf, st, PF_OPROJ);
         const mv_mat *om[1] = {&L->o};
         float *oo[1] = {c->y};
-        if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, !o_mmq && xq_o != NULL, o_mmq ? DIG_XM : 0);
+        if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, od.v7 != NULL, digits_ready(od));
         pf_mark(pf, st, PF_TAIL);
-        /* this tail writes gate·up's digits: v8's layout when the pair runs on the tensor cores */
-        const bool gu_mmq = c->gate_up_paired && L->ffn_gate.type == MV_T_Q4_KT;
+        /* this tail writes gate·up's digits, in the layouts gate and up read */
+        const cu_digits gd = digits_or(digits_for(c, L->ffn_gate.type, xq_a), digits_for(c, L->ffn_up.type, xq_a));
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E,
-                gu_mmq ? NULL : xq_a, gu_mmq ? c->xm : NULL, NULL, c->tail_pdl);
+                    gd, c->tail_pdl);
         pf_mark(pf, st, PF_FFN_UP);
         if (SKIP(c, SK_GU)) {
         } else if (c->gate_up_paired) {
@@ -550,12 +573,12 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             const uint32_t t = L->ffn_gate.type;
             seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, mvq_type_ok(t) ? (uint32_t)mvq_rows_per_warp(t) / 2 : 1);
             ml.seg[0].b = L->ffn_up;
-            bool prepped = !gu_mmq && xq_a != NULL;
-            mv_go(c, st, &ml, c->a, &prepped, gu_mmq ? DIG_XM : 0);
+            bool prepped = gd.v7 != NULL;
+            mv_go(c, st, &ml, c->a, &prepped, digits_ready(gd));
         } else {
             const mv_mat *gm[2] = {&L->ffn_gate, &L->ffn_up};
             float *go[2] = {c->ffn_g, c->ffn_u};
-            mv_group(c, st, gm, go, 2, c->a, xq_a != NULL, 0);
+            mv_group(c, st, gm, go, 2, c->a, gd.v7 != NULL, digits_ready(gd));
             cu_silu_mul(st, c->ffn_g, c->ffn_u, c->ffn, hp->n_ff);
         }
         pf_mark(pf, st, PF_DOWN);
@@ -564,10 +587,10 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         if (!SKIP(c, SK_DOWN)) mv_group(c, st, dm, dout, 1, c->ffn, false, 0);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
-        qkvg_digits(c, l + 1, xq_a, &dq, &dm8, &d6);
+        dg = qkvg_digits(c, l + 1, xq_a);
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
-                hp->rms_eps, hp->sandwich, E, dq, dm8, d6, c->tail_pdl);
+                hp->rms_eps, hp->sandwich, E, dg, c->tail_pdl);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
@@ -575,8 +598,8 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, seg_rows_per_warp(c->out.type));
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
-    bool head_prepped = xq_a != NULL && mvq_type_ok(c->out.type);
-    if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, &head_prepped, d6 != NULL ? DIG_X6 : 0);
+    bool head_prepped = dg.v7 != NULL; /* dg: the last tail's, qkvg_digits(n_layer) */
+    if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, &head_prepped, digits_ready(dg));
     cu_argmax(st, c->logits, hp->n_vocab, c->am_v, c->am_i, c->d_token, c->d_nonfinite);
     cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
     cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);

@@ -120,13 +120,6 @@ __device__ __forceinline__ void mmq_prep_warp(float v, uint32_t p, uint8_t *__re
     }
 }
 
-/* A producer's digits of one 32-group in the layout its consumer reads: v8's (mmq) or v7's. */
-__device__ __forceinline__ void cu_digits_warp(float v, uint32_t p, uint8_t *__restrict__ buf, bool mmq)
-{
-    if (mmq) mmq_prep_warp(v, p, buf);
-    else mvq_prep_warp(v, p, buf);
-}
-
 /* One CTA per 256-block, a warp per 32-group. K a multiple of 256. */
 static __global__ void __launch_bounds__(256) mmq_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {

@@ -23,8 +23,7 @@ __device__ static double block_sum(double v, double *sh)
 }
 
 __global__ void __launch_bounds__(NORM_THREADS) k_embed_norm(const mv_mat emb, const int32_t *d_token, float *h, float *a, const float *w,
-                             float eps, int entry_norm, float entry_eps, uint32_t E, uint8_t *xq, uint8_t *xm,
-                             uint8_t *x6)
+                             float eps, int entry_norm, float entry_eps, uint32_t E, cu_digits dg)
 {
     __shared__ double sh[32];
     const uint32_t tok = (uint32_t)*d_token;
@@ -49,17 +48,14 @@ __global__ void __launch_bounds__(NORM_THREADS) k_embed_norm(const mv_mat emb, c
     for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
         const float v = h[i] * r * w[i];
         a[i] = v;
-        if (xq) mvq_prep_warp(v, i, xq); /* E % 32 == 0: whole warps */
-        if (xm) mmq_prep_warp(v, i, xm);
-        if (x6) mmq6_prep_warp(v, i, x6);
+        cu_digits_write(dg, v, i); /* E % 32 == 0: whole warps */
     }
 }
 
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
-                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, uint8_t *xq, uint8_t *xm,
-                   uint8_t *x6)
+                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg)
 {
-    k_embed_norm<<<1, NORM_THREADS, 0, st>>>(*emb, d_token, h, a, w_norm, eps, entry_norm, entry_eps, E, xq, xm, x6);
+    k_embed_norm<<<1, NORM_THREADS, 0, st>>>(*emb, d_token, h, a, w_norm, eps, entry_norm, entry_eps, E, dg);
 }
 
 /* The tail runs on a cluster of TAIL_CL blocks (one per SM) sharing the two sums of squares
@@ -90,7 +86,7 @@ __device__ static double cluster_sum(double v, double *sh, double *slot)
 
 __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
     k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next, float eps_next,
-           int sandwich, uint32_t E, uint8_t *xq, uint8_t *xm, uint8_t *x6)
+           int sandwich, uint32_t E, cu_digits dg)
 {
     __shared__ double sh[32];
     __shared__ double slot;
@@ -140,23 +136,20 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
         if (i < hi) {
             const float v = hv[k] * r2 * wn[k];
             a[i] = v;
-            if (xq) mvq_prep_warp(v, i, xq); /* lo, hi and E multiples of 32: whole warps */
-            if (xm) mmq_prep_warp(v, i, xm);
-            if (x6) mmq6_prep_warp(v, i, x6);
+            cu_digits_write(dg, v, i); /* lo, hi and E multiples of 32: whole warps */
         }
     }
 }
 
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, uint8_t *xm, uint8_t *x6,
-             bool pdl)
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl)
 {
     /* E <= TAIL_CL * TAIL_T * TAIL_PER (8192) is checked at context creation. pdl: the blocks may
      * start while the matvec before them runs (it triggers at its start); they read only the norm
      * weights before griddepcontrol.wait, and write nothing before it. */
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(TAIL_CL), dim3(TAIL_T), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, k_tail, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, xq, xm, x6);
+    cudaLaunchKernelEx(&cfg, k_tail, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, dg);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)

@@ -40,17 +40,30 @@ typedef struct cu_attn_geom {
 
 /* Split-attention kernels: CU_ATTN_TC / CU_ATTN_V1 in cuda/attention.h. */
 
+/* The matvec input digits a kernel writes as it produces x, each layout nullable: v7's
+ * (mvq_prep_warp), v8's Q4_K (mmq_prep_warp), v8's Q6_K (mmq6_prep_warp); whichever the
+ * matrices reading x next take, so they need no prep launch. */
+typedef struct cu_digits {
+    uint8_t *v7, *q4, *q6;
+} cu_digits;
+
+/* One 32-group's digits: all 32 lanes of a warp call it, lane l with v = x[p], p = 32g + l
+ * (the layouts with q4 or q6 need x's length a multiple of 256). */
+__device__ __forceinline__ void cu_digits_write(const cu_digits d, float v, uint32_t p)
+{
+    if (d.v7) mvq_prep_warp(v, p, d.v7);
+    if (d.q4) mmq_prep_warp(v, p, d.q4);
+    if (d.q6) mmq6_prep_warp(v, p, d.q6);
+}
+
 /* norm.cu */
-/* xq, xm, x6 (nullable): also write the output as matvec input digits, v7's layout into xq, v8's
- * into xm (Q4_K) and x6 (Q6_K); E % 32 == 0 (xm, x6: E % 256 == 0) */
+/* dg: also write the output as matvec input digits (cu_digits); E % 32 == 0 */
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
-                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, uint8_t *xq, uint8_t *xm,
-                   uint8_t *x6);
-/* xq, xm, x6 (nullable): also write a as matvec input digits, as cu_embed_norm.
+                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg);
+/* dg: also write a as matvec input digits (cu_digits).
  * pdl: launch with programmatic stream serialization (after a matvec, which triggers early) */
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, uint8_t *xq, uint8_t *xm, uint8_t *x6,
-             bool pdl);
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl);
 void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
 /* argmax over logits -> *d_token (next token for the bench lane) and d_flags[0] = #non-finite */
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
@@ -62,11 +75,10 @@ void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, 
 void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *v, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
                       const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g, bool pdl);
-/* xq (nullable): also write out as matvec input digits (v8's layout when xq_mmq, else v7's);
- * head_dim % 32 == 0 */
+/* dg: also write out as matvec input digits (cu_digits); head_dim % 32 == 0 */
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
-                 const float *gate, float *out, const cu_attn_geom *g, uint8_t *xq, bool xq_mmq);
+                 const float *gate, float *out, const cu_attn_geom *g, cu_digits dg);
 /* MUSER_CUDA_ATTN value -> CU_ATTN_*: NULL or "" -> the default, "tc", "v1"; -1 if unknown. */
 int cu_attn_impl_parse(const char *s);
 /* Fill rows [0, n) of a plane with random f16 (benchmarks at depth; never zeros). */
