@@ -5,16 +5,24 @@
 #       kbench_attention
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
-#   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all)
+#   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all),
+#                                               # and skip, ab, ncu (see below)
+# The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
+# `--pack` also writes them xz-compressed (~6 MB) into .devbin-pack/ (git-ignored): carry
+# .devbin-pack and .deps and run `tar xJf .devbin-pack/bin.tar.xz && bash scripts/device-prebuilt.sh …`.
 # The .deps Debian packages (scripts/device-deps-fetch.sh) are unpacked into /opt/muser-deps and
 # put on LD_LIBRARY_PATH: the device has no PCRE2 / libedit. Logs go to $OUT.
 set -u
-if [ "${1:-}" = "--stage" ]; then
+if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     B=${MUSER_BUILD_DIR:-build-cuda}
     mkdir -p .devbin
     cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/bench/kbench_matvec" \
-        "$B/bench/kbench_mma" "$B/bench/kbench_attention" .devbin/
-    ls -la .devbin
+        "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_stream" "$B/bench/kbench_attention" .devbin/
+    if [ "$1" = "--pack" ]; then
+        mkdir -p .devbin-pack
+        tar cJf .devbin-pack/bin.tar.xz .devbin
+    fi
+    ls -la .devbin .devbin-pack 2>/dev/null
     exit 0
 fi
 OUT=${OUT:-/tmp/device-prebuilt-out}
@@ -54,6 +62,8 @@ for step in $steps; do
         note "kbench rc=$? :: $(grep 'kbench_matvec:' "$OUT/kbench.log")"
         timeout -k 5 100 "$D/kbench_mma" 9 >"$OUT/kbench_mma.log" 2>&1
         note "kbench_mma rc=$? :: $(grep 'kbench_mma:' "$OUT/kbench_mma.log")"
+        timeout -k 5 100 "$D/kbench_mma6" 9 >"$OUT/kbench_mma6.log" 2>&1
+        note "kbench_mma6 rc=$?"
         ;;
     bench)
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
