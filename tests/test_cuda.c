@@ -159,9 +159,20 @@ int main(void)
     const int types[] = {12 /* Q4_K */, 14 /* Q6_K */, 8 /* Q8_0 */, 1 /* F16 */, 30 /* BF16 */, 0 /* F32 */};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) parity_one(MUSER_ARCH_MUSE, types[i], 20, false);
     parity_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 20, false);
-    /* v7 (the DP4A matvec everywhere; the default v8 keeps it for the attention projections and
-     * the Q6_K matrices) on the release mix and on all-Q4_K, whose o_proj, gate·up and down v8
-     * takes to the tensor cores */
+    /* v8's other gate·up launches (MUSER_CUDA_GU) and v8 with Q6_K kept on v7 (MUSER_CUDA_Q6) */
+    const char *gu[] = {"units", "sets"};
+    for (size_t i = 0; i < sizeof gu / sizeof gu[0]; i++) {
+        setenv("MUSER_CUDA_GU", gu[i], 1);
+        parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
+        parity_one(MUSER_ARCH_MUSE, 12 /* Q4_K */, 20, false);
+    }
+    unsetenv("MUSER_CUDA_GU");
+    setenv("MUSER_CUDA_Q6", "v7", 1);
+    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
+    parity_one(MUSER_ARCH_MUSE, 14 /* Q6_K */, 20, false);
+    unsetenv("MUSER_CUDA_Q6");
+    /* v7 (the DP4A matvec everywhere) on the release mix and on all-Q4_K, whose o_proj, gate·up and
+     * down v8 takes to the tensor cores */
     setenv("MUSER_CUDA_MATVEC", "v7", 1);
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 24, true);
     parity_one(MUSER_ARCH_MUSE, 12 /* Q4_K */, 20, false);
