@@ -558,6 +558,18 @@ __global__ void __launch_bounds__(MV_WARPS * 32) mv_kernel(const mv_launch L, co
 }
 
 /* ---- repacking at upload -------------------------------------------------------------------- */
+/* The scale and d planes of a Q6_K block s (GGUF bytes 192..209) into block o of a planar matrix
+ * of total_blk blocks: sc [total_blk][16] at 192·total_blk, d [total_blk] (f16) at 208·total_blk.
+ * Both planar Q6_K layouts share them (MV_T_Q6_K here, MV_T_Q6_KD in mvq.cuh). */
+static __device__ inline void mv_q6k_sc_d(const uint8_t *s, uint8_t *dst, size_t o, size_t total_blk)
+{
+    uint8_t *sc = dst + total_blk * 192 + o * 16;
+    for (int k = 0; k < 16; k++) sc[k] = s[192 + k];
+    uint8_t *d = dst + total_blk * 208 + o * 2;
+    d[0] = s[208];
+    d[1] = s[209];
+}
+
 /* src: n_blk raw GGUF blocks (contiguous, rows [r0, r0+n) of a matrix); dst: the matrix's planes,
  * total_blk = rows*nb blocks in all, writing blocks starting at first_blk. One thread per block. */
 static __global__ void mv_repack_q6k(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst, size_t n_blk,
@@ -567,13 +579,10 @@ static __global__ void mv_repack_q6k(const uint8_t *__restrict__ src, uint8_t *_
     if (i >= n_blk) return;
     const uint8_t *s = src + i * 210;
     const size_t o = first_blk + i;
-    uint8_t *ql = dst + o * 128, *qh = dst + total_blk * 128 + o * 64, *sc = dst + total_blk * 192 + o * 16;
+    uint8_t *ql = dst + o * 128, *qh = dst + total_blk * 128 + o * 64;
     for (int k = 0; k < 128; k++) ql[k] = s[k];
     for (int k = 0; k < 64; k++) qh[k] = s[128 + k];
-    for (int k = 0; k < 16; k++) sc[k] = s[192 + k];
-    uint8_t *d = dst + total_blk * 208 + o * 2;
-    d[0] = s[208];
-    d[1] = s[209];
+    mv_q6k_sc_d(s, dst, o, total_blk);
 }
 
 static __global__ void mv_repack_q80(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst, size_t n_blk,

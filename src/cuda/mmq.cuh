@@ -130,11 +130,9 @@ static __global__ void __launch_bounds__(256) mmq_prep(const float *x, uint8_t *
     mmq_prep_warp(x[p], p, buf);
 }
 
-static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
+static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K)
 {
-    cudaLaunchAttribute at[1];
-    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(K / 256), dim3(256), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, mmq_prep, x, buf, K);
+    mmq_prep<<<K / 256, 256, 0, st>>>(x, buf, K);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------ */
@@ -236,6 +234,21 @@ __device__ __forceinline__ void mmq_block(const mmq_w W[R], const uint8_t *xb, u
     }
 }
 
+/* A lane's sums of its rows g and g + 8 (lane = 4g + t), added over the 4 lanes t = 0..3 in f64
+ * in a fixed butterfly order; lane t = 0 stores them at dst[g] and dst[g + 8]. All 32 lanes call
+ * it. The epilogues of mmq_kernel, mmq_pair_persist and mmq6_kernel. */
+__device__ __forceinline__ void mmq_rows_f64(double a0, double a1, double *dst, uint32_t lane)
+{
+    const double a[2] = {a0, a1};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        double v = a[h];
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+        if ((lane & 3) == 0) dst[(lane >> 2) + 8 * h] = v;
+    }
+}
+
 struct mmq_args {
     const uint8_t *a, *b; /* repacked matrices (b: up, PAIR only) */
     uint32_t rows, K;     /* rows of a */
@@ -304,14 +317,7 @@ __global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
      * order: one rounding to f32 per output (in f32 this serial sum made v8's error 3–15% above
      * v7's 32-lane tree; in f64 it is below it) */
 #pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            double v = acc[r][h];
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-            if ((lane & 3) == 0) red[wid][r][(lane >> 2) + 8 * h] = v;
-        }
+    for (int r = 0; r < R; r++) mmq_rows_f64(acc[r][0], acc[r][1], red[wid][r], lane);
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < (uint32_t)(TPC * 16); i += blockDim.x) {
         const uint32_t ot = i / 16, row16 = i % 16, tile = blockIdx.x * TPC + ot;
@@ -372,6 +378,15 @@ static inline bool mmq_shape_ok(uint32_t rows, uint32_t cols) { return rows % 16
  * warps per tile in warp order. The split of tiles over CTAs depends only on the tile count and
  * the grid, so replays are bit-identical. */
 #define MPP_CTAS_PER_SM 2
+/* A warp's sums of one tile (gate r = 0, up r = 1) into its 32 shared-memory slots, then zeroed. */
+__device__ __forceinline__ void mpp_flush(double sum[2][2], double *dst, uint32_t lane)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mmq_rows_f64(sum[r][0], sum[r][1], dst + 16 * r, lane);
+        sum[r][0] = sum[r][1] = 0;
+    }
+}
 static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(const mmq_args A)
 {
     extern __shared__ double mpp_red[]; /* [tiles of this CTA][8 warps][32]: gate rows 0-15, up rows 0-15 */
@@ -396,17 +411,7 @@ static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(
             waited = true;
         }
         if (tile != key) {
-            if (key != 0xFFFFFFFFu)
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        double v = sum[r][h];
-                        v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-                        v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-                        if ((lane & 3) == 0) mpp_red[((key - t0) * 8 + wid) * 32 + 16 * r + 8 * h + (lane >> 2)] = v;
-                        sum[r][h] = 0;
-                    }
+            if (key != 0xFFFFFFFFu) mpp_flush(sum, mpp_red + ((key - t0) * 8 + wid) * 32, lane);
             key = tile;
         }
         float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
@@ -417,16 +422,7 @@ static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(
             for (int h = 0; h < 2; h++) sum[r][h] += (double)acc[r][h];
     }
     if (!waited) mvq_wait();
-    if (key != 0xFFFFFFFFu)
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                double v = sum[r][h];
-                v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-                v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-                if ((lane & 3) == 0) mpp_red[((key - t0) * 8 + wid) * 32 + 16 * r + 8 * h + (lane >> 2)] = v;
-            }
+    if (key != 0xFFFFFFFFu) mpp_flush(sum, mpp_red + ((key - t0) * 8 + wid) * 32, lane);
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < (t1 - t0) * 16; i += blockDim.x) {
         const uint32_t tl = i / 16, row16 = i % 16;

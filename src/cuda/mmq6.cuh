@@ -165,11 +165,9 @@ static __global__ void __launch_bounds__(256) mmq6_prep(const float *x, uint8_t 
     mmq6_prep_warp(x[p], p, buf);
 }
 
-static inline void mmq6_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
+static inline void mmq6_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K)
 {
-    cudaLaunchAttribute at[1];
-    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(K / 256), dim3(256), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, mmq6_prep, x, buf, K);
+    mmq6_prep<<<K / 256, 256, 0, st>>>(x, buf, K);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------ */
@@ -215,10 +213,6 @@ __device__ __forceinline__ void mmq6_load(const uint8_t *q, const mmq6_off &o, m
     W.sc = mmq_ldw(q + o.sc);
     W.d = mvq_ldw32(q + o.d);
 }
-/* x, the predecessor's output, after mvq_wait: through cu_ldx (mvq.cuh says why the
- * non-coherent path is safe in this route, and when it would not be). */
-__device__ __forceinline__ uint4 mmq6_ldx4(const uint8_t *p) { return cu_ldx<uint4>(p); }
-__device__ __forceinline__ float2 mmq6_ldx2f(const uint8_t *p) { return cu_ldx<float2>(p); }
 
 /* int8 byte k of w as f32 */
 __device__ __forceinline__ float mmq6_s8f(uint32_t w, int k) { return (float)(int8_t)(uint8_t)(w >> (8 * k)); }
@@ -232,8 +226,8 @@ __device__ __forceinline__ void mmq6_block(const mmq6_w W[R], const uint8_t *xq,
     float part[R][2];
 #pragma unroll
     for (int j = 0; j < 4; j++) { /* chunk pairs: x loaded as it is used (registers) */
-        const uint4 B = mmq6_ldx4(xq + j * 512);
-        const float2 se = mmq6_ldx2f(xs + 8 * j);
+        const uint4 B = cu_ldx<uint4>(xq + j * 512); /* x after mvq_wait: see cu_ldx in mvq.cuh */
+        const float2 se = cu_ldx<float2>(xs + 8 * j);
 #pragma unroll
         for (int c2 = 0; c2 < 2; c2++) {
             const int c = 2 * j + c2;
@@ -332,14 +326,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) mmq6_kernel(const mmq6_args A)
     /* the 4 lanes of a row (half 0/1 × lo/hi digits), then the KW warps of the set: f64, fixed
      * order */
 #pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            double v = acc[r][h];
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-            if ((lane & 3) == 0) red[wid][r][(lane >> 2) + 8 * h] = v;
-        }
+    for (int r = 0; r < R; r++) mmq_rows_f64(acc[r][0], acc[r][1], red[wid][r], lane);
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < (uint32_t)(TPC * 16); i += blockDim.x) {
         const uint32_t ot = i / 16, row16 = i % 16, tile = blockIdx.x * TPC + ot;

@@ -161,11 +161,9 @@ static __global__ void __launch_bounds__(256) mvq_prep(const float *x, uint8_t *
     mvq_prep_warp(x[p], p, buf);
 }
 
-static inline void mvq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
+static inline void mvq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K)
 {
-    cudaLaunchAttribute at[1];
-    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3((K / 32 + 7) / 8), dim3(256), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, mvq_prep, x, buf, K);
+    mvq_prep<<<(K / 32 + 7) / 8, 256, 0, st>>>(x, buf, K);
 }
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -529,7 +527,7 @@ static __global__ void mvq_repack_q6k(const uint8_t *__restrict__ src, uint8_t *
     if (i >= n_blk) return;
     const uint8_t *s = src + i * 210;
     const size_t o = first_blk + i;
-    uint8_t *ql = dst + o * 128, *qh = dst + total_blk * 128 + o * 64, *sc = dst + total_blk * 192 + o * 16;
+    uint8_t *ql = dst + o * 128, *qh = dst + total_blk * 128 + o * 64;
     /* GGUF: position t = 128n + 32k + l: lo4 from ql[64n + 32(k&1) + l] (nibble k>>1),
      * hi2 from qh[32n + l] bits 2k */
     uint8_t lo[256], hi[256];
@@ -547,10 +545,7 @@ static __global__ void mvq_repack_q6k(const uint8_t *__restrict__ src, uint8_t *
                 qh[16 * c + 4 * m + j] = v;
             }
     }
-    for (int k = 0; k < 16; k++) sc[k] = s[192 + k];
-    uint8_t *d = dst + total_blk * 208 + o * 2;
-    d[0] = s[208];
-    d[1] = s[209];
+    mv_q6k_sc_d(s, dst, o, total_blk);
 }
 
 /* Q4_K into the mvq planes: qs [nblk][128] then hdr [nblk][16] (d, dmin, 12 scale bytes as in
