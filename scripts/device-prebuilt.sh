@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all),
-#                                               # and skip, ab, ncu (see below)
+#                                               # and skip, ab, ncu, timeline (see below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
 # `--pack` also writes them xz-compressed (~6 MB) into .devbin-pack/ (git-ignored): carry
 # .devbin-pack and .deps and run `tar xJf .devbin-pack/bin.tar.xz && bash scripts/device-prebuilt.sh …`.
@@ -18,6 +18,9 @@ if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     mkdir -p .devbin
     cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/bench/kbench_matvec" \
         "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_stream" "$B/bench/kbench_attention" .devbin/
+    # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
+    TL=${MUSER_TL_BUILD_DIR:-build-cuda-tl}
+    if [ -x "$TL/muser" ]; then cp "$TL/muser" .devbin/muser-tl; else rm -f .devbin/muser-tl; fi
     if [ "$1" = "--pack" ]; then
         mkdir -p .devbin-pack
         tar cJf .devbin-pack/bin.tar.xz .devbin
@@ -68,7 +71,8 @@ for step in $steps; do
     bench)
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
         # the issue's table: v8 (default) at the four depths; v7 and v8 without PDL at two, same run
-        for v in v8 v7 v8nopdl; do
+        # (BENCH_VARIANTS="v8" for the table alone)
+        for v in ${BENCH_VARIANTS:-v8 v7 v8nopdl}; do
             echo "=== MUSER_CUDA_MATVEC=$v" >>"$OUT/bench.log"
             mv=${v%nopdl}
             pdl=1
@@ -105,6 +109,18 @@ for step in $steps; do
                     --gen 64 --ctx "${AB_CTX:-0,32768}" >"$OUT/ab_${v}_$round.log" 2>&1
                 note "ab ${AB_VAR:-MUSER_CUDA_MATVEC}=$v rc=$? :: $(grep '^ctx ' "$OUT/ab_${v}_$round.log" | awk '{printf "%s %s | ", $2, $6}')"
             done
+        done
+        ;;
+    timeline)
+        # one token's per-CTA timeline inside the graph (a MUSER_CUDA_TIMELINE build staged as
+        # muser-tl), summarised per kernel family by scripts/timeline.py
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        MUSER_CUDA_TIMELINE="$OUT/tl" timeout -k 5 90 "$D/muser-tl" bench --backend cuda -m /tmp/g.gguf --gen 8 \
+            --ctx ${TL_CTX:-0,32768} >"$OUT/timeline.log" 2>&1
+        note "timeline rc=$? :: $(grep '^ctx ' "$OUT/timeline.log" | awk '{printf "%s ", $0}')"
+        for f in "$OUT"/tl.ctx*; do
+            python3 scripts/timeline.py "$f" >"$f.txt" 2>&1
+            sed 's/^/    /' "$f.txt" >>"$S"
         done
         ;;
     ncu)

@@ -5,8 +5,9 @@
  * and the same top-1 where the oracle's best two are > 1e-3 apart. Then: a replayed graph after
  * reset gives the same logits bit for bit; checkpoint / rollback of a 3-token block restores the
  * ring rows so re-decoding the rejected tokens reproduces the first logits bit for bit; a token
- * out of order is refused (cache discontinuity) and changes nothing. The default matvec (v7) runs
- * everything; the older selectable versions (v6, v6b, v5) run the release mix and Q6_K.
+ * out of order is refused (cache discontinuity) and changes nothing. The default matvec (v8) runs
+ * everything; its selectable launches (MUSER_CUDA_GU, _TAIL, _TAIL_TRIGGER, _Q6) and the older matvec
+ * versions (v7, v6, v6b, v5) run the release mix and the formats they change.
  * SKIP (77) when built without CUDA or when no GPU is present. */
 #include "check.h"
 #include "session.h"
@@ -167,6 +168,14 @@ int main(void)
         parity_one(MUSER_ARCH_MUSE, 12 /* Q4_K */, 20, false);
     }
     unsetenv("MUSER_CUDA_GU");
+    /* the tails' two-barrier cluster sums (MUSER_CUDA_TAIL=v1) and no early tail triggers
+     * (MUSER_CUDA_TAIL_TRIGGER=0) */
+    setenv("MUSER_CUDA_TAIL", "v1", 1);
+    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
+    unsetenv("MUSER_CUDA_TAIL");
+    setenv("MUSER_CUDA_TAIL_TRIGGER", "0", 1);
+    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, true);
+    unsetenv("MUSER_CUDA_TAIL_TRIGGER");
     setenv("MUSER_CUDA_Q6", "v7", 1);
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
     parity_one(MUSER_ARCH_MUSE, 14 /* Q6_K */, 20, false);

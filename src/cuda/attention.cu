@@ -35,7 +35,11 @@
  * so the combine never completes before the split kernel (the next kernels rely on that order).
  * Both are no-ops in a kernel launched without the attribute. */
 __device__ __forceinline__ void att_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void att_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void att_pdl_wait()
+{
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    CU_TL_WAITED();
+}
 
 /* A stored position p lies in [origin_logical, origin_logical + len) and origin_physical <
  * capacity, so the ring row needs one conditional subtraction, not a 64-bit modulo (which
@@ -56,6 +60,7 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
                                 int neox, float theta, const cu_step *step, const cu_plane_meta *meta,
                                 uint16_t *kp, uint16_t *vp, uint32_t H, uint32_t HKV, uint32_t D, int ring)
 {
+    CU_TL_SCOPE(TL_ROPE);
     extern __shared__ float xs[];
     __shared__ double sh[32];
     const uint32_t b = blockIdx.x;
@@ -153,6 +158,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
                                                              uint32_t HKV, int ring, uint32_t n_split, float scale,
                                                              uint32_t GT)
 {
+    CU_TL_SCOPE(TL_ATT_SPLIT);
     constexpr int D = 32 * DPL;
     __shared__ float qs[G][D];
     __shared__ float ps[ATT_WARPS][G][32];
@@ -336,6 +342,7 @@ __global__ void __launch_bounds__(CMB_WARPS * 32) k_attn_combine(const float *pa
                                                                 float *out, uint32_t G, uint32_t D, uint32_t n_split,
                                                                 uint32_t align, cu_digits dg)
 {
+    CU_TL_SCOPE(TL_ATT_COMBINE);
     __shared__ float fs[CMB_MAX_SPLIT];
     __shared__ float wred[2][CMB_WARPS];
     __shared__ float wnum[CMB_WARPS][32];
@@ -527,6 +534,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
                                                                     float *part_acc, uint32_t HKV, uint32_t n_split,
                                                                     uint32_t align, float scale)
 {
+    CU_TL_SCOPE(TL_ATT_SPLIT_TC);
     extern __shared__ __align__(128) uint8_t tc_smem[];
     __shared__ int qexp[TC_G];
     __shared__ float wml[TC_WARPS][TC_G][2];
@@ -953,3 +961,5 @@ void cu_fill_plane_random(cudaStream_t st, uint16_t *p, uint64_t n_elems, uint32
 {
     k_fill_random<<<4096, 256, 0, st>>>(p, n_elems, seed);
 }
+
+CU_TL_BIND_FN(cu_tl_bind_attention)

@@ -49,6 +49,12 @@ typedef struct cu_layer {
     cu_attn_geom geom;
 } cu_layer;
 
+/* The matvec input sites of a layer. Each has its own tensor-core digit buffers (xm, x6), so the
+ * buffer a matvec reads was last read a whole layer earlier, across kernels that do not trigger early
+ * (QK-norm/RoPE, attention, combine): no kernel still running when a matvec launches early can hold
+ * its x in L1 (cu_ldx reads x non-coherently; see there). That is what lets the tails trigger early. */
+enum { XS_STACK, XS_OPROJ, XS_GU, XS_DOWN, XS_N };
+
 typedef struct cu_ctx {
     const muser_model *m;
     int device, n_sm;
@@ -82,10 +88,13 @@ typedef struct cu_ctx {
     uint8_t *xq;               /* mvq_prep output of the current matvec input (v7) */
     uint8_t *xm;               /* mmq_prep output of the current matvec input (v8's Q4_KT matrices) */
     uint8_t *x6;               /* mmq6_prep output of the current matvec input (v8's Q6_KT matrices) */
+    uint8_t *xm_site[XS_N], *x6_site[XS_N]; /* xm and x6 per input site (set_site), in one allocation */
+    bool tail_trigger;         /* the tails let the matvec after them launch at their start (MUSER_CUDA_TAIL_TRIGGER=0: not) */
     bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
                                 * MUSER_CUDA_PDL=0 turns it off */
     bool tail_pdl;             /* the tails and QK-norm/RoPE are launched the same way, waiting before their
                                 * first dependent read (MUSER_CUDA_TAIL_PDL=0: not) */
+    bool tail_push;            /* the tails' cluster sums with one barrier each (MUSER_CUDA_TAIL=v1: two) */
     float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
     bool q6_tc;                /* v8 runs Q6_K on the tensor cores too (mmq6.cuh; MUSER_CUDA_Q6=v7: on v7) */
     int gu_mode;               /* MUSER_CUDA_GU: the gate·up launch (GU_*) */
@@ -93,6 +102,7 @@ typedef struct cu_ctx {
                                 * logits are then meaningless), a mask of 1 << SK_* */
     double upload_s;
 } cu_ctx;
+
 
 /* The gate·up launch (MUSER_CUDA_GU): the default "persist", pair-units on a persistent grid of
  * whole-tile ranges (mmq_pair_persist); "units", the same as one CTA per tile (mmq_kernel); "sets",
@@ -498,6 +508,30 @@ static cu_digits qkvg_digits(const cu_ctx *c, uint32_t l, uint8_t *xq_a)
     return d;
 }
 
+static bool tc_type(uint32_t t) { return t == MV_T_Q4_KT || t == MV_T_Q6_KT; }
+
+/* Whether every matrix of the route reads a per-site tensor-core digit layout: the stacked attention
+ * projections (v outside the stack too), o_proj, gate, up, down and the head are Q4_KT or Q6_KT. */
+static bool tc_inputs_only(const cu_ctx *c)
+{
+    if (!tc_type(c->out.type)) return false;
+    for (uint32_t l = 0; l < c->m->hp.n_layer; l++) {
+        const cu_layer *L = &c->layers[l];
+        if (!L->qkg.data || L->qkg.type != MV_T_Q4_KT || (!L->qkg_v && !tc_type(L->v.type))) return false;
+        if (!tc_type(L->o.type) || !tc_type(L->ffn_gate.type) || !tc_type(L->ffn_up.type) || !tc_type(L->ffn_down.type))
+            return false;
+    }
+    return true;
+}
+
+/* The digit buffers the producer and the matvec of input site s (XS_*) use. */
+static void set_site(cu_ctx *c, int s)
+{
+    if (c->mv_ver != 9) return;
+    c->xm = c->xm_site[s];
+    c->x6 = c->x6_site[s];
+}
+
 static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
 {
     const muser_hparams *hp = &c->m->hp;
@@ -518,6 +552,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     /* v7: the producers of the matvec inputs a and attn_o write their digits too (no prep launch) */
     uint8_t *xq_a = c->mv_ver >= 8 && E % 256 == 0 ? c->xq : NULL;
     uint8_t *xq_o = c->mv_ver >= 8 && (H * D) % 256 == 0 ? c->xq : NULL;
+    set_site(c, XS_STACK);
     cu_digits dg = qkvg_digits(c, 0, xq_a); /* the digits the next attention projections (or the head) read */
     cu_embed_norm(st, &c->emb, &dstep->token, c->h, c->a, c->layers[0].attn_norm, hp->rms_eps, hp->entry_norm,
                   hp->rms_eps, E, dg);
@@ -528,7 +563,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         cu_layer *L = &c->layers[l];
         pf_mark(pf, st, PF_QKVG);
         if (SKIP(c, SK_QKVG)) {
-        } else if (L->qkg.data) { /* v8: one tensor-core launch over the stack, v on v7 when not in it */
+        } else if (L->qkg.data) { /* v8: one tensor-core launch over the stack, v on mmq6 when not in it */
             mv_launch sl;
             memset(&sl, 0, sizeof sl);
             seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1);
@@ -551,6 +586,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
                          &L->geom, c->tail_pdl);
         pf_mark(pf, st, PF_ATTN);
         /* the combine writes o_proj's digits, in the layout o_proj's matvec reads */
+        set_site(c, XS_OPROJ);
         const cu_digits od = digits_for(c, L->o.type, xq_o);
         if (!SKIP(c, SK_ATTN) && cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc, hp->attn_gate ? g : NULL,
                          c->attn_o, &L->geom, od))
@@ -561,10 +597,11 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, od.v7 != NULL, digits_ready(od));
         pf_mark(pf, st, PF_TAIL);
         /* this tail writes gate·up's digits, in the layouts gate and up read */
+        set_site(c, XS_GU);
         const cu_digits gd = digits_or(digits_for(c, L->ffn_gate.type, xq_a), digits_for(c, L->ffn_up.type, xq_a));
         if (!SKIP(c, SK_TAIL))
-            cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich, E,
-                    gd, c->tail_pdl);
+            cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich,
+                    E, gd, c->tail_pdl, c->tail_push, c->tail_trigger);
         pf_mark(pf, st, PF_FFN_UP);
         if (SKIP(c, SK_GU)) {
         } else if (c->gate_up_paired) {
@@ -582,15 +619,18 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             cu_silu_mul(st, c->ffn_g, c->ffn_u, c->ffn, hp->n_ff);
         }
         pf_mark(pf, st, PF_DOWN);
+        set_site(c, XS_DOWN);
         const mv_mat *dm[1] = {&L->ffn_down};
         float *dout[1] = {c->y};
         if (!SKIP(c, SK_DOWN)) mv_group(c, st, dm, dout, 1, c->ffn, false, 0);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
+        set_site(c, XS_STACK);
         dg = qkvg_digits(c, l + 1, xq_a);
         if (!SKIP(c, SK_TAIL))
-            cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps, last ? c->out_norm : c->layers[l + 1].attn_norm,
-                hp->rms_eps, hp->sandwich, E, dg, c->tail_pdl);
+            cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps,
+                    last ? c->out_norm : c->layers[l + 1].attn_norm, hp->rms_eps, hp->sandwich, E, dg, c->tail_pdl,
+                    c->tail_push, c->tail_trigger);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
@@ -628,12 +668,26 @@ static int record_graph(cu_ctx *c, bool readback, bool bench_token, cudaGraphExe
 }
 
 /* ---- context --------------------------------------------------------------------------------- */
+/* A comma list of names[0..n) into *mask (1 << index); -1 at an unknown name. */
+static int name_mask(const char *s, const char *const *names, int n, uint32_t *mask)
+{
+    for (const char *p = s; *p;) {
+        const size_t len = strcspn(p, ",");
+        int f = 0;
+        while (f < n && !(strlen(names[f]) == len && !strncmp(p, names[f], len))) f++;
+        if (f == n) return -1;
+        *mask |= 1u << f;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
 static void ctx_free(cu_ctx *c)
 {
     if (!c) return;
     if (c->g_fwd) cudaGraphExecDestroy(c->g_fwd);
     if (c->g_bench) cudaGraphExecDestroy(c->g_bench);
-    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xq, c->xm, c->x6};
+    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xq, c->xm_site[0]};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_logits) cudaFreeHost(c->h_logits);
@@ -697,6 +751,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         c->pdl = !(pdl && !strcmp(pdl, "0"));
         const char *tpdl = getenv("MUSER_CUDA_TAIL_PDL");
         c->tail_pdl = c->pdl && !(tpdl && !strcmp(tpdl, "0"));
+        const char *tv = getenv("MUSER_CUDA_TAIL");
+        c->tail_push = !(tv && !strcmp(tv, "v1"));
         const char *q6 = getenv("MUSER_CUDA_Q6");
         c->q6_tc = !(q6 && !strcmp(q6, "v7"));
         const char *gu = getenv("MUSER_CUDA_GU");
@@ -705,16 +761,9 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
                                                             : -1;
         if (c->gu_mode < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_GU=%s: expected units, persist or sets", gu));
         const char *sk = getenv("MUSER_CUDA_SKIP");
-        for (const char *p = sk; p && *p;) {
-            const size_t n = strcspn(p, ",");
-            int f = 0;
-            while (f < SK_N && !(strlen(sk_names[f]) == n && !strncmp(p, sk_names[f], n))) f++;
-            if (f == SK_N)
-                FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_SKIP=%s: expected a comma list of qkvg, rope, attn, "
-                                                    "oproj, tail, gu, prep, down, head", sk));
-            c->skip |= 1u << f;
-            p += n + (p[n] == ',');
-        }
+        if (sk && name_mask(sk, sk_names, SK_N, &c->skip))
+            FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_SKIP=%s: expected a comma list of qkvg, rope, attn, "
+                                                "oproj, tail, gu, prep, down, head", sk));
         if (c->skip) fprintf(stderr, "muser: MUSER_CUDA_SKIP=%s: those ops are left out; timing only, the logits are wrong\n", sk);
     }
     FAIL(kv_init(&c->kv, hp, n_ctx, false, err));
@@ -789,8 +838,16 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     {
         const size_t kmax = E > QD ? (E > F ? E : F) : (QD > F ? QD : F);
         e = cudaMalloc((void **)&c->xq, mvq_x_bytes((uint32_t)kmax));
-        if (!e && c->mv_ver == 9) e = cudaMalloc((void **)&c->xm, mmq_x_bytes((uint32_t)kmax + 255));
-        if (!e && c->mv_ver == 9) e = cudaMalloc((void **)&c->x6, mmq6_x_bytes((uint32_t)kmax + 255));
+        const size_t xmb = (mmq_x_bytes((uint32_t)kmax + 255) + 255) / 256 * 256;
+        const size_t x6b = (mmq6_x_bytes((uint32_t)kmax + 255) + 255) / 256 * 256;
+        if (!e && c->mv_ver == 9) e = cudaMalloc((void **)&c->xm_site[0], XS_N * (xmb + x6b));
+        for (int s = 0; !e && c->mv_ver == 9 && s < XS_N; s++) {
+            c->xm_site[s] = c->xm_site[0] + s * xmb;
+            c->x6_site[s] = c->xm_site[0] + XS_N * xmb + s * x6b;
+        }
+        c->xm = c->xm_site[0];
+        c->x6 = c->x6_site[0];
+
         if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: matvec input digits: %s", cudaGetErrorString(e)));
     }
     e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));
@@ -809,6 +866,10 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         if (c->layers[l].ffn_gate.type != c->layers[l].ffn_up.type) c->gate_up_paired = false;
     for (uint32_t l = 0; l < hp->n_layer; l++) /* mmq6 has no SiLU pair: gate, up, then cu_silu_mul */
         if (c->layers[l].ffn_gate.type == MV_T_Q6_KT) c->gate_up_paired = false;
+    /* early tail triggers: only where every matvec input is a per-site tensor-core layout (v7's xq is
+     * one buffer) */
+    const char *ttr = getenv("MUSER_CUDA_TAIL_TRIGGER");
+    c->tail_trigger = c->tail_pdl && c->mv_ver == 9 && !(ttr && !strcmp(ttr, "0")) && tc_inputs_only(c);
     FAIL(record_graph(c, true, false, &c->g_fwd, err));
     FAIL(record_graph(c, false, true, &c->g_bench, err));
     e = cudaStreamSynchronize(c->st);
@@ -1007,6 +1068,37 @@ extern "C" const muser_backend *muser_backend_cuda(void)
 }
 
 /* ---- bench lane ------------------------------------------------------------------------------ */
+CU_TL_BIND_FN(cu_tl_bind_backend)
+
+/* MUSER_CUDA_TIMELINE builds: point every translation unit's kernels at buf (NULL: off). */
+static void tl_bind(void *buf)
+{
+    cu_tl_bind_backend(buf);
+    cu_tl_bind_norm(buf);
+    cu_tl_bind_attention(buf);
+}
+
+/* The records of the token just run, to path.ctxN (timeline.cuh; scripts/timeline.py reads it). */
+static int tl_write(cu_tl_buf *d_buf, const char *path, uint64_t depth, muser_error *err)
+{
+    uint32_t hdr[2];
+    CU_TRY(cudaMemcpy(hdr, d_buf, sizeof hdr, cudaMemcpyDeviceToHost), "timeline");
+    const uint32_t n = hdr[0] < hdr[1] ? hdr[0] : hdr[1];
+    cu_tl_rec *r = (cu_tl_rec *)malloc((size_t)n * sizeof *r + 1);
+    if (!r) return muser_errorf(err, MUSER_E_NOMEM, "timeline: out of memory");
+    cudaError_t e = cudaMemcpy(r, d_buf->rec, (size_t)n * sizeof *r, cudaMemcpyDeviceToHost);
+    char name[1024];
+    snprintf(name, sizeof name, "%s.ctx%llu", path, (unsigned long long)depth);
+    FILE *f = e ? NULL : fopen(name, "wb");
+    const bool ok = f && fwrite(r, sizeof *r, n, f) == n;
+    if (f) fclose(f);
+    free(r);
+    CU_TRY(e, "timeline");
+    if (!ok) return muser_errorf(err, MUSER_E_IO, "timeline: cannot write %s", name);
+    fprintf(stderr, "timeline: %u CTA records (of %u) -> %s\n", n, hdr[0], name);
+    return MUSER_OK;
+}
+
 static int phase_profile(cu_ctx *c, uint64_t pos, muser_error *err)
 {
     profiler *pf = (profiler *)calloc(1, sizeof *pf);
@@ -1081,6 +1173,18 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
         }
     }
     const muser_hparams *hp = &m->hp;
+    /* MUSER_CUDA_TIMELINE=FILE (timeline builds): the last timed token of each depth is recorded */
+    const char *tl_path = getenv("MUSER_CUDA_TIMELINE");
+    cu_tl_buf *tl_buf = NULL;
+    const uint32_t tl_cap = 1u << 20;
+#ifdef MUSER_CUDA_TIMELINE
+    if (tl_path && *tl_path && cudaMalloc(&tl_buf, sizeof(cu_tl_buf) + (size_t)tl_cap * sizeof(cu_tl_rec)) != cudaSuccess)
+        tl_buf = NULL;
+    if (tl_buf) cudaMemset(tl_buf, 0, sizeof(cu_tl_buf) + (size_t)tl_cap * sizeof(cu_tl_rec));
+#else
+    (void)tl_cap;
+    if (tl_path && *tl_path) fprintf(stderr, "muser bench: MUSER_CUDA_TIMELINE needs a build with -DMUSER_CUDA_TIMELINE=ON\n");
+#endif
     cudaEvent_t a, b;
     cudaEventCreate(&a);
     cudaEventCreate(&b);
@@ -1103,6 +1207,11 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
             for (uint32_t l = 0; l < hp->n_layer; l++) kv_plane_append(&c->kv.planes[l], pos, NULL, NULL, err);
             step_fill(c, pos, 0);
             if (t == 1) cudaEventRecord(a, c->st);
+            if (tl_buf && t == gen) {
+                const uint32_t hdr[2] = {0, tl_cap};
+                cudaMemcpy(tl_buf, hdr, sizeof hdr, cudaMemcpyHostToDevice);
+                tl_bind(tl_buf);
+            }
             if (t >= 1)
                 for (uint32_t l = 0; l < hp->n_layer; l++)
                     kv_read += (double)c->kv.planes[l].len * hp->n_head_kv * hp->head_dim * 2 * 2;
@@ -1113,6 +1222,10 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
         }
         cudaEventRecord(b, c->st);
         cudaEventSynchronize(b);
+        if (tl_buf) {
+            tl_bind(NULL);
+            if (!rc) rc = tl_write(tl_buf, tl_path, depth, err);
+        }
         float ms = 0;
         cudaEventElapsedTime(&ms, a, b);
         muser_cuda_bench_row *r = &rows[ci];
@@ -1128,6 +1241,7 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
+    cudaFree(tl_buf);
     ctx_free(c);
     return rc;
 }

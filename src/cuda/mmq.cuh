@@ -123,6 +123,7 @@ __device__ __forceinline__ void mmq_prep_warp(float v, uint32_t p, uint8_t *__re
 /* One CTA per 256-block, a warp per 32-group. K a multiple of 256. */
 static __global__ void __launch_bounds__(256) mmq_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {
+    CU_TL_SCOPE(TL_MMQ_PREP);
     mvq_trigger();
     mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
     const uint32_t p = 256 * blockIdx.x + threadIdx.x;
@@ -263,6 +264,7 @@ struct mmq_args {
 template <int R, int KW, bool PF, bool PAIR, int MINB>
 __global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
 {
+    CU_TL_SCOPE(TL_MMQ);
     constexpr int SETS = 8 / KW;
     constexpr bool PU = PAIR && R == 2;                         /* pair-units */
     constexpr int TPC = PU ? SETS : PAIR ? SETS / 2 : SETS * R; /* output tiles per CTA */
@@ -389,27 +391,26 @@ __device__ __forceinline__ void mpp_flush(double sum[2][2], double *dst, uint32_
 }
 static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(const mmq_args A)
 {
+    CU_TL_SCOPE(TL_MMQ_PAIR);
     extern __shared__ double mpp_red[]; /* [tiles of this CTA][8 warps][32]: gate rows 0-15, up rows 0-15 */
     mvq_trigger();
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = A.K / 256, ntile = A.rows / 16;
     const uint32_t t0 = (uint32_t)((uint64_t)blockIdx.x * ntile / gridDim.x);
     const uint32_t t1 = (uint32_t)((uint64_t)(blockIdx.x + 1) * ntile / gridDim.x);
+    const uint32_t u1 = t1 * nb;
+    uint32_t u = t0 * nb + wid;
+    mmq_w W[2]; /* the first item's weights are in flight while the sums are zeroed */
+    if (u < u1) {
+        mmq_load(A.a + (size_t)u * MMQ_UNIT, lane, W[0]);
+        mmq_load(A.b + (size_t)u * MMQ_UNIT, lane, W[1]);
+    }
     for (uint32_t i = threadIdx.x; i < (t1 - t0) * 256; i += blockDim.x) mpp_red[i] = 0;
     __syncthreads();
     uint32_t key = 0xFFFFFFFFu;
     double sum[2][2] = {{0, 0}, {0, 0}};
-    const uint32_t u1 = t1 * nb;
-    bool waited = false;
-    for (uint32_t u = t0 * nb + wid; u < u1; u += 8) {
+    mvq_wait();
+    for (; u < u1; u += 8) {
         const uint32_t tile = u / nb, b = u - tile * nb;
-        const size_t off = (size_t)u * MMQ_UNIT;
-        mmq_w W[2];
-        mmq_load(A.a + off, lane, W[0]);
-        mmq_load(A.b + off, lane, W[1]);
-        if (!waited) {
-            mvq_wait();
-            waited = true;
-        }
         if (tile != key) {
             if (key != 0xFFFFFFFFu) mpp_flush(sum, mpp_red + ((key - t0) * 8 + wid) * 32, lane);
             key = tile;
@@ -420,8 +421,11 @@ static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(
         for (int r = 0; r < 2; r++)
 #pragma unroll
             for (int h = 0; h < 2; h++) sum[r][h] += (double)acc[r][h];
+        if (u + 8 < u1) { /* the next item's weights, in flight through the next turn's flush */
+            mmq_load(A.a + (size_t)(u + 8) * MMQ_UNIT, lane, W[0]);
+            mmq_load(A.b + (size_t)(u + 8) * MMQ_UNIT, lane, W[1]);
+        }
     }
-    if (!waited) mvq_wait();
     if (key != 0xFFFFFFFFu) mpp_flush(sum, mpp_red + ((key - t0) * 8 + wid) * 32, lane);
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < (t1 - t0) * 16; i += blockDim.x) {

@@ -158,6 +158,7 @@ __device__ __forceinline__ void mmq6_prep_warp(float v, uint32_t p, uint8_t *__r
 /* One CTA per 256-block, a thread per element. K a multiple of 256, buf 16-byte aligned. */
 static __global__ void __launch_bounds__(256) mmq6_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {
+    CU_TL_SCOPE(TL_MMQ6_PREP);
     mvq_trigger();
     mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
     const uint32_t p = 256 * blockIdx.x + threadIdx.x;
@@ -273,6 +274,7 @@ struct mmq6_args {
 template <int R, int KW, int NW, bool PF, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) mmq6_kernel(const mmq6_args A)
 {
+    CU_TL_SCOPE(TL_MMQ6);
     constexpr int SETS = NW / KW;
     constexpr int TPC = SETS * R; /* output tiles per CTA */
     mvq_trigger(); /* weights first, then wait for x */

@@ -40,6 +40,7 @@
 #define MUSER_CUDA_MVQ_CUH
 
 #include "cuda/matvec.cuh"
+#include "cuda/timeline.cuh"
 
 /* ---- programmatic dependent launch ---------------------------------------------------------- */
 /* The matvec is launched with programmatic stream serialization: its blocks may start while the
@@ -48,7 +49,11 @@
  * predecessor's output. The prep and the matvec let their own dependents start early with
  * mvq_trigger. (Triggering early from the tails, the embedding norm and the attention combine as
  * well broke v7's results on the device and bought nothing; see bench/kernels/NOTES.md.) */
-__device__ __forceinline__ void mvq_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void mvq_wait()
+{
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    CU_TL_WAITED();
+}
 __device__ __forceinline__ void mvq_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 /* A matvec's load of its prepared x, which the kernel before it wrote: the non-coherent path
  * (__ldg), 1.6% faster per token than a plain load (H200, interleaved). That is safe only because
@@ -153,6 +158,7 @@ __device__ __forceinline__ void mvq_prep_warp(float v, uint32_t p, uint8_t *__re
 /* One warp per 32-group. K multiple of 256 (blocks), buf 16-byte aligned. */
 static __global__ void __launch_bounds__(256) mvq_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {
+    CU_TL_SCOPE(TL_MVQ_PREP);
     mvq_trigger();
     mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
     const uint32_t g = blockIdx.x * 8 + (threadIdx.x >> 5);
@@ -438,6 +444,7 @@ __device__ __forceinline__ void mvq_warp_sum(float acc[R])
 template <int R, uint32_t T>
 __global__ void __launch_bounds__(MV_WARPS * 32, 2) mvq_kernel(const mv_launch L, const uint8_t *xbuf, uint32_t K)
 {
+    CU_TL_SCOPE(TL_MVQ);
     mvq_trigger();
     const uint32_t warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;

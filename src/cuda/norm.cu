@@ -25,6 +25,7 @@ __device__ static double block_sum(double v, double *sh)
 __global__ void __launch_bounds__(NORM_THREADS) k_embed_norm(const mv_mat emb, const int32_t *d_token, float *h, float *a, const float *w,
                              float eps, int entry_norm, float entry_eps, uint32_t E, cu_digits dg)
 {
+    CU_TL_SCOPE(TL_EMBED);
     __shared__ double sh[32];
     const uint32_t tok = (uint32_t)*d_token;
     double ss = 0;
@@ -69,8 +70,9 @@ void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, f
 #define TAIL_T 256
 #define TAIL_PER 4 /* E <= TAIL_CL·TAIL_T·TAIL_PER = 8192 (checked at context creation) */
 
-/* Sum of v over the cluster: block partial into slot[0] of every block's shared memory, then each
- * block adds the TAIL_CL slots in rank order. */
+/* Sum of v over the cluster, v1: block partial into slot[0] of every block's shared memory, then
+ * each block adds the TAIL_CL slots in rank order; two cluster barriers (the second keeps the slot
+ * alive until every block has read it). */
 __device__ static double cluster_sum(double v, double *sh, double *slot)
 {
     namespace cg = cooperative_groups;
@@ -84,12 +86,39 @@ __device__ static double cluster_sum(double v, double *sh, double *slot)
     return t;
 }
 
-__global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
-    k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next, float eps_next,
-           int sandwich, uint32_t E, cu_digits dg)
+/* Sum of v over the cluster, one barrier: each block's partial is pushed into slots[rank] of every
+ * block (distributed shared memory stores), one cluster barrier makes them visible, and each block
+ * adds its own TAIL_CL slots in rank order (so every block gets the same bits). slots and sh are
+ * used once per kernel: nothing is overwritten, so no second barrier; a block may leave after its
+ * last barrier, since every store into its shared memory precedes that barrier. */
+__device__ static double cluster_sum_push(double v, double *sh, double *slots)
 {
-    __shared__ double sh[32];
-    __shared__ double slot;
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (threadIdx.x < TAIL_CL) { /* thread r stores this block's partial into block r */
+        double b = 0;
+        for (int i = 0; i < (int)(blockDim.x >> 5); i++) b += sh[i];
+        *cl.map_shared_rank(slots + cl.block_rank(), threadIdx.x) = b;
+    }
+    cl.sync();
+    double t = 0;
+    for (unsigned r = 0; r < TAIL_CL; r++) t += slots[r];
+    return t;
+}
+
+template <bool PUSH>
+__global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
+    k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next,
+           float eps_next, int sandwich, uint32_t E, cu_digits dg, int trigger)
+{
+    CU_TL_SCOPE(TL_TAIL);
+    if (trigger) mvq_trigger(); /* the matvec after this tail may launch now (see cu_tail) */
+    __shared__ double sh[2][32];
+    __shared__ double slots[2][TAIL_CL];
     const uint32_t S = ((E + TAIL_CL * 32 - 1) / (TAIL_CL * 32)) * 32; /* slice, a multiple of 32 */
     const uint32_t lo = blockIdx.x * S, hi = lo + S < E ? lo + S : E;
     float yv[TAIL_PER], hv[TAIL_PER], wp[TAIL_PER], wn[TAIL_PER];
@@ -114,7 +143,7 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
         double ss = 0;
 #pragma unroll
         for (int k = 0; k < TAIL_PER; k++) ss += (double)yv[k] * yv[k];
-        ss = cluster_sum(ss, sh, &slot);
+        ss = PUSH ? cluster_sum_push(ss, sh[0], slots[0]) : cluster_sum(ss, sh[0], &slots[0][0]);
         r1 = (float)(1.0 / sqrt(ss / E + eps_post));
     }
     double ss = 0;
@@ -128,7 +157,7 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
             ss += (double)hv[k] * hv[k];
         }
     }
-    ss = cluster_sum(ss, sh, &slot);
+    ss = PUSH ? cluster_sum_push(ss, sh[1], slots[1]) : cluster_sum(ss, sh[1], &slots[1][0]);
     const float r2 = (float)(1.0 / sqrt(ss / E + eps_next));
 #pragma unroll
     for (int k = 0; k < TAIL_PER; k++) {
@@ -142,14 +171,16 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
 }
 
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl)
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl, bool push,
+             bool trigger)
 {
     /* E <= TAIL_CL * TAIL_T * TAIL_PER (8192) is checked at context creation. pdl: the blocks may
      * start while the matvec before them runs (it triggers at its start); they read only the norm
      * weights before griddepcontrol.wait, and write nothing before it. */
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(TAIL_CL), dim3(TAIL_T), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, k_tail, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, dg);
+    cudaLaunchKernelEx(&cfg, push ? k_tail<true> : k_tail<false>, y, h, a, w_post, eps_post, w_next, eps_next,
+                       (int)sandwich, E, dg, (int)trigger);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)
@@ -166,6 +197,7 @@ void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, ui
 #define AM_BLOCKS 256
 __global__ void k_argmax1(const float *x, uint32_t n, float *pv, int32_t *pi, int32_t *nonfinite)
 {
+    CU_TL_SCOPE(TL_ARGMAX);
     __shared__ float sv[256];
     __shared__ int32_t si[256];
     float best = -INFINITY;
@@ -196,6 +228,7 @@ __global__ void k_argmax1(const float *x, uint32_t n, float *pv, int32_t *pi, in
 
 __global__ void k_argmax2(const float *pv, const int32_t *pi, int32_t *token)
 {
+    CU_TL_SCOPE(TL_ARGMAX);
     __shared__ float sv[AM_BLOCKS];
     __shared__ int32_t si[AM_BLOCKS];
     sv[threadIdx.x] = pv[threadIdx.x];
@@ -237,3 +270,5 @@ void cu_read_stream(cudaStream_t st, const void *p, uint64_t bytes, uint32_t *si
 {
     k_read_stream<<<n_sm * 8, 512, 0, st>>>((const uint4 *)p, bytes / 16, sink);
 }
+
+CU_TL_BIND_FN(cu_tl_bind_norm)

@@ -61,9 +61,13 @@ __device__ __forceinline__ void cu_digits_write(const cu_digits d, float v, uint
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
                    const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg);
 /* dg: also write a as matvec input digits (cu_digits).
- * pdl: launch with programmatic stream serialization (after a matvec, which triggers early) */
+ * pdl: launch with programmatic stream serialization (after a matvec, which triggers early);
+ * push: the one-barrier cluster sums (false: v1's two barriers; the same bits) */
+/* trigger: let the next kernel launch at this one's start (programmatic dependent launch); only
+ * when that kernel's x (dg) is a buffer no kernel that may still run reads (backend.cu, XS_*) */
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl);
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl, bool push,
+             bool trigger);
 void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
 /* argmax over logits -> *d_token (next token for the bench lane) and d_flags[0] = #non-finite */
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
@@ -85,5 +89,10 @@ int cu_attn_impl_parse(const char *s);
 void cu_fill_plane_random(cudaStream_t st, uint16_t *p, uint64_t n_elems, uint32_t seed);
 /* Streaming-read kernel: bytes/time is the read ceiling the bench reports against. */
 void cu_read_stream(cudaStream_t st, const void *p, uint64_t bytes, uint32_t *sink, int n_sm);
+
+/* timeline.cuh: point each translation unit's kernels at a cu_tl_buf (device memory), or NULL;
+ * no-ops unless built with MUSER_CUDA_TIMELINE */
+void cu_tl_bind_norm(void *buf);
+void cu_tl_bind_attention(void *buf);
 
 #endif
