@@ -3,11 +3,12 @@
 
 Reads the per-CTA records a MUSER_CUDA_TIMELINE build of `muser bench` writes (src/cuda/timeline.cuh:
 tag, SM, CTA, grid, start, wait-returned, end; %globaltimer ns). Records are in CTA start order and a
-launch's CTAs are contiguous, so launches are recovered by walking `grid` records at a time. Per
-launch: span = first CTA start .. last CTA end; step = this launch's end - the previous launch's end
-(its share of the token's critical path); release = its first return from griddepcontrol.wait - the
-previous launch's end (how long after the producer finished the consumer got going); spread = last
-CTA end - median CTA end (the imbalance tail). Families are (kernel, grid)."""
+launch's CTAs are contiguous (load() says how branches are handled). Per
+launch: span = first CTA start .. last CTA end; step = this launch's end - the latest end before it
+(its share of the token's critical path; 0 for a graph branch that ends inside another); release = its
+first return from griddepcontrol.wait - that latest end (how long after the producer finished the
+consumer got going); spread = last CTA end - median CTA end (the imbalance tail). Families are
+(kernel, grid); launches on parallel branches are ordered by their first CTA."""
 import statistics
 import struct
 import sys
@@ -19,16 +20,24 @@ REC = struct.Struct("<HHIIIQII")
 
 
 def load(path):
+    """Launches in order of their first CTA. A launch's CTAs are contiguous in start order, except
+    where two graph branches run at once: a record joins the open launch of its (kernel, grid)."""
     data = open(path, "rb").read()
     recs = [REC.unpack_from(data, o) for o in range(0, len(data) - REC.size + 1, REC.size)]
-    launches, i = [], 0
-    while i < len(recs):
-        tag, _, _, grid, _, _, _, _ = recs[i]
-        grp = recs[i:i + max(grid, 1)]
-        if grid == 0 or any(r[0] != tag or r[3] != grid for r in grp):
-            sys.exit(f"{path}: record {i}: launch of {TAGS.get(tag, tag)} x{grid} is not contiguous")
-        launches.append(grp)
-        i += grid
+    launches, open_ = [], {}
+    for i, r in enumerate(recs):
+        key = (r[0], r[3])
+        if r[3] == 0:
+            sys.exit(f"{path}: record {i}: grid 0")
+        cur = open_.get(key)
+        if cur is None or len(cur) == key[1]:
+            cur = []
+            launches.append(cur)
+            open_[key] = cur
+        cur.append(r)
+    for grp in launches:
+        if len(grp) != grp[0][3]:
+            sys.exit(f"{path}: a launch of {TAGS.get(grp[0][0], grp[0][0])} x{grp[0][3]} has {len(grp)} CTAs")
     return launches
 
 
@@ -47,7 +56,7 @@ def main():
         end = ends[-1]
         waits = [r[5] + r[6] for r in grp if r[6]]
         wret = min(waits) if waits else start
-        step = end - prev_end if prev_end is not None else end - start
+        step = max(0, end - prev_end) if prev_end is not None else end - start
         rel = wret - prev_end if prev_end is not None else 0
         spread = end - ends[len(ends) // 2]
         key = f"{TAGS.get(tag, tag)} x{grid}"
@@ -58,7 +67,7 @@ def main():
         f["rel"].append(rel)
         f["spread"].append(spread)
         f["cta"].append(statistics.median(r[7] for r in grp))
-        prev_end = end
+        prev_end = end if prev_end is None else max(prev_end, end)
     total = rows[-1][2]
     print(f"{sys.argv[1]}: {len(launches)} launches, {sum(len(g) for g in launches)} CTAs, token {total / 1e3:.1f} us "
           f"(first CTA start to last CTA end)")

@@ -168,14 +168,16 @@ int main(void)
         parity_one(MUSER_ARCH_MUSE, 12 /* Q4_K */, 20, false);
     }
     unsetenv("MUSER_CUDA_GU");
-    /* the tails' two-barrier cluster sums (MUSER_CUDA_TAIL=v1) and no early tail triggers
-     * (MUSER_CUDA_TAIL_TRIGGER=0) */
+    /* the tails' two-barrier cluster sums (MUSER_CUDA_TAIL=v1), no early tail triggers
+     * (MUSER_CUDA_TAIL_TRIGGER=0), plain preps (MUSER_CUDA_PREP_PDL=0) */
     setenv("MUSER_CUDA_TAIL", "v1", 1);
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
     unsetenv("MUSER_CUDA_TAIL");
     setenv("MUSER_CUDA_TAIL_TRIGGER", "0", 1);
+    setenv("MUSER_CUDA_PREP_PDL", "0", 1); /* and plain prep launches */
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, true);
     unsetenv("MUSER_CUDA_TAIL_TRIGGER");
+    unsetenv("MUSER_CUDA_PREP_PDL");
     setenv("MUSER_CUDA_Q6", "v7", 1);
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
     parity_one(MUSER_ARCH_MUSE, 14 /* Q6_K */, 20, false);

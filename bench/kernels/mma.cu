@@ -118,7 +118,7 @@ static void diagnose(float *x, uint8_t *xq7, uint8_t *xqm)
     const char *const name[2] = {"mma", "v7"};
     kb_diagnose(m, x, g_y, 32, "sub", false, [&] {
         mvq_prep_launch(0, x, xq7, 256);
-        mmq_prep<<<1, 256>>>(x, xqm, 256);
+        mmq_prep_launch(0, x, xqm, 256);
     }, run, name);
     kb_free_qmat(m);
 }
@@ -181,7 +181,7 @@ int main(int argc, char **argv)
         g_mu = pair ? &mu : NULL;
         kb_fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + rows);
         mvq_prep_launch(0, x, xq7, cols);
-        mmq_prep<<<cols / 256, 256>>>(x, xqm, cols);
+        mmq_prep_launch(0, x, xqm, cols);
         CK(cudaGetLastError());
         CK(cudaMemcpy(hx.data(), x, cols * 4, cudaMemcpyDeviceToHost));
         const std::vector<double> ref = kb_reference(m, hx.data());
@@ -216,7 +216,7 @@ int main(int argc, char **argv)
     CK(cudaEventCreate(&eb));
     for (uint32_t K : {4096u, 6656u, 19968u}) {
         float m7, mm;
-        kb_median_ms2(reps + 2, 2, ea, eb, [&] { mvq_prep_launch(0, x, xq7, K); }, [&] { mmq_prep<<<K / 256, 256>>>(x, xqm, K); }, &m7, &mm);
+        kb_median_ms2(reps + 2, 2, ea, eb, [&] { mvq_prep_launch(0, x, xq7, K); }, [&] { mmq_prep_launch(0, x, xqm, K); }, &m7, &mm);
         printf("x prep K=%u: v7 mvq_prep %.1f us, mmq_prep %.1f us (one launch each, timed alone)\n", K, m7 * 1e3, mm * 1e3);
     }
     printf("\nkbench_mma: %s\n", fails ? "FAILED" : "all checks ok");

@@ -665,7 +665,7 @@ int main(int argc, char **argv)
         g_m = &m;
         g_mu = pair ? &mu : NULL;
         kb_fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + rows);
-        mmq_prep<<<cols / 256, 256>>>(x, xqm, cols);
+        mmq_prep_launch(0, x, xqm, cols);
         CK(cudaGetLastError());
         CK(cudaMemcpy(hx.data(), x, cols * 4, cudaMemcpyDeviceToHost));
         const std::vector<double> ref = kb_reference(m, hx.data());

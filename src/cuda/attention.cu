@@ -68,9 +68,11 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
     float *x = is_q ? qkv + (size_t)b * D : qkv + (size_t)H * D + (size_t)(b - H) * D;
     const float *w = is_q ? q_norm : k_norm;
     const uint64_t pos = step->pos; /* the token's step copy precedes every kernel of the token */
-    /* the f64 frequency of this thread's first pair depends on nothing a kernel writes: computed
-     * before the wait for the projections (launched as a programmatic dependent, cu_pdl_cfg) */
-    const double f0 = rope && threadIdx.x < D / 2 ? pow((double)theta, -2.0 * (double)threadIdx.x / (double)D) : 0.0;
+    /* the f64 angle of this thread's first pair depends on nothing a kernel writes (pos comes with
+     * the token's step copy): its sine and cosine are computed before the wait for the projections
+     * (launched as a programmatic dependent, cu_pdl_cfg) */
+    double s0 = 0.0, c0 = 1.0;
+    if (rope && threadIdx.x < D / 2) sincos((double)pos * pow((double)theta, -2.0 * (double)threadIdx.x / (double)D), &s0, &c0);
     mvq_wait();
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) xs[d] = x[d];
     __syncthreads();
@@ -90,10 +92,8 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
     if (rope) {
         for (uint32_t i = threadIdx.x; i < D / 2; i += blockDim.x) {
             /* angle in f64: at pos 131072 an f32 angle is off by ~0.01 rad */
-            const double f = i == threadIdx.x ? f0 : pow((double)theta, -2.0 * (double)i / (double)D);
-            const double ang = (double)pos * f;
-            double s, c;
-            sincos(ang, &s, &c);
+            double s = s0, c = c0;
+            if (i != threadIdx.x) sincos((double)pos * pow((double)theta, -2.0 * (double)i / (double)D), &s, &c);
             const uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + D / 2 : 2 * i + 1;
             const float x0 = xs[i0], x1 = xs[i1];
             xs[i0] = (float)(x0 * c - x1 * s);

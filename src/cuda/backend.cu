@@ -90,6 +90,7 @@ typedef struct cu_ctx {
     uint8_t *x6;               /* mmq6_prep output of the current matvec input (v8's Q6_KT matrices) */
     uint8_t *xm_site[XS_N], *x6_site[XS_N]; /* xm and x6 per input site (set_site), in one allocation */
     bool tail_trigger;         /* the tails let the matvec after them launch at their start (MUSER_CUDA_TAIL_TRIGGER=0: not) */
+    bool prep_pdl;             /* the tensor-core preps launch as programmatic dependents (with tail_trigger; MUSER_CUDA_PREP_PDL=0: not) */
     bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
                                 * MUSER_CUDA_PDL=0 turns it off */
     bool tail_pdl;             /* the tails and QK-norm/RoPE are launched the same way, waiting before their
@@ -385,7 +386,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
     const uint32_t t = L->seg[0].a.type;
     if (t == MV_T_Q6_KT) { /* v8 for Q6_K: its own digit layout in c->x6, one launch per segment */
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & DIG_X6) && !SKIP(c, SK_PREP)) mmq6_prep_launch(st, x, c->x6, K);
+        if (!(ready & DIG_X6) && !SKIP(c, SK_PREP)) mmq6_prep_launch(st, x, c->x6, K, c->prep_pdl);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             mmq6_args A;
@@ -403,7 +404,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
     }
     if (t == MV_T_Q4_KT) { /* v8: its own digit layout in c->xm, one launch per segment */
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) mmq_prep_launch(st, x, c->xm, K);
+        if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) mmq_prep_launch(st, x, c->xm, K, c->prep_pdl);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             const bool pair = g->op == MV_OP_SILU_MUL;
@@ -415,7 +416,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.x = c->xm;
             A.out = g->out;
             if (!(pair && c->gu_mode == GU_PERSIST && mmq_pair_persist_launch(A, c->n_sm, st, c->pdl)))
-                mmq_launch_auto(A, pair, st, c->pdl, c->gu_mode == GU_SETS);
+                mmq_launch_auto(A, pair, st, c->pdl, c->gu_mode == GU_SETS, c->n_sm);
         }
         return;
     }
@@ -870,6 +871,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
      * one buffer) */
     const char *ttr = getenv("MUSER_CUDA_TAIL_TRIGGER");
     c->tail_trigger = c->tail_pdl && c->mv_ver == 9 && !(ttr && !strcmp(ttr, "0")) && tc_inputs_only(c);
+    const char *ppd = getenv("MUSER_CUDA_PREP_PDL");
+    c->prep_pdl = c->tail_pdl && c->mv_ver == 9 && !(ppd && !strcmp(ppd, "0")) && tc_inputs_only(c);
     FAIL(record_graph(c, true, false, &c->g_fwd, err));
     FAIL(record_graph(c, false, true, &c->g_bench, err));
     e = cudaStreamSynchronize(c->st);

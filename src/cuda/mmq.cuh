@@ -120,20 +120,27 @@ __device__ __forceinline__ void mmq_prep_warp(float v, uint32_t p, uint8_t *__re
     }
 }
 
-/* One CTA per 256-block, a warp per 32-group. K a multiple of 256. */
-static __global__ void __launch_bounds__(256) mmq_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
+/* One CTA of MMQ_PREP_T threads per 256-block, a warp per 32-group in turn. K a multiple of 256.
+ * 128 threads (~4K registers) fit beside the two CTAs of the persistent gate·up on every SM, so
+ * as a programmatic dependent the prep is resident before gate·up ends (256 threads did not fit:
+ * it launched ~1.7 us after gate·up's end; timeline, H200). */
+#define MMQ_PREP_T 128
+static __global__ void __launch_bounds__(MMQ_PREP_T) mmq_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {
     CU_TL_SCOPE(TL_MMQ_PREP);
     mvq_trigger();
     mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
-    const uint32_t p = 256 * blockIdx.x + threadIdx.x;
-    if (p >= K) return;
-    mmq_prep_warp(x[p], p, buf);
+    for (uint32_t p = 256 * blockIdx.x + threadIdx.x; p < 256 * blockIdx.x + 256 && p < K; p += MMQ_PREP_T)
+        mmq_prep_warp(x[p], p, buf);
 }
 
-static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K)
+/* pdl: as a programmatic dependent of the kernel before it (only where no kernel that may still
+ * run then reads buf: see cu_ldx) */
+static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
 {
-    mmq_prep<<<K / 256, 256, 0, st>>>(x, buf, K);
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(K / 256), dim3(MMQ_PREP_T), st, pdl, at);
+    cudaLaunchKernelEx(&cfg, mmq_prep, x, buf, K);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------ */
@@ -343,10 +350,10 @@ __global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
     }
 }
 
-template <int R, int KW, bool PF, bool PAIR>
+template <int R, int KW, bool PF, bool PAIR, int MINB_ = 0>
 static void mmq_launch(const mmq_args &A, cudaStream_t st = 0, bool pdl = true)
 {
-    constexpr int MINB = R >= 2 ? 2 : PF ? 3 : 4;
+    constexpr int MINB = MINB_ ? MINB_ : R >= 2 ? 2 : PF ? 3 : 4;
     const uint32_t tiles_per_cta = PAIR ? (R == 2 ? 8 / KW : 8 / KW / 2) : (8 / KW) * R;
     const uint32_t ntile = A.rows / 16;
     cudaLaunchAttribute at[1];
@@ -359,11 +366,16 @@ static void mmq_launch(const mmq_args &A, cudaStream_t st = 0, bool pdl = true)
  * is mmq_pair_persist below); the LM-head-sized
  * launches (≥ 65536 rows) R 1 KW 2; the per-layer shapes R 2 KW 8. Loading the next block first
  * (PF) lost 2-10% in the engine on the pair and the per-layer shapes (bench/kernels/NOTES.md). */
-static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st, bool pdl, bool pair_sets = false)
+static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st, bool pdl, bool pair_sets = false,
+                                   int n_sm = 0)
 {
     if (pair && !pair_sets) mmq_launch<2, 8, false, true>(A, st, pdl);
     else if (pair) mmq_launch<1, 4, false, true>(A, st, pdl);
     else if (A.rows >= 65536) mmq_launch<1, 2, false, false>(A, st, pdl);
+    /* more CTAs than 2 per SM hold (the 8704-row stack with v: 272 for 264): the 80-register build
+     * at 3 per SM runs them in one wave instead of a second of 8 (timeline, H200: 15.7 -> 12.2 us;
+     * where 2 per SM suffice it is 2-10% slower) */
+    else if (n_sm && A.rows / 32 > (uint32_t)n_sm * 2) mmq_launch<2, 8, false, false, 3>(A, st, pdl);
     else mmq_launch<2, 8, false, false>(A, st, pdl);
 }
 

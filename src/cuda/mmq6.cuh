@@ -156,19 +156,21 @@ __device__ __forceinline__ void mmq6_prep_warp(float v, uint32_t p, uint8_t *__r
 }
 
 /* One CTA per 256-block, a thread per element. K a multiple of 256, buf 16-byte aligned. */
-static __global__ void __launch_bounds__(256) mmq6_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
+static __global__ void __launch_bounds__(MMQ_PREP_T) mmq6_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {
     CU_TL_SCOPE(TL_MMQ6_PREP);
     mvq_trigger();
     mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
-    const uint32_t p = 256 * blockIdx.x + threadIdx.x;
-    if (p >= K) return;
-    mmq6_prep_warp(x[p], p, buf);
+    for (uint32_t p = 256 * blockIdx.x + threadIdx.x; p < 256 * blockIdx.x + 256 && p < K; p += MMQ_PREP_T)
+        mmq6_prep_warp(x[p], p, buf);
 }
 
-static inline void mmq6_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K)
+/* As mmq_prep_launch (MMQ_PREP_T threads per 256-block; pdl: see there). */
+static inline void mmq6_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
 {
-    mmq6_prep<<<K / 256, 256, 0, st>>>(x, buf, K);
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(K / 256), dim3(MMQ_PREP_T), st, pdl, at);
+    cudaLaunchKernelEx(&cfg, mmq6_prep, x, buf, K);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------ */
