@@ -155,22 +155,14 @@ __device__ __forceinline__ void mmq6_prep_warp(float v, uint32_t p, uint8_t *__r
     }
 }
 
-/* One CTA per 256-block, a thread per element. K a multiple of 256, buf 16-byte aligned. */
-static __global__ void __launch_bounds__(MMQ_PREP_T) mmq6_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
-{
-    CU_TL_SCOPE(TL_MMQ6_PREP);
-    mvq_trigger();
-    mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
-    for (uint32_t p = 256 * blockIdx.x + threadIdx.x; p < 256 * blockIdx.x + 256 && p < K; p += MMQ_PREP_T)
-        mmq6_prep_warp(x[p], p, buf);
-}
-
-/* As mmq_prep_launch (MMQ_PREP_T threads per 256-block; pdl: see there). */
+/* The prep of this layout (mmq_prep_kernel in mmq.cuh): K a multiple of 256, buf 16-byte aligned. */
+struct mmq_prep_q6 {
+    static constexpr int tag = TL_MMQ6_PREP;
+    static __device__ __forceinline__ void write(float v, uint32_t p, uint8_t *buf) { mmq6_prep_warp(v, p, buf); }
+};
 static inline void mmq6_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
 {
-    cudaLaunchAttribute at[1];
-    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(K / 256), dim3(MMQ_PREP_T), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, mmq6_prep, x, buf, K);
+    mmq_prep_launch_t<mmq_prep_q6>(st, x, buf, K, pdl);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------ */
