@@ -169,15 +169,17 @@ int main(void)
     }
     unsetenv("MUSER_CUDA_GU");
     /* the tails' two-barrier cluster sums (MUSER_CUDA_TAIL=v1), no early tail triggers
-     * (MUSER_CUDA_TAIL_TRIGGER=0), plain preps (MUSER_CUDA_PREP_PDL=0) */
+     * (MUSER_CUDA_TAIL_TRIGGER=0), plain preps (MUSER_CUDA_PREP_PDL=0), v apart from the stack (MUSER_CUDA_STACKV=0) */
     setenv("MUSER_CUDA_TAIL", "v1", 1);
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
     unsetenv("MUSER_CUDA_TAIL");
     setenv("MUSER_CUDA_TAIL_TRIGGER", "0", 1);
     setenv("MUSER_CUDA_PREP_PDL", "0", 1); /* and plain prep launches */
+    setenv("MUSER_CUDA_STACKV", "0", 1);   /* and a Q6_K attn_v launched after the stack */
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, true);
     unsetenv("MUSER_CUDA_TAIL_TRIGGER");
     unsetenv("MUSER_CUDA_PREP_PDL");
+    unsetenv("MUSER_CUDA_STACKV");
     setenv("MUSER_CUDA_Q6", "v7", 1);
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
     parity_one(MUSER_ARCH_MUSE, 14 /* Q6_K */, 20, false);

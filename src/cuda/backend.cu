@@ -90,6 +90,7 @@ typedef struct cu_ctx {
     uint8_t *x6;               /* mmq6_prep output of the current matvec input (v8's Q6_KT matrices) */
     uint8_t *xm_site[XS_N], *x6_site[XS_N]; /* xm and x6 per input site (set_site), in one allocation */
     bool tail_trigger;         /* the tails let the matvec after them launch at their start (MUSER_CUDA_TAIL_TRIGGER=0: not) */
+    bool stack_v;              /* a Q6_KT v shares the stack's launch (mmq_stack_v; MUSER_CUDA_STACKV=0: its own) */
     bool prep_pdl;             /* the tensor-core preps launch as programmatic dependents (with tail_trigger; MUSER_CUDA_PREP_PDL=0: not) */
     bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
                                 * MUSER_CUDA_PDL=0 turns it off */
@@ -565,12 +566,35 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         pf_mark(pf, st, PF_QKVG);
         if (SKIP(c, SK_QKVG)) {
         } else if (L->qkg.data) { /* v8: one tensor-core launch over the stack, v on mmq6 when not in it */
-            mv_launch sl;
-            memset(&sl, 0, sizeof sl);
-            seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1);
-            bool no = false;
-            mv_go(c, st, &sl, c->a, &no, DIG_XM);
-            if (!L->qkg_v) {
+            const bool with_v = !L->qkg_v && c->stack_v && L->qkg.type == MV_T_Q4_KT && L->v.type == MV_T_Q6_KT &&
+                                (digits_ready(dg) & (DIG_XM | DIG_X6)) == (DIG_XM | DIG_X6);
+            if (with_v) {
+                /* a Q6_K v beside the stack in the same grid (mmq_stack_v) */
+                mmq_args S;
+                S.a = L->qkg.data;
+                S.b = NULL;
+                S.rows = L->qkg.rows;
+                S.K = L->qkg.cols;
+                S.x = c->xm;
+                S.out = q;
+                mmq6_args V;
+                V.a = L->v.data;
+                V.rows = L->v.rows;
+                V.K = L->v.cols;
+                V.x = c->x6;
+                V.out = v;
+                V.op = MV_OP_STORE;
+                V.scale = 1.f;
+                V.cap = 0.f;
+                mmq_stack_v_launch(S, V, st, c->pdl);
+            } else {
+                mv_launch sl;
+                memset(&sl, 0, sizeof sl);
+                seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1);
+                bool no = false;
+                mv_go(c, st, &sl, c->a, &no, DIG_XM);
+            }
+            if (!L->qkg_v && !with_v) {
                 const mv_mat *vm[1] = {&L->v};
                 float *vo[1] = {v};
                 mv_group(c, st, vm, vo, 1, c->a, dg.v7 != NULL, digits_ready(dg));
@@ -752,6 +776,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         c->pdl = !(pdl && !strcmp(pdl, "0"));
         const char *tpdl = getenv("MUSER_CUDA_TAIL_PDL");
         c->tail_pdl = c->pdl && !(tpdl && !strcmp(tpdl, "0"));
+        const char *sv = getenv("MUSER_CUDA_STACKV");
+        c->stack_v = !(sv && !strcmp(sv, "0"));
         const char *tv = getenv("MUSER_CUDA_TAIL");
         c->tail_push = !(tv && !strcmp(tv, "v1"));
         const char *q6 = getenv("MUSER_CUDA_Q6");

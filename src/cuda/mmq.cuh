@@ -280,10 +280,9 @@ struct mmq_args {
  * before this block's arithmetic. PAIR, R = 1 (KW <= 4): the CTA's sets alternate gate / up of
  * the same tile; PAIR, R = 2: each warp takes gate and up of the same tile and block, so x is
  * loaded once for both (kbench_stream's "pair-units"). MINB: blocks per SM for the registers. */
-template <int R, int KW, bool PF, bool PAIR, int MINB>
-__global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
+template <int R, int KW, bool PF, bool PAIR>
+__device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta)
 {
-    CU_TL_SCOPE(TL_MMQ);
     constexpr int SETS = 8 / KW;
     constexpr bool PU = PAIR && R == 2;                         /* pair-units */
     constexpr int TPC = PU ? SETS : PAIR ? SETS / 2 : SETS * R; /* output tiles per CTA */
@@ -295,7 +294,7 @@ __global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
     const uint8_t *unit[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        uint32_t tile = PU ? blockIdx.x * TPC + set : PAIR ? blockIdx.x * TPC + set / 2 : (blockIdx.x * SETS + set) * R + r;
+        uint32_t tile = PU ? cta * TPC + set : PAIR ? cta * TPC + set / 2 : (cta * SETS + set) * R + r;
         if (tile >= ntile) tile = ntile - 1; /* tail: recompute, store once */
         const bool up = PU ? r == 1 : PAIR && (set & 1);
         unit[r] = (up ? A.b : A.a) + ((size_t)tile * nb + kw) * MMQ_UNIT;
@@ -341,7 +340,7 @@ __global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
     for (int r = 0; r < R; r++) mmq_rows_f64(acc[r][0], acc[r][1], red[wid][r], lane);
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < (uint32_t)(TPC * 16); i += blockDim.x) {
-        const uint32_t ot = i / 16, row16 = i % 16, tile = blockIdx.x * TPC + ot;
+        const uint32_t ot = i / 16, row16 = i % 16, tile = cta * TPC + ot;
         if (tile >= ntile) continue;
         double ys = 0, us = 0;
         float y;
@@ -360,6 +359,12 @@ __global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
         }
         A.out[(size_t)tile * 16 + row16] = y;
     }
+}
+template <int R, int KW, bool PF, bool PAIR, int MINB>
+__global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
+{
+    CU_TL_SCOPE(TL_MMQ);
+    mmq_body<R, KW, PF, PAIR>(A, blockIdx.x);
 }
 
 template <int R, int KW, bool PF, bool PAIR, int MINB_ = 0>

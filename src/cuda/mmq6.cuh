@@ -265,10 +265,9 @@ struct mmq6_args {
 /* R tiles per warp; KW warps per tile set splitting the blocks; NW warps per CTA; PF: the next
  * block's weights loaded before this block's arithmetic (twice the weight registers) instead of
  * after it; MINB: CTAs per SM for the registers. */
-template <int R, int KW, int NW, bool PF, int MINB>
-__global__ void __launch_bounds__(NW * 32, MINB) mmq6_kernel(const mmq6_args A)
+template <int R, int KW, int NW, bool PF>
+__device__ __forceinline__ void mmq6_body(const mmq6_args &A, uint32_t cta)
 {
-    CU_TL_SCOPE(TL_MMQ6);
     constexpr int SETS = NW / KW;
     constexpr int TPC = SETS * R; /* output tiles per CTA */
     mvq_trigger(); /* weights first, then wait for x */
@@ -279,7 +278,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) mmq6_kernel(const mmq6_args A)
     const uint8_t *q[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        uint32_t tile = (blockIdx.x * SETS + set) * R + r;
+        uint32_t tile = (cta * SETS + set) * R + r;
         if (tile >= ntile) tile = ntile - 1; /* tail: recompute, store once */
         q[r] = A.a + ((size_t)tile * nb + kw) * MMQ6_UNIT + 16 * lane;
     }
@@ -325,7 +324,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) mmq6_kernel(const mmq6_args A)
     for (int r = 0; r < R; r++) mmq_rows_f64(acc[r][0], acc[r][1], red[wid][r], lane);
     __syncthreads();
     for (uint32_t i = threadIdx.x; i < (uint32_t)(TPC * 16); i += blockDim.x) {
-        const uint32_t ot = i / 16, row16 = i % 16, tile = blockIdx.x * TPC + ot;
+        const uint32_t ot = i / 16, row16 = i % 16, tile = cta * TPC + ot;
         if (tile >= ntile) continue;
         const uint32_t st = ot / R, rt = ot % R;
         double ys = 0;
@@ -337,6 +336,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) mmq6_kernel(const mmq6_args A)
         }
         A.out[(size_t)tile * 16 + row16] = y;
     }
+}
+template <int R, int KW, int NW, bool PF, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) mmq6_kernel(const mmq6_args A)
+{
+    CU_TL_SCOPE(TL_MMQ6);
+    mmq6_body<R, KW, NW, PF>(A, blockIdx.x);
 }
 
 /* MINB = 0: CTAs per SM for ~64 registers per thread (R 1), ~128 (R 2 or PF). pdl: programmatic
@@ -358,6 +363,28 @@ static inline cudaError_t mmq6_launch_auto(const mmq6_args &A, cudaStream_t st, 
     const uint32_t ntile = A.rows / 16;
     if (ntile >= 4096) return mmq6_launch<2, 2, 8, false>(A, st, pdl); /* the LM head */
     return mmq6_launch<1, 8, 8, true>(A, st, pdl);                     /* ffn_down, attn_v, ... */
+}
+
+/* ---- the attention projections with a Q6_K v: one launch ------------------------------------ */
+/* The Q4_KT stack (q | k | gate) and a Q6_KT v read the same input; as two launches v's 16 CTAs
+ * ran after the whole stack (~4.8 us a layer in 25 of Glimmer's 52). Here one grid: CTAs [0, nv)
+ * take v's tiles as mmq6_launch_auto's per-layer shape does (R 1, KW 8, next block prefetched), the
+ * rest the stack's as mmq_launch_auto's (R 2, KW 8), at 3 CTAs per SM (the 80-register builds) so
+ * the 16 + 264 CTAs run in one wave, v's first. Same arithmetic per output as the two launches. */
+static __global__ void __launch_bounds__(256, 3) mmq_stack_v(const mmq_args S, const mmq6_args V, uint32_t nv)
+{
+    CU_TL_SCOPE(TL_MMQ);
+    if (blockIdx.x < nv) mmq6_body<1, 8, 8, true>(V, blockIdx.x);
+    else mmq_body<2, 8, false, false>(S, blockIdx.x - nv);
+}
+
+/* S: the stack (rows a multiple of 16, x in mmq's layout); V: v (x in mmq6's), MV_OP_STORE. */
+static inline void mmq_stack_v_launch(const mmq_args &S, const mmq6_args &V, cudaStream_t st, bool pdl)
+{
+    const uint32_t nv = V.rows / 16, ns = (S.rows / 16 + 1) / 2;
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(nv + ns), dim3(256), st, pdl, at);
+    cudaLaunchKernelEx(&cfg, mmq_stack_v, S, V, nv);
 }
 
 #endif
