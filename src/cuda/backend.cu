@@ -557,7 +557,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     set_site(c, XS_STACK);
     cu_digits dg = qkvg_digits(c, 0, xq_a); /* the digits the next attention projections (or the head) read */
     cu_embed_norm(st, &c->emb, &dstep->token, c->h, c->a, c->layers[0].attn_norm, hp->rms_eps, hp->entry_norm,
-                  hp->rms_eps, E, dg);
+                  hp->rms_eps, E, dg, c->tail_trigger);
     /* c->qkvg = q | k | gate | v (v8 stacks the matrices in this order) */
     float *q = c->qkvg, *k = q + (size_t)H * D, *g = k + (size_t)HKV * D;
     float *v = hp->attn_gate ? g + (size_t)H * D : g;

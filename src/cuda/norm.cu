@@ -8,7 +8,6 @@
 
 #include <cooperative_groups.h>
 
-#define NORM_THREADS 1024
 
 __device__ static double block_sum(double v, double *sh)
 {
@@ -20,43 +19,6 @@ __device__ static double block_sum(double v, double *sh)
     double t = 0;
     for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += sh[i];
     return t;
-}
-
-__global__ void __launch_bounds__(NORM_THREADS) k_embed_norm(const mv_mat emb, const int32_t *d_token, float *h, float *a, const float *w,
-                             float eps, int entry_norm, float entry_eps, uint32_t E, cu_digits dg)
-{
-    CU_TL_SCOPE(TL_EMBED);
-    __shared__ double sh[32];
-    const uint32_t tok = (uint32_t)*d_token;
-    double ss = 0;
-    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
-        const float v = mv_elem(emb, tok, i);
-        h[i] = v;
-        ss += (double)v * v;
-    }
-    ss = block_sum(ss, sh);
-    if (entry_norm) {
-        const float r = (float)(1.0 / sqrt(ss / E + entry_eps));
-        double ss2 = 0;
-        for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
-            const float v = h[i] * r;
-            h[i] = v;
-            ss2 += (double)v * v;
-        }
-        ss = block_sum(ss2, sh);
-    }
-    const float r = (float)(1.0 / sqrt(ss / E + eps));
-    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) {
-        const float v = h[i] * r * w[i];
-        a[i] = v;
-        cu_digits_write(dg, v, i); /* E % 32 == 0: whole warps */
-    }
-}
-
-void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
-                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg)
-{
-    k_embed_norm<<<1, NORM_THREADS, 0, st>>>(*emb, d_token, h, a, w_norm, eps, entry_norm, entry_eps, E, dg);
 }
 
 /* The tail runs on a cluster of TAIL_CL blocks (one per SM) sharing the two sums of squares
@@ -110,12 +72,14 @@ __device__ static double cluster_sum_push(double v, double *sh, double *slots)
     return t;
 }
 
-template <bool PUSH>
+/* EMB: the embedding entry instead (cu_embed_norm): y = row *d_token of emb, h = 0 before, the
+ * post weights ones (the entry norm is weightless): h = rmsnorm(y) (or y without the entry norm). */
+template <bool PUSH, bool EMB>
 __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
     k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next,
-           float eps_next, int sandwich, uint32_t E, cu_digits dg, int trigger)
+           float eps_next, int sandwich, uint32_t E, cu_digits dg, int trigger, const mv_mat emb, const int32_t *d_token)
 {
-    CU_TL_SCOPE(TL_TAIL);
+    CU_TL_SCOPE(EMB ? TL_EMBED : TL_TAIL);
     if (trigger) mvq_trigger(); /* the matvec after this tail may launch now (see cu_tail) */
     __shared__ double sh[2][32];
     __shared__ double slots[2][TAIL_CL];
@@ -127,7 +91,7 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
     for (int k = 0; k < TAIL_PER; k++) {
         const uint32_t i = lo + threadIdx.x + k * TAIL_T;
         const bool in = i < hi;
-        wp[k] = in && sandwich ? w_post[i] : 0.f;
+        wp[k] = EMB ? 1.f : in && sandwich ? w_post[i] : 0.f;
         wn[k] = in ? w_next[i] : 0.f;
     }
     mvq_wait(); /* a no-op unless launched with programmatic stream serialization */
@@ -135,8 +99,13 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
     for (int k = 0; k < TAIL_PER; k++) {
         const uint32_t i = lo + threadIdx.x + k * TAIL_T;
         const bool in = i < hi;
-        yv[k] = in ? y[i] : 0.f;
-        hv[k] = in ? h[i] : 0.f;
+        if (EMB) {
+            yv[k] = in ? mv_elem(emb, (uint32_t)*d_token, i) : 0.f;
+            hv[k] = 0.f;
+        } else {
+            yv[k] = in ? y[i] : 0.f;
+            hv[k] = in ? h[i] : 0.f;
+        }
     }
     float r1 = 1.f;
     if (sandwich) {
@@ -179,8 +148,20 @@ void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w
      * weights before griddepcontrol.wait, and write nothing before it. */
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(TAIL_CL), dim3(TAIL_T), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, push ? k_tail<true> : k_tail<false>, y, h, a, w_post, eps_post, w_next, eps_next,
-                       (int)sandwich, E, dg, (int)trigger);
+    const mv_mat none = {NULL, 0, 0, 0};
+    cudaLaunchKernelEx(&cfg, push ? k_tail<true, false> : k_tail<false, false>, y, h, a, w_post, eps_post, w_next, eps_next,
+                       (int)sandwich, E, dg, (int)trigger, none, (const int32_t *)NULL);
+}
+
+/* The embedding entry on the tail's cluster: h = rmsnorm(emb[token], ones, entry_eps) (or the row
+ * itself without the entry norm), a = rmsnorm(h, w_norm, eps) and its digits. trigger: as cu_tail. */
+void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
+                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg, bool trigger)
+{
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(TAIL_CL), dim3(TAIL_T), st, false, at);
+    cudaLaunchKernelEx(&cfg, k_tail<true, true>, (const float *)NULL, h, a, (const float *)NULL, entry_eps, w_norm, eps,
+                       (int)entry_norm, E, dg, (int)trigger, *emb, d_token);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)

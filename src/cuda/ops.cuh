@@ -59,7 +59,8 @@ __device__ __forceinline__ void cu_digits_write(const cu_digits d, float v, uint
 /* norm.cu */
 /* dg: also write the output as matvec input digits (cu_digits); E % 32 == 0 */
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
-                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg);
+                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg,
+                   bool trigger);
 /* dg: also write a as matvec input digits (cu_digits).
  * pdl: launch with programmatic stream serialization (after a matvec, which triggers early);
  * push: the one-barrier cluster sums (false: v1's two barriers; the same bits) */
