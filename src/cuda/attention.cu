@@ -352,6 +352,9 @@ __global__ void __launch_bounds__(CMB_WARPS * 32) k_attn_combine(const float *pa
     /* the splits with positions: s·chunk < len (the split kernel's blocks past them exited) */
     const uint32_t used = (uint32_t)((len + chunk - 1) / chunk);
     const size_t i0 = (size_t)h * n_split * G + g; /* partial index of (h, split 0, g); split s adds s·G */
+    /* the gate was written by the projections, which finished before the split kernel launched:
+     * loaded before the wait for the partials (one L2 latency off the end of the chain) */
+    const float gv = gate ? gate[(size_t)hq * D + d] : 0.f;
     att_pdl_wait();
     float a[CMB_R];
 #pragma unroll
@@ -404,7 +407,7 @@ __global__ void __launch_bounds__(CMB_WARPS * 32) k_attn_combine(const float *pa
 #pragma unroll
     for (int i = 1; i < CMB_WARPS; i++) num += wnum[i][lane];
     float o = num / den;
-    if (gate) o = o * (1.f / (1.f + expf(-gate[(size_t)hq * D + d])));
+    if (gate) o = o * (1.f / (1.f + expf(-gv)));
     out[(size_t)hq * D + d] = o;
     cu_digits_write(dg, o, hq * D + d); /* one whole warp over 32 consecutive elements */
 }
