@@ -44,11 +44,11 @@
 
 /* ---- programmatic dependent launch ---------------------------------------------------------- */
 /* The matvec is launched with programmatic stream serialization: its blocks may start while the
- * previous kernel (the prep of its x, or another matvec) is still running. Everything before
- * mvq_wait reads only weights, which no kernel writes; everything after it may read the
- * predecessor's output. The prep and the matvec let their own dependents start early with
- * mvq_trigger. (Triggering early from the tails, the embedding norm and the attention combine as
- * well broke v7's results on the device and bought nothing; see bench/kernels/NOTES.md.) */
+ * previous kernel (the prep of its x, a tail, or another matvec) is still running. Everything
+ * before mvq_wait reads only weights, which no kernel writes; everything after it may read the
+ * predecessor's output. The preps and the matvecs let their own dependents start early with
+ * mvq_trigger, and so do the tails and the embedding entry where the route gives every matvec
+ * input site its own digit buffers (see cu_ldx). */
 __device__ __forceinline__ void mvq_wait()
 {
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -56,13 +56,14 @@ __device__ __forceinline__ void mvq_wait()
 }
 __device__ __forceinline__ void mvq_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 /* A matvec's load of its prepared x, which the kernel before it wrote: the non-coherent path
- * (__ldg), 1.6% faster per token than a plain load (H200, interleaved). That is safe only because
- * no producer of x (tail, embedding norm, combine, prep) lets its dependents launch early: when
- * the matvec launches, every kernel older than the producer has finished, so no SM's L1 holds
- * x's previous contents. With early triggers an older kernel still running on the same SM can
- * pull the old x into L1 through this path after the matvec's launch, and a load after
- * griddepcontrol.wait hits that stale line: the two "PDL breaks v7" results in
- * bench/kernels/NOTES.md. Early triggers need a plain load here (tested: they then pass). */
+ * (__ldg), 1.6% faster per token than a plain load (H200, interleaved). The invariant that makes it
+ * safe: no kernel that may still be running when the matvec launches reads the matvec's x buffer.
+ * Otherwise such a kernel, on the same SM, can pull the buffer's old contents into L1 through this
+ * path after the matvec's launch, and a load after griddepcontrol.wait hits that stale line (the
+ * two "PDL breaks v7" results in bench/kernels/NOTES.md). It holds when the producer of x does not
+ * trigger early (every kernel older than it has finished at the matvec's launch), or when, as in
+ * the v8 route (backend.cu, XS_*), each input site has its own buffer whose previous reader ran a
+ * whole layer earlier, behind kernels that never trigger early. */
 template <typename T>
 __device__ __forceinline__ T cu_ldx(const void *p)
 {

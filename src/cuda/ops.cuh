@@ -57,7 +57,7 @@ __device__ __forceinline__ void cu_digits_write(const cu_digits d, float v, uint
 }
 
 /* norm.cu */
-/* dg: also write the output as matvec input digits (cu_digits); E % 32 == 0 */
+/* dg: also write the output as matvec input digits (cu_digits); E % 32 == 0. trigger: as cu_tail */
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
                    const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg,
                    bool trigger);
