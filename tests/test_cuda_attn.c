@@ -11,7 +11,9 @@
  * (lossy storage, what SPEC §4 refuses) lands at 2e-5 .. 1e-3 on these cases — the test emulates
  * that on the CPU and checks the bound would catch it. Fail closed: a NaN in an attended K or V
  * row, or an Inf in q, makes that KV head's (or that head's) outputs non-finite; a NaN in a row
- * outside the attended range changes nothing (bit for bit).
+ * outside the attended range changes nothing (bit for bit). The QK-norm/RoPE/KV store folded into
+ * the tc split kernel (the route's default there) is checked against the separate kernel: K/V
+ * planes bit-identical, outputs within the bound.
  * SKIP (77) when built without CUDA or when no GPU is present. */
 #include "check.h"
 
@@ -131,6 +133,37 @@ static int head_nonfinite(const float *o, uint32_t head, uint32_t D)
     return 0;
 }
 
+/* Random planes (k/1024 values), q in [-8, 8) (score std ~2.7), gate in [-4, 4), and the case
+ * describing them for acase a. */
+static void fill_case(const acase *a, uint16_t *kp, uint16_t *vp, float *q, float *gate, muser_cuda_attn_case *c)
+{
+    const size_t plane = (size_t)a->cap * a->HKV * a->D, QD = (size_t)a->H * a->D;
+    for (size_t i = 0; i < plane; i++) {
+        kp[i] = f16_of_k((int)(rng() % 2049) - 1024);
+        vp[i] = f16_of_k((int)(rng() % 2049) - 1024);
+    }
+    for (size_t i = 0; i < QD; i++) {
+        q[i] = ((float)(rng() >> 8) / 16777216.0f - 0.5f) * 16.0f;
+        gate[i] = ((float)(rng() >> 8) / 16777216.0f - 0.5f) * 8.0f;
+    }
+    memset(c, 0, sizeof *c);
+    c->n_head = a->H;
+    c->n_head_kv = a->HKV;
+    c->head_dim = a->D;
+    c->ring = a->ring;
+    c->n_split = a->n_split;
+    c->scale = (float)(1.0 / sqrt((double)a->D));
+    c->pos = a->pos;
+    c->len = a->len;
+    c->capacity = a->cap;
+    c->origin_logical = a->pos + 1 - a->len;
+    c->origin_physical = a->ring ? a->origin_physical : 0;
+    c->k_plane = kp;
+    c->v_plane = vp;
+    c->q = q;
+    c->gate = a->gate ? gate : NULL;
+}
+
 /* returns 77 when there is no device */
 static int run_case(const acase *a, int *first)
 {
@@ -139,31 +172,8 @@ static int run_case(const acase *a, int *first)
     float *q = malloc(QD * sizeof(float)), *gate = malloc(QD * sizeof(float));
     float *o_tc = malloc(QD * sizeof(float)), *o_v1 = malloc(QD * sizeof(float)), *o2 = malloc(QD * sizeof(float));
     double *ref = malloc(QD * sizeof(double)), *lossy = malloc(QD * sizeof(double));
-    for (size_t i = 0; i < plane; i++) {
-        kp[i] = f16_of_k((int)(rng() % 2049) - 1024);
-        vp[i] = f16_of_k((int)(rng() % 2049) - 1024);
-    }
-    for (size_t i = 0; i < QD; i++) {
-        q[i] = ((float)(rng() >> 8) / 16777216.0f - 0.5f) * 16.0f; /* [-8, 8): score std ~2.7 */
-        gate[i] = ((float)(rng() >> 8) / 16777216.0f - 0.5f) * 8.0f;
-    }
     muser_cuda_attn_case c;
-    memset(&c, 0, sizeof c);
-    c.n_head = a->H;
-    c.n_head_kv = a->HKV;
-    c.head_dim = a->D;
-    c.ring = a->ring;
-    c.n_split = a->n_split;
-    c.scale = (float)(1.0 / sqrt((double)a->D));
-    c.pos = a->pos;
-    c.len = a->len;
-    c.capacity = a->cap;
-    c.origin_logical = a->pos + 1 - a->len;
-    c.origin_physical = a->ring ? a->origin_physical : 0;
-    c.k_plane = kp;
-    c.v_plane = vp;
-    c.q = q;
-    c.gate = a->gate ? gate : NULL;
+    fill_case(a, kp, vp, q, gate, &c);
     char msg[256];
     int rc = muser_cuda_attn_run(&c, CU_ATTN_TC, o_tc, msg, sizeof msg);
     if (rc == 77 && *first) goto out;
@@ -242,6 +252,46 @@ out:
     free(lossy);
     return rc;
 }
+
+/* The QK-norm/RoPE/store folded into the tc split kernel (the route's default for Glimmer's
+ * geometry) against QK-norm/RoPE as its own kernel, on the same raw q, k, v and planes: the K and V
+ * planes bit-identical (the same arithmetic), the outputs within BOUND (only q's norm sums in
+ * another order). */
+static void fuse_case(const acase *a, int rope)
+{
+    const size_t plane = (size_t)a->cap * a->HKV * a->D, QD = (size_t)a->H * a->D, KD = (size_t)a->HKV * a->D;
+    uint16_t *kp = malloc(plane * 2), *vp = malloc(plane * 2);
+    float *q = malloc(QD * sizeof(float)), *gate = malloc(QD * sizeof(float));
+    float *kr = malloc(KD * sizeof(float)), *vr = malloc(KD * sizeof(float));
+    float *qn = malloc(a->D * sizeof(float)), *kn = malloc(a->D * sizeof(float));
+    muser_cuda_attn_case c;
+    fill_case(a, kp, vp, q, gate, &c);
+    for (size_t i = 0; i < KD; i++) {
+        kr[i] = ((float)(rng() >> 8) / 16777216.0f - 0.5f) * 6.0f;
+        vr[i] = ((float)(rng() >> 8) / 16777216.0f - 0.5f) * 2.0f;
+    }
+    for (uint32_t d = 0; d < a->D; d++) {
+        qn[d] = 0.5f + (float)(rng() >> 8) / 16777216.0f;
+        kn[d] = 0.5f + (float)(rng() >> 8) / 16777216.0f;
+    }
+    char msg[256];
+    double mx = -1;
+    int eq = 0;
+    const int rc = muser_cuda_attn_fuse_check(&c, kr, vr, qn, kn, 1e-5f, rope, 500000.0f, &mx, &eq, msg, sizeof msg);
+    printf("%-28s fused vs separate QK-norm/RoPE%s: out %.3e, K/V planes %s\n", a->name, rope ? "" : " (no rope)", mx,
+           eq ? "bit-identical" : "DIFFER");
+    CHECKF(rc == 0, "%s fused: %s", a->name, msg);
+    CHECKF(mx >= 0 && mx <= BOUND, "%s: fused output differs by %.3e", a->name, mx);
+    CHECKF(eq, "%s: the fused K/V store differs from the separate one", a->name);
+    free(kp);
+    free(vp);
+    free(q);
+    free(gate);
+    free(kr);
+    free(vr);
+    free(qn);
+    free(kn);
+}
 #endif
 
 int main(void)
@@ -275,6 +325,13 @@ int main(void)
             printf("SKIP: no CUDA device\n");
             return 77;
         }
+    /* the fused QK-norm/RoPE/store: rings with RoPE (SWA layers), FULL planes without (NoPE), both
+     * ways on a few; the token's row in the first, a middle and the last used split */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].H != 32) continue;
+        fuse_case(&cases[i], cases[i].ring);
+        if (cases[i].len == 33 || cases[i].len == 1000) fuse_case(&cases[i], !cases[i].ring);
+    }
     printf("test_cuda_attn: %d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;
 #endif

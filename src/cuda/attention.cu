@@ -530,23 +530,30 @@ __device__ __forceinline__ void tc_issue(uint32_t stage_u, uint64_t j0, uint64_t
     }
 }
 
+/* Extra dynamic shared memory of a fused call (cu_attn_fuse): the 16 heads' normed, rotated q. */
+#define TC_QS_BYTES (TC_G * TC_D * 4)
+
 template <bool RING, int STAGES>
 __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float *q, const cu_step *step,
                                                                     const cu_plane_meta *meta, const uint16_t *kp,
                                                                     const uint16_t *vp, float *part_ml,
                                                                     float *part_acc, uint32_t HKV, uint32_t n_split,
-                                                                    uint32_t align, float scale)
+                                                                    uint32_t align, float scale, const cu_attn_fuse F)
 {
     CU_TL_SCOPE(TL_ATT_SPLIT_TC);
     extern __shared__ __align__(128) uint8_t tc_smem[];
     __shared__ int qexp[TC_G];
     __shared__ float wml[TC_WARPS][TC_G][2];
+    __shared__ double rsin[TC_D / 2], rcos[TC_D / 2], ksum[TC_WARPS];
     const uint32_t split = blockIdx.x, h = blockIdx.y;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const cu_plane_meta m = meta[0];
     const uint64_t pos = step->pos;
     uint64_t b, e;
     att_pdl_trigger(); /* the combine may launch now; it waits for this grid's partials */
+    if (F.k && F.rope && threadIdx.x < TC_D / 2) /* fused: pair i = threadIdx.x, angle in f64 as k_qk_rope_store */
+        sincos((double)pos * pow((double)F.theta, -2.0 * (double)threadIdx.x / (double)TC_D), &rsin[threadIdx.x],
+               &rcos[threadIdx.x]);
     /* q's loads go out with the metadata's, not after it (one L2 latency less per call) */
     const float *qh = q + (size_t)h * TC_G * TC_D;
     const int qhd = threadIdx.x >> 3, qsub = threadIdx.x & 7; /* 8 threads per head, 16 elements each */
@@ -555,6 +562,77 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     for (int i = 0; i < 4; i++) qv[i] = __ldg((const float4 *)(qh + qhd * TC_D + qsub * 16) + i);
     att_range(pos, m.len, n_split, align, split, &b, &e);
     if (b >= e) return; /* the combine skips it too */
+    const float *qsrc = qh; /* where the Q fragments are read: q as given, or (fused) the normed, rotated copy */
+    if (F.k) {
+        /* QK-norm + RoPE + KV store (k_qk_rope_store's arithmetic), folded in: every block norms and
+         * rotates its 16 q heads; the block whose range holds pos also stores this token's k and v
+         * row, before any of its tiles (which read that row) is issued */
+        float x[16];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            x[4 * i] = qv[i].x;
+            x[4 * i + 1] = qv[i].y;
+            x[4 * i + 2] = qv[i].z;
+            x[4 * i + 3] = qv[i].w;
+        }
+        if (F.q_norm) { /* the head's 8 threads: Σx² in f64 */
+            double ss = 0;
+#pragma unroll
+            for (int j = 0; j < 16; j++) ss += (double)x[j] * x[j];
+            ss += __shfl_xor_sync(0xFFFFFFFFu, ss, 1);
+            ss += __shfl_xor_sync(0xFFFFFFFFu, ss, 2);
+            ss += __shfl_xor_sync(0xFFFFFFFFu, ss, 4);
+            const float r = (float)(1.0 / sqrt(ss / TC_D + F.eps));
+#pragma unroll
+            for (int j = 0; j < 16; j++) x[j] = x[j] * r * F.q_norm[qsub * 16 + j];
+        }
+        const bool has_pos = pos >= b && pos < e;
+        float kx = 0.f, vx = 0.f;
+        if (has_pos) { /* thread d = threadIdx.x of this token's k and v row (TC_WARPS·32 = TC_D) */
+            kx = F.k[(size_t)h * TC_D + threadIdx.x];
+            vx = F.v[(size_t)h * TC_D + threadIdx.x];
+            if (F.k_norm) { /* k_qk_rope_store's order: warp butterfly, then the warps in order */
+                double ss = (double)kx * kx;
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+                if (lane == 0) ksum[w] = ss;
+            }
+        }
+        __syncthreads(); /* rsin/rcos, ksum */
+        if (F.rope) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const double s = rsin[qsub * 8 + j], c = rcos[qsub * 8 + j];
+                const float x0 = x[2 * j], x1 = x[2 * j + 1];
+                x[2 * j] = (float)(x0 * c - x1 * s);
+                x[2 * j + 1] = (float)(x0 * s + x1 * c);
+            }
+        }
+        float *qs = (float *)(tc_smem + TC_SMEM(STAGES));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            qv[i] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+            *(float4 *)(qs + qhd * TC_D + qsub * 16 + 4 * i) = qv[i];
+        }
+        qsrc = qs;
+        if (has_pos) {
+            const uint32_t d = threadIdx.x;
+            if (F.k_norm) {
+                double t = 0;
+                for (int i = 0; i < TC_WARPS; i++) t += ksum[i];
+                const float r = (float)(1.0 / sqrt(t / TC_D + F.eps));
+                kx = kx * r * F.k_norm[d];
+            }
+            if (F.rope) { /* pair (d & ~1, d | 1) */
+                const float other = __shfl_xor_sync(0xFFFFFFFFu, kx, 1);
+                const double s = rsin[d >> 1], c = rcos[d >> 1];
+                kx = d & 1 ? (float)(other * s + kx * c) : (float)(kx * c - other * s);
+            }
+            const size_t off = att_off(RING, HKV, TC_D, m.capacity, h, att_row(m, RING, pos));
+            F.kw[off + d] = __half_as_ushort(__float2half_rn(kx));
+            F.vw[off + d] = __half_as_ushort(__float2half_rn(vx));
+            __syncthreads(); /* the row is stored before a tile holding it is copied */
+        }
+    }
 
     /* the warp's first tiles go out before anything else */
     const uint32_t n_tiles = (uint32_t)((e - b + TC_TILE - 1) / TC_TILE);
@@ -602,10 +680,10 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
         undo[1] = tc_pow2(-qexp[gr + 8]);
 #pragma unroll
         for (int kk = 0; kk < 8; kk++) {
-            const float2 x00 = *(const float2 *)(qh + gr * TC_D + 16 * kk + 2 * qc);
-            const float2 x10 = *(const float2 *)(qh + (gr + 8) * TC_D + 16 * kk + 2 * qc);
-            const float2 x01 = *(const float2 *)(qh + gr * TC_D + 16 * kk + 8 + 2 * qc);
-            const float2 x11 = *(const float2 *)(qh + (gr + 8) * TC_D + 16 * kk + 8 + 2 * qc);
+            const float2 x00 = *(const float2 *)(qsrc + gr * TC_D + 16 * kk + 2 * qc);
+            const float2 x10 = *(const float2 *)(qsrc + (gr + 8) * TC_D + 16 * kk + 2 * qc);
+            const float2 x01 = *(const float2 *)(qsrc + gr * TC_D + 16 * kk + 8 + 2 * qc);
+            const float2 x11 = *(const float2 *)(qsrc + (gr + 8) * TC_D + 16 * kk + 8 + 2 * qc);
             tc_split(x00.x * s0, x00.y * s0, qhi[kk][0], qlo[kk][0]);
             tc_split(x10.x * s1, x10.y * s1, qhi[kk][1], qlo[kk][1]);
             tc_split(x01.x * s0, x01.y * s0, qhi[kk][2], qlo[kk][2]);
@@ -746,27 +824,31 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
 template <bool RING, int STAGES>
 static int launch_tc(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                      const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g,
-                     uint32_t align)
+                     uint32_t align, const cu_attn_fuse &F)
 {
     /* host-side attributes, legal while a stream is being captured into a graph; the carveout
-     * asks for the shared-memory split that holds two 96 KiB blocks */
+     * asks for the shared-memory split that holds two blocks (96 KiB of stages, + 8 KiB fused) */
     if (cudaFuncSetAttribute(k_attn_split_tc<RING, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             TC_SMEM(STAGES)) ||
+                             TC_SMEM(STAGES) + TC_QS_BYTES) ||
         cudaFuncSetAttribute(k_attn_split_tc<RING, STAGES>, cudaFuncAttributePreferredSharedMemoryCarveout,
                              cudaSharedmemCarveoutMaxShared))
         return -1;
-    k_attn_split_tc<RING, STAGES><<<dim3(g->n_split, g->n_head_kv), TC_WARPS * 32, TC_SMEM(STAGES), st>>>(
-        q, step, meta, kp, vp, pml, pacc, g->n_head_kv, g->n_split, align, g->scale);
+    /* a plain launch, fused or not: the combine (its programmatic dependent) reads the gate before
+     * its wait, so the projections must have finished when this kernel launches (as a programmatic
+     * dependent of the projections the gate was read stale: Glimmer logits off by 0.5) */
+    const size_t smem = TC_SMEM(STAGES) + (F.k ? TC_QS_BYTES : 0);
+    k_attn_split_tc<RING, STAGES><<<dim3(g->n_split, g->n_head_kv), TC_WARPS * 32, smem, st>>>(
+        q, step, meta, kp, vp, pml, pacc, g->n_head_kv, g->n_split, align, g->scale, F);
     return 0;
 }
 
 template <int STAGES>
 static int launch_split_tc(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                            const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g,
-                           uint32_t align)
+                           uint32_t align, const cu_attn_fuse &F)
 {
-    return g->ring ? launch_tc<true, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g, align)
-                   : launch_tc<false, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g, align);
+    return g->ring ? launch_tc<true, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g, align, F)
+                   : launch_tc<false, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g, align, F);
 }
 
 /* G query heads per block; a KV head's GT = H/HKV query heads take GT/G blocks (grid.z) that
@@ -820,18 +902,26 @@ static att_plan att_plan_for(const cu_attn_geom *g)
     return p;
 }
 
-/* parts: 1 the split kernel, 2 the combine, 3 both (the route). */
+/* parts: 1 the split kernel, 2 the combine, 3 both (the route). fuse: QK-norm + RoPE + KV store in
+ * the split kernel (tc only; NULL: q and the cache row are ready). */
 static int att_run(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                    const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
-                   const float *gate, float *out, const cu_attn_geom *g0, const att_plan &p, cu_digits dg, int parts)
+                   const float *gate, float *out, const cu_attn_geom *g0, const att_plan &p, cu_digits dg, int parts,
+                   const cu_attn_fuse *fuse = NULL)
 {
+    cu_attn_fuse F;
+    memset(&F, 0, sizeof F);
+    if (fuse) {
+        if (!p.tc) return -1;
+        F = *fuse;
+    }
     cu_attn_geom g = *g0;
     g.n_split = p.n_split;
     if (!g.n_split || g.n_split > g0->n_split || g.n_split > CMB_MAX_SPLIT || p.align < 32 || (p.align & (p.align - 1)))
         return -1;
     int rc = 0;
     if (parts & 1) {
-        if (p.tc) rc = launch_split_tc<TC_STAGES>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g, p.align);
+        if (p.tc) rc = launch_split_tc<TC_STAGES>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g, p.align, F);
         else if (p.align != 32) rc = -1;
         else switch (g.head_dim) {
         case 32: rc = launch_by_g<1>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g); break;
@@ -846,10 +936,12 @@ static int att_run(cudaStream_t st, const float *q, const cu_step *step, const c
 
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
-                 const float *gate, float *out, const cu_attn_geom *g, cu_digits dg)
+                 const float *gate, float *out, const cu_attn_geom *g, cu_digits dg, const cu_attn_fuse *fuse)
 {
-    return att_run(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, gate, out, g, att_plan_for(g), dg, 3);
+    return att_run(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, gate, out, g, att_plan_for(g), dg, 3, fuse);
 }
+
+bool cu_attn_fusable(const cu_attn_geom *g) { return att_plan_for(g).tc; }
 
 int cu_attn_impl_parse(const char *s)
 {
@@ -857,6 +949,44 @@ int cu_attn_impl_parse(const char *s)
     if (!strcmp(s, "tc")) return CU_ATTN_TC;
     if (!strcmp(s, "v1")) return CU_ATTN_V1;
     return -1;
+}
+
+/* The test entry points' error path: a failing CUDA call records what failed and jumps to done. */
+#define TRY(x, w)                                \
+    do {                                         \
+        what = (w);                              \
+        if ((e = (x)) != cudaSuccess) goto done; \
+    } while (0)
+
+/* A test case's geometry and its token's step + plane metadata, as the route would upload them. */
+static cu_attn_geom case_geom(const muser_cuda_attn_case *c, int impl)
+{
+    cu_attn_geom g;
+    memset(&g, 0, sizeof g);
+    g.n_head = c->n_head;
+    g.n_head_kv = c->n_head_kv;
+    g.head_dim = c->head_dim;
+    g.ring = c->ring != 0;
+    g.n_split = c->n_split;
+    g.scale = c->scale;
+    g.impl = impl;
+    return g;
+}
+typedef struct case_step {
+    cu_step s;
+    cu_plane_meta m;
+} case_step;
+static case_step case_step_of(const muser_cuda_attn_case *c)
+{
+    case_step hs;
+    memset(&hs, 0, sizeof hs);
+    hs.s.pos = c->pos;
+    hs.s.n_layer = 1;
+    hs.m.origin_logical = c->origin_logical;
+    hs.m.origin_physical = c->origin_physical;
+    hs.m.len = c->len;
+    hs.m.capacity = c->capacity;
+    return hs;
 }
 
 int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, char *msg, size_t msg_len)
@@ -874,26 +1004,8 @@ int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, cha
     uint16_t *dk = NULL, *dv = NULL;
     void *dstep = NULL;
     cudaStream_t st = NULL;
-    cu_attn_geom g;
-    memset(&g, 0, sizeof g);
-    g.n_head = c->n_head;
-    g.n_head_kv = c->n_head_kv;
-    g.head_dim = c->head_dim;
-    g.ring = c->ring != 0;
-    g.n_split = c->n_split;
-    g.scale = c->scale;
-    g.impl = impl;
-    struct {
-        cu_step s;
-        cu_plane_meta m;
-    } hs;
-    memset(&hs, 0, sizeof hs);
-    hs.s.pos = c->pos;
-    hs.s.n_layer = 1;
-    hs.m.origin_logical = c->origin_logical;
-    hs.m.origin_physical = c->origin_physical;
-    hs.m.len = c->len;
-    hs.m.capacity = c->capacity;
+    const cu_attn_geom g = case_geom(c, impl);
+    const case_step hs = case_step_of(c);
     cudaError_t e = cudaSuccess;
     int rc = -1;
     const char *what = "alloc";
@@ -901,11 +1013,6 @@ int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, cha
         snprintf(msg, msg_len, "bad case");
         return -1;
     }
-#define TRY(x, w)              \
-    do {                       \
-        what = (w);            \
-        if ((e = (x)) != cudaSuccess) goto done; \
-    } while (0)
     TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
     TRY(cudaMalloc((void **)&dq, H * D * sizeof(float)), "alloc q");
     TRY(cudaMalloc((void **)&dout, H * D * sizeof(float)), "alloc out");
@@ -926,7 +1033,7 @@ int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, cha
     TRY(cudaMemset(dout, 0xFF, H * D * sizeof(float)), "poison");
     TRY(cudaMemset(pacc, 0xFF, HKV * c->n_split * G * D * sizeof(float)), "poison");
     if (cu_attention(st, dq, (const cu_step *)dstep, (const cu_plane_meta *)((cu_step *)dstep + 1), dk, dv, pml, pacc,
-                     dgate, dout, &g, cu_digits{NULL, NULL, NULL})) {
+                     dgate, dout, &g, cu_digits{NULL, NULL, NULL}, NULL)) {
         snprintf(msg, msg_len, "cu_attention refused the geometry (H %zu, HKV %zu, D %zu)", H, HKV, D);
         goto done_quiet;
     }
@@ -934,7 +1041,6 @@ int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, cha
     TRY(cudaStreamSynchronize(st), "run");
     TRY(cudaMemcpy(out, dout, H * D * sizeof(float), cudaMemcpyDeviceToHost), "download");
     rc = 0;
-#undef TRY
 done:
     if (e != cudaSuccess) snprintf(msg, msg_len, "cuda: %s: %s", what, cudaGetErrorString(e));
 done_quiet:
@@ -964,5 +1070,121 @@ void cu_fill_plane_random(cudaStream_t st, uint16_t *p, uint64_t n_elems, uint32
 {
     k_fill_random<<<4096, 256, 0, st>>>(p, n_elems, seed);
 }
+
+int muser_cuda_attn_fuse_check(const muser_cuda_attn_case *c, const float *k_row, const float *v_row,
+                               const float *q_norm, const float *k_norm, float eps, int rope, float theta,
+                               double *max_out, int *kv_equal, char *msg, size_t msg_len)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+        cudaGetLastError();
+        snprintf(msg, msg_len, "no CUDA device");
+        return 77;
+    }
+    const size_t H = c->n_head, HKV = c->n_head_kv, D = c->head_dim, QD = H * D, KD = HKV * D;
+    const size_t plane = (size_t)c->capacity * KD, G = HKV ? H / HKV : 0;
+    const cu_attn_geom g = case_geom(c, CU_ATTN_TC);
+    if (!G || H % HKV || !c->len || c->len > c->capacity || c->pos + 1 < c->len || !cu_attn_fusable(&g)) {
+        snprintf(msg, msg_len, "bad case or not a tc geometry");
+        return -1;
+    }
+    const case_step hs = case_step_of(c);
+    /* one allocation: qkv (q | k) and v of the separate route, q k v of the fused one, norms, gate,
+     * outputs, partials; K and V planes per route */
+    const size_t nf = (QD + KD) + KD + (QD + 2 * KD) + 2 * D + QD + 2 * QD + HKV * c->n_split * G * (2 + D);
+    float *f = NULL;
+    uint16_t *pl = NULL;
+    void *dstep = NULL;
+    cudaStream_t st = NULL;
+    cudaError_t e = cudaSuccess;
+    int rc = -1;
+    const char *what = "alloc";
+    uint16_t *hk[2] = {NULL, NULL}, *hv[2] = {NULL, NULL};
+    float *ho[2] = {NULL, NULL};
+    TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+    TRY(cudaMalloc((void **)&f, nf * sizeof(float)), "alloc");
+    TRY(cudaMalloc((void **)&pl, 4 * plane * 2), "alloc planes");
+    TRY(cudaMalloc(&dstep, sizeof hs), "alloc step");
+    {
+        float *qkv = f, *vs = qkv + QD + KD, *q2 = vs + KD, *k2 = q2 + QD, *v2 = k2 + KD, *qn = v2 + KD, *kn = qn + D;
+        float *gate = kn + D, *out[2] = {gate + QD, gate + 2 * QD}, *pml = gate + 3 * QD;
+        float *pacc = pml + HKV * c->n_split * G * 2;
+        uint16_t *kp[2] = {pl, pl + 2 * plane}, *vp[2] = {pl + plane, pl + 3 * plane};
+        TRY(cudaMemcpy(qkv, c->q, QD * 4, cudaMemcpyHostToDevice), "upload");
+        TRY(cudaMemcpy(qkv + QD, k_row, KD * 4, cudaMemcpyHostToDevice), "upload");
+        TRY(cudaMemcpy(vs, v_row, KD * 4, cudaMemcpyHostToDevice), "upload");
+        TRY(cudaMemcpy(q2, c->q, QD * 4, cudaMemcpyHostToDevice), "upload");
+        TRY(cudaMemcpy(k2, k_row, KD * 4, cudaMemcpyHostToDevice), "upload");
+        TRY(cudaMemcpy(v2, v_row, KD * 4, cudaMemcpyHostToDevice), "upload");
+        if (q_norm) TRY(cudaMemcpy(qn, q_norm, D * 4, cudaMemcpyHostToDevice), "upload");
+        if (k_norm) TRY(cudaMemcpy(kn, k_norm, D * 4, cudaMemcpyHostToDevice), "upload");
+        if (c->gate) TRY(cudaMemcpy(gate, c->gate, QD * 4, cudaMemcpyHostToDevice), "upload");
+        for (int r = 0; r < 2; r++) {
+            TRY(cudaMemcpy(kp[r], c->k_plane, plane * 2, cudaMemcpyHostToDevice), "upload K");
+            TRY(cudaMemcpy(vp[r], c->v_plane, plane * 2, cudaMemcpyHostToDevice), "upload V");
+        }
+        TRY(cudaMemcpy(dstep, &hs, sizeof hs, cudaMemcpyHostToDevice), "upload step");
+        const cu_step *sp = (const cu_step *)dstep;
+        const cu_plane_meta *mp = (const cu_plane_meta *)((cu_step *)dstep + 1);
+        const cu_digits none = {NULL, NULL, NULL};
+        cu_qk_rope_store(st, qkv, vs, q_norm ? qn : NULL, k_norm ? kn : NULL, eps, rope != 0, false, theta, (uint32_t)D, sp,
+                         mp, kp[0], vp[0], &g, false);
+        if (cu_attention(st, qkv, sp, mp, kp[0], vp[0], pml, pacc, c->gate ? gate : NULL, out[0], &g, none, NULL))
+            goto refused;
+        cu_attn_fuse F;
+        memset(&F, 0, sizeof F);
+        F.k = k2;
+        F.v = v2;
+        F.q_norm = q_norm ? qn : NULL;
+        F.k_norm = k_norm ? kn : NULL;
+        F.eps = eps;
+        F.rope = rope;
+        F.theta = theta;
+        F.kw = kp[1];
+        F.vw = vp[1];
+        if (cu_attention(st, q2, sp, mp, kp[1], vp[1], pml, pacc, c->gate ? gate : NULL, out[1], &g, none, &F))
+            goto refused;
+        TRY(cudaGetLastError(), "launch");
+        TRY(cudaStreamSynchronize(st), "run");
+        for (int r = 0; r < 2; r++) {
+            hk[r] = (uint16_t *)malloc(plane * 2);
+            hv[r] = (uint16_t *)malloc(plane * 2);
+            ho[r] = (float *)malloc(QD * 4);
+            if (!hk[r] || !hv[r] || !ho[r]) {
+                snprintf(msg, msg_len, "out of memory");
+                goto done_quiet;
+            }
+            TRY(cudaMemcpy(hk[r], kp[r], plane * 2, cudaMemcpyDeviceToHost), "download");
+            TRY(cudaMemcpy(hv[r], vp[r], plane * 2, cudaMemcpyDeviceToHost), "download");
+            TRY(cudaMemcpy(ho[r], out[r], QD * 4, cudaMemcpyDeviceToHost), "download");
+        }
+        double mx = 0;
+        for (size_t i = 0; i < QD; i++) {
+            const double d = fabs((double)ho[1][i] - (double)ho[0][i]);
+            mx = d > mx || d != d ? d : mx;
+        }
+        *max_out = mx;
+        *kv_equal = !memcmp(hk[0], hk[1], plane * 2) && !memcmp(hv[0], hv[1], plane * 2);
+        rc = 0;
+        goto done;
+    }
+refused:
+    snprintf(msg, msg_len, "cu_attention refused the case");
+    goto done_quiet;
+done:
+    if (e != cudaSuccess) snprintf(msg, msg_len, "cuda: %s: %s", what, cudaGetErrorString(e));
+done_quiet:
+    for (int r = 0; r < 2; r++) {
+        free(hk[r]);
+        free(hv[r]);
+        free(ho[r]);
+    }
+    cudaFree(f);
+    cudaFree(pl);
+    cudaFree(dstep);
+    if (st) cudaStreamDestroy(st);
+    return rc;
+}
+#undef TRY
 
 CU_TL_BIND_FN(cu_tl_bind_attention)

@@ -36,6 +36,15 @@ typedef struct muser_cuda_attn_case {
 /* 0 ok; 77 no CUDA device; -1 on a CUDA error or a geometry the kernels refuse (msg says which). */
 int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, char *msg, size_t msg_len);
 
+/* The QK-norm/RoPE/store folded into the tc split kernel against the separate kernel: c->q is the
+ * raw q, k_row and v_row the raw k and v rows of position c->pos ([HKV·D] each), q_norm / k_norm
+ * ([D], NULL: none), rope (theta) as the route has them. Runs both routes on copies of the planes;
+ * *max_out: max |out_fused − out_separate| over [H·D]; *kv_equal: 1 when both left the K and V
+ * planes bit-identical. Return codes as muser_cuda_attn_run (-1 also when tc cannot fuse). */
+int muser_cuda_attn_fuse_check(const muser_cuda_attn_case *c, const float *k_row, const float *v_row,
+                               const float *q_norm, const float *k_norm, float eps, int rope, float theta,
+                               double *max_out, int *kv_equal, char *msg, size_t msg_len);
+
 #ifdef __cplusplus
 }
 #endif

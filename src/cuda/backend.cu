@@ -90,6 +90,7 @@ typedef struct cu_ctx {
     uint8_t *x6;               /* mmq6_prep output of the current matvec input (v8's Q6_KT matrices) */
     uint8_t *xm_site[XS_N], *x6_site[XS_N]; /* xm and x6 per input site (set_site), in one allocation */
     bool tail_trigger;         /* the tails let the matvec after them launch at their start (MUSER_CUDA_TAIL_TRIGGER=0: not) */
+    bool attn_fuse;            /* QK-norm/RoPE/store in the tc split kernel (MUSER_CUDA_ATTN_FUSE=0: its own kernel) */
     bool stack_v;              /* a Q6_KT v shares the stack's launch (mmq_stack_v; MUSER_CUDA_STACKV=0: its own) */
     bool prep_pdl;             /* the tensor-core preps launch as programmatic dependents (with tail_trigger; MUSER_CUDA_PREP_PDL=0: not) */
     bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
@@ -605,7 +606,20 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, dg.v7 != NULL, 0);
         }
         pf_mark(pf, st, PF_ROPE);
-        if (!SKIP(c, SK_ROPE))
+        /* QK-norm/RoPE/store inside the split attention kernel where it can (cu_attn_fuse) */
+        const bool fuse = c->attn_fuse && !SKIP(c, SK_ROPE) && hp->arch != MUSER_ARCH_QWEN3 && cu_attn_fusable(&L->geom);
+        cu_attn_fuse F;
+        memset(&F, 0, sizeof F);
+        F.k = k;
+        F.v = v;
+        F.q_norm = L->q_norm;
+        F.k_norm = L->k_norm;
+        F.eps = hp->rms_eps;
+        F.rope = muser_layer_has_rope(hp, l);
+        F.theta = hp->rope_theta;
+        F.kw = L->kp;
+        F.vw = L->vp;
+        if (!SKIP(c, SK_ROPE) && !fuse)
             cu_qk_rope_store(st, c->qkvg, v, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
                          hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
                          &L->geom, c->tail_pdl);
@@ -614,7 +628,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         set_site(c, XS_OPROJ);
         const cu_digits od = digits_for(c, L->o.type, xq_o);
         if (!SKIP(c, SK_ATTN) && cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc, hp->attn_gate ? g : NULL,
-                         c->attn_o, &L->geom, od))
+                         c->attn_o, &L->geom, od, fuse ? &F : NULL))
             return -1;
         pf_mark(pf, st, PF_OPROJ);
         const mv_mat *om[1] = {&L->o};
@@ -776,6 +790,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         c->pdl = !(pdl && !strcmp(pdl, "0"));
         const char *tpdl = getenv("MUSER_CUDA_TAIL_PDL");
         c->tail_pdl = c->pdl && !(tpdl && !strcmp(tpdl, "0"));
+        const char *af = getenv("MUSER_CUDA_ATTN_FUSE");
+        c->attn_fuse = !(af && !strcmp(af, "0"));
         const char *sv = getenv("MUSER_CUDA_STACKV");
         c->stack_v = !(sv && !strcmp(sv, "0"));
         const char *tv = getenv("MUSER_CUDA_TAIL");

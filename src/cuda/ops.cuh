@@ -80,10 +80,23 @@ void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, 
 void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *v, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
                       const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g, bool pdl);
-/* dg: also write out as matvec input digits (cu_digits); head_dim % 32 == 0 */
+/* QK-norm + RoPE + KV store folded into the tc split kernel (cu_attention's fuse; the arithmetic of
+ * cu_qk_rope_store with non-NeoX pairs): q is this token's raw q, k and v its raw k and v rows. */
+typedef struct cu_attn_fuse {
+    const float *k, *v;              /* [HKV·D] each; k NULL: nothing fused */
+    const float *q_norm, *k_norm;    /* NULL: no QK-norm */
+    float eps;
+    int rope;                        /* rotate pairs (2i, 2i+1) by pos·theta^(−2i/D) */
+    float theta;
+    uint16_t *kw, *vw;               /* the K and V planes, written at pos */
+} cu_attn_fuse;
+/* dg: also write out as matvec input digits (cu_digits); head_dim % 32 == 0. fuse: NULL, or the
+ * QK-norm/RoPE/store of this token done inside the split kernel (only where cu_attn_fusable) */
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
-                 const float *gate, float *out, const cu_attn_geom *g, cu_digits dg);
+                 const float *gate, float *out, const cu_attn_geom *g, cu_digits dg, const cu_attn_fuse *fuse);
+/* Whether cu_attention can take a fuse for this geometry (the tc split kernel: GQA 16:1, D 128). */
+bool cu_attn_fusable(const cu_attn_geom *g);
 /* MUSER_CUDA_ATTN value -> CU_ATTN_*: NULL or "" -> the default, "tc", "v1"; -1 if unknown. */
 int cu_attn_impl_parse(const char *s);
 /* Fill rows [0, n) of a plane with random f16 (benchmarks at depth; never zeros). */
