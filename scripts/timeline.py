@@ -15,7 +15,7 @@ import sys
 from collections import OrderedDict, defaultdict
 
 TAGS = {1: "embed", 2: "mmq", 3: "mmq_pair", 4: "mmq_prep", 5: "mmq6", 6: "mmq6_prep", 7: "rope", 8: "att_split",
-        9: "att_split_tc", 10: "att_combine", 11: "tail", 12: "argmax", 13: "mvq", 14: "mvq_prep", 15: "mv", 16: "other"}
+        9: "att_split_tc", 10: "att_combine", 11: "tail", 12: "argmax", 13: "mvq", 14: "mvq_prep"}
 REC = struct.Struct("<HHIIIQII")
 
 

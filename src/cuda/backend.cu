@@ -911,10 +911,11 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         if (c->layers[l].ffn_gate.type == MV_T_Q6_KT) c->gate_up_paired = false;
     /* early tail triggers: only where every matvec input is a per-site tensor-core layout (v7's xq is
      * one buffer) */
+    const bool sites = c->tail_pdl && c->mv_ver == 9 && tc_inputs_only(c); /* the per-site buffers make them safe */
     const char *ttr = getenv("MUSER_CUDA_TAIL_TRIGGER");
-    c->tail_trigger = c->tail_pdl && c->mv_ver == 9 && !(ttr && !strcmp(ttr, "0")) && tc_inputs_only(c);
+    c->tail_trigger = sites && !(ttr && !strcmp(ttr, "0"));
     const char *ppd = getenv("MUSER_CUDA_PREP_PDL");
-    c->prep_pdl = c->tail_pdl && c->mv_ver == 9 && !(ppd && !strcmp(ppd, "0")) && tc_inputs_only(c);
+    c->prep_pdl = sites && !(ppd && !strcmp(ppd, "0"));
     FAIL(record_graph(c, true, false, &c->g_fwd, err));
     FAIL(record_graph(c, false, true, &c->g_bench, err));
     e = cudaStreamSynchronize(c->st);

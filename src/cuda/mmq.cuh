@@ -269,6 +269,40 @@ __device__ __forceinline__ void mmq_rows_f64(double a0, double a1, double *dst, 
     }
 }
 
+/* A warp's walk over its blocks kw, kw + KW, … < nb (mmq_body, mmq6_body): load(W, ahead) loads the
+ * weights of the current block (ahead 0) or of the next (ahead 1) into W[R]; block(W) adds one
+ * block's products; step() moves the weight and x cursors one turn on. The first block's weights
+ * are loaded before mvq_wait (x only after it); with PF the next block's are loaded before this
+ * block's arithmetic, else after it. */
+template <int R, int KW, bool PF, typename Wt, typename Load, typename Block, typename Step>
+__device__ __forceinline__ void mmq_walk(uint32_t kw, uint32_t nb, Load load, Block block, Step step)
+{
+    if (kw >= nb) {
+        mvq_wait();
+        return;
+    }
+    Wt W[R];
+    load(W, 0);
+    mvq_wait();
+    for (uint32_t b = kw;;) {
+        const bool more = b + KW < nb;
+        if (PF) {
+            Wt N[R];
+            if (more) load(N, 1);
+            block(W);
+            if (!more) break;
+#pragma unroll
+            for (int r = 0; r < R; r++) W[r] = N[r];
+        } else {
+            block(W);
+            if (!more) break;
+            load(W, 1);
+        }
+        step();
+        b += KW;
+    }
+}
+
 struct mmq_args {
     const uint8_t *a, *b; /* repacked matrices (b: up, PAIR only) */
     uint32_t rows, K;     /* rows of a */
@@ -303,36 +337,18 @@ __device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta)
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.f;
     const uint8_t *xb = A.x + (size_t)kw * MMQ_XBLK;
-    if (kw < nb) {
-        mmq_w W[R];
+    mmq_walk<R, KW, PF, mmq_w>(
+        kw, nb,
+        [&](mmq_w *W, int ahead) {
 #pragma unroll
-        for (int r = 0; r < R; r++) mmq_load(unit[r], lane, W[r]);
-        mvq_wait();
-        for (uint32_t b = kw;;) {
-            const bool more = b + KW < nb;
-            if (PF) {
-                mmq_w N[R];
-                if (more)
-#pragma unroll
-                    for (int r = 0; r < R; r++) mmq_load(unit[r] + (size_t)KW * MMQ_UNIT, lane, N[r]);
-                mmq_block<R>(W, xb, lane, acc);
-                if (!more) break;
-#pragma unroll
-                for (int r = 0; r < R; r++) W[r] = N[r];
-            } else {
-                mmq_block<R>(W, xb, lane, acc);
-                if (!more) break;
-#pragma unroll
-                for (int r = 0; r < R; r++) mmq_load(unit[r] + (size_t)KW * MMQ_UNIT, lane, W[r]);
-            }
+            for (int r = 0; r < R; r++) mmq_load(unit[r] + (size_t)ahead * KW * MMQ_UNIT, lane, W[r]);
+        },
+        [&](const mmq_w *W) { mmq_block<R>(W, xb, lane, acc); },
+        [&]() {
 #pragma unroll
             for (int r = 0; r < R; r++) unit[r] += (size_t)KW * MMQ_UNIT;
             xb += (size_t)KW * MMQ_XBLK;
-            b += KW;
-        }
-    } else {
-        mvq_wait();
-    }
+        });
     /* sum the 4 lanes of each row (t = 0..3), then the KW warps of the set, in f64 and in a fixed
      * order: one rounding to f32 per output (in f32 this serial sum made v8's error 3–15% above
      * v7's 32-lane tree; in f64 it is below it) */

@@ -287,37 +287,18 @@ __device__ __forceinline__ void mmq6_body(const mmq6_args &A, uint32_t cta)
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.0;
     uint32_t xo = kw * MMQ6_XBLK; /* 32-bit offsets into x (K below 5·10^8) */
     const uint32_t xql = 16 * lane, xsl = MMQ6_XS + 32 * (lane & 1);
-    if (kw < nb) {
-        mmq6_w W[R];
+    mmq_walk<R, KW, PF, mmq6_w>(
+        kw, nb,
+        [&](mmq6_w *W, int ahead) {
 #pragma unroll
-        for (int r = 0; r < R; r++) mmq6_load(q[r], o, W[r]);
-        mvq_wait();
-        for (uint32_t b = kw;;) {
-            const bool more = b + KW < nb;
-            const uint8_t *xq = A.x + xo + xql, *xs = A.x + xo + xsl;
-            if (PF) { /* the whole next block first */
-                mmq6_w N[R];
-                if (more)
-#pragma unroll
-                    for (int r = 0; r < R; r++) mmq6_load(q[r] + (size_t)KW * MMQ6_UNIT, o, N[r]);
-                mmq6_block<R>(W, xq, xs, acc);
-                if (!more) break;
-#pragma unroll
-                for (int r = 0; r < R; r++) W[r] = N[r];
-            } else {
-                mmq6_block<R>(W, xq, xs, acc);
-                if (!more) break;
-#pragma unroll
-                for (int r = 0; r < R; r++) mmq6_load(q[r] + (size_t)KW * MMQ6_UNIT, o, W[r]);
-            }
+            for (int r = 0; r < R; r++) mmq6_load(q[r] + (size_t)ahead * KW * MMQ6_UNIT, o, W[r]);
+        },
+        [&](const mmq6_w *W) { mmq6_block<R>(W, A.x + xo + xql, A.x + xo + xsl, acc); },
+        [&]() {
 #pragma unroll
             for (int r = 0; r < R; r++) q[r] += (size_t)KW * MMQ6_UNIT;
             xo += KW * MMQ6_XBLK;
-            b += KW;
-        }
-    } else {
-        mvq_wait();
-    }
+        });
     /* the 4 lanes of a row (half 0/1 × lo/hi digits), then the KW warps of the set: f64, fixed
      * order */
 #pragma unroll
