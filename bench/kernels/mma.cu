@@ -95,6 +95,7 @@ template <int R, int KW, bool PF, bool PAIR = false>
 static void run_mm(int copy)
 {
     mmq_args A;
+    memset(&A, 0, sizeof A);
     A.a = g_m->mm[copy];
     A.b = g_mu ? g_mu->mm[copy] : NULL;
     A.rows = g_m->rows;

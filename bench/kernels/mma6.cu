@@ -61,6 +61,7 @@ static void run_v7_nopdl(int copy)
 static mmq6_args args6(int copy)
 {
     mmq6_args A;
+    memset(&A, 0, sizeof A);
     A.a = g_m->mm[copy];
     A.rows = g_m->rows;
     A.K = g_m->cols;

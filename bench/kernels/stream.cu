@@ -528,6 +528,7 @@ static int occ_st()
 static mmq_args mm_make(int copy)
 {
     mmq_args A;
+    memset(&A, 0, sizeof A);
     A.a = g_m->mm[copy];
     A.b = g_mu ? g_mu->mm[copy] : NULL;
     A.rows = g_m->rows;

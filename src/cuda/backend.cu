@@ -92,6 +92,9 @@ typedef struct cu_ctx {
     bool tail_trigger;         /* the tails let the matvec after them launch at their start (MUSER_CUDA_TAIL_TRIGGER=0: not) */
     bool attn_fuse;            /* QK-norm/RoPE/store in the tc split kernel (MUSER_CUDA_ATTN_FUSE=0: its own kernel) */
     bool stack_v;              /* a Q6_KT v shares the stack's launch (mmq_stack_v; MUSER_CUDA_STACKV=0: its own) */
+    int site;                  /* the matvec input site being enqueued (XS_*, set_site) */
+    bool down6_k8;             /* a Q6_KT down on mmq6_launch_auto's shape (MUSER_CUDA_DOWN6=k8), not
+                                * mmq6_launch_down's one wave */
     bool prep_pdl;             /* the tensor-core preps launch as programmatic dependents (with tail_trigger; MUSER_CUDA_PREP_PDL=0: not) */
     bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
                                 * MUSER_CUDA_PDL=0 turns it off */
@@ -392,6 +395,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             mmq6_args A;
+            memset(&A, 0, sizeof A);
             A.a = g->a.data;
             A.rows = g->a.rows;
             A.K = K;
@@ -400,7 +404,8 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.op = g->op;
             A.scale = g->scale;
             A.cap = g->cap;
-            mmq6_launch_auto(A, st, c->pdl);
+            if (c->site == XS_DOWN) mmq6_launch_down(A, st, c->pdl, c->down6_k8);
+            else mmq6_launch_auto(A, st, c->pdl);
         }
         return;
     }
@@ -411,6 +416,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             const mv_seg *g = &L->seg[i];
             const bool pair = g->op == MV_OP_SILU_MUL;
             mmq_args A;
+            memset(&A, 0, sizeof A);
             A.a = g->a.data;
             A.b = pair ? g->b.data : NULL;
             A.rows = g->a.rows;
@@ -530,6 +536,7 @@ static bool tc_inputs_only(const cu_ctx *c)
 /* The digit buffers the producer and the matvec of input site s (XS_*) use. */
 static void set_site(cu_ctx *c, int s)
 {
+    c->site = s;
     if (c->mv_ver != 9) return;
     c->xm = c->xm_site[s];
     c->x6 = c->x6_site[s];
@@ -572,6 +579,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
             if (with_v) {
                 /* a Q6_K v beside the stack in the same grid (mmq_stack_v) */
                 mmq_args S;
+                memset(&S, 0, sizeof S);
                 S.a = L->qkg.data;
                 S.b = NULL;
                 S.rows = L->qkg.rows;
@@ -579,6 +587,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
                 S.x = c->xm;
                 S.out = q;
                 mmq6_args V;
+                memset(&V, 0, sizeof V);
                 V.a = L->v.data;
                 V.rows = L->v.rows;
                 V.K = L->v.cols;
@@ -792,6 +801,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         c->tail_pdl = c->pdl && !(tpdl && !strcmp(tpdl, "0"));
         const char *af = getenv("MUSER_CUDA_ATTN_FUSE");
         c->attn_fuse = !(af && !strcmp(af, "0"));
+        const char *d6 = getenv("MUSER_CUDA_DOWN6");
+        c->down6_k8 = d6 && !strcmp(d6, "k8");
         const char *sv = getenv("MUSER_CUDA_STACKV");
         c->stack_v = !(sv && !strcmp(sv, "0"));
         const char *tv = getenv("MUSER_CUDA_TAIL");

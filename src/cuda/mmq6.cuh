@@ -346,6 +346,15 @@ static inline cudaError_t mmq6_launch_auto(const mmq6_args &A, cudaStream_t st, 
     return mmq6_launch<1, 8, 8, true>(A, st, pdl);                     /* ffn_down, attn_v, ... */
 }
 
+/* ffn_down (416 tiles on Glimmer): one tile per CTA of 4 warps at 4 CTAs per SM, so the tiles run
+ * in one wave (528 slots on 132 SMs) instead of mmq6_launch_auto's two of 264 (H200, interleaved:
+ * +0.5% per token; the same bits, the sums being f64); k8: mmq6_launch_auto's shape. */
+static inline cudaError_t mmq6_launch_down(const mmq6_args &A, cudaStream_t st, bool pdl, bool k8)
+{
+    if (k8) return mmq6_launch_auto(A, st, pdl);
+    return mmq6_launch<1, 4, 4, false, 4>(A, st, pdl);
+}
+
 /* ---- the attention projections with a Q6_K v: one launch ------------------------------------ */
 /* The Q4_KT stack (q | k | gate) and a Q6_KT v read the same input; as two launches v's 16 CTAs
  * ran after the whole stack (~4.8 us a layer in 25 of Glimmer's 52). Here one grid: CTAs [0, nv)
