@@ -551,17 +551,20 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     const uint64_t pos = step->pos;
     uint64_t b, e;
     att_pdl_trigger(); /* the combine may launch now; it waits for this grid's partials */
-    if (F.k && F.rope && threadIdx.x < TC_D / 2) /* fused: pair i = threadIdx.x, angle in f64 as k_qk_rope_store */
-        sincos((double)pos * pow((double)F.theta, -2.0 * (double)threadIdx.x / (double)TC_D), &rsin[threadIdx.x],
-               &rcos[threadIdx.x]);
-    /* q's loads go out with the metadata's, not after it (one L2 latency less per call) */
+    /* q's loads (and, fused, this token's k and v row) go out with the metadata's, before anything
+     * waits for pos: the RoPE angles below need it, and their f64 sincos then overlaps the loads */
     const float *qh = q + (size_t)h * TC_G * TC_D;
     const int qhd = threadIdx.x >> 3, qsub = threadIdx.x & 7; /* 8 threads per head, 16 elements each */
     float4 qv[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) qv[i] = __ldg((const float4 *)(qh + qhd * TC_D + qsub * 16) + i);
+    const float kx0 = F.k ? F.k[(size_t)h * TC_D + threadIdx.x] : 0.f; /* thread d of the row (TC_WARPS·32 = TC_D) */
+    const float vx0 = F.k ? F.v[(size_t)h * TC_D + threadIdx.x] : 0.f;
     att_range(pos, m.len, n_split, align, split, &b, &e);
     if (b >= e) return; /* the combine skips it too */
+    if (F.k && F.rope && threadIdx.x < TC_D / 2) /* fused: pair i = threadIdx.x, angle in f64 as k_qk_rope_store */
+        sincos((double)pos * pow((double)F.theta, -2.0 * (double)threadIdx.x / (double)TC_D), &rsin[threadIdx.x],
+               &rcos[threadIdx.x]);
     const float *qsrc = qh; /* where the Q fragments are read: q as given, or (fused) the normed, rotated copy */
     if (F.k) {
         /* QK-norm + RoPE + KV store (k_qk_rope_store's arithmetic), folded in: every block norms and
@@ -588,9 +591,9 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
         }
         const bool has_pos = pos >= b && pos < e;
         float kx = 0.f, vx = 0.f;
-        if (has_pos) { /* thread d = threadIdx.x of this token's k and v row (TC_WARPS·32 = TC_D) */
-            kx = F.k[(size_t)h * TC_D + threadIdx.x];
-            vx = F.v[(size_t)h * TC_D + threadIdx.x];
+        if (has_pos) { /* thread d = threadIdx.x of this token's k and v row */
+            kx = kx0;
+            vx = vx0;
             if (F.k_norm) { /* k_qk_rope_store's order: warp butterfly, then the warps in order */
                 double ss = (double)kx * kx;
                 for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
