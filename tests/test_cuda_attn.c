@@ -36,6 +36,8 @@ static uint32_t rng(void)
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
     return (uint32_t)(rng_state >> 33);
 }
+/* uniform in [0, 1), 24 bits of rng() */
+static float urand(void) { return (float)(rng() >> 8) / 16777216.0f; }
 
 /* f16 bits of k/1024, |k| <= 1024 (exact: normal f16 or zero) */
 static uint16_t f16_of_k(int k)
@@ -143,8 +145,8 @@ static void fill_case(const acase *a, uint16_t *kp, uint16_t *vp, float *q, floa
         vp[i] = f16_of_k((int)(rng() % 2049) - 1024);
     }
     for (size_t i = 0; i < QD; i++) {
-        q[i] = ((float)(rng() >> 8) / 16777216.0f - 0.5f) * 16.0f;
-        gate[i] = ((float)(rng() >> 8) / 16777216.0f - 0.5f) * 8.0f;
+        q[i] = (urand() - 0.5f) * 16.0f;
+        gate[i] = (urand() - 0.5f) * 8.0f;
     }
     memset(c, 0, sizeof *c);
     c->n_head = a->H;
@@ -267,12 +269,12 @@ static void fuse_case(const acase *a, int rope)
     muser_cuda_attn_case c;
     fill_case(a, kp, vp, q, gate, &c);
     for (size_t i = 0; i < KD; i++) {
-        kr[i] = ((float)(rng() >> 8) / 16777216.0f - 0.5f) * 6.0f;
-        vr[i] = ((float)(rng() >> 8) / 16777216.0f - 0.5f) * 2.0f;
+        kr[i] = (urand() - 0.5f) * 6.0f;
+        vr[i] = (urand() - 0.5f) * 2.0f;
     }
     for (uint32_t d = 0; d < a->D; d++) {
-        qn[d] = 0.5f + (float)(rng() >> 8) / 16777216.0f;
-        kn[d] = 0.5f + (float)(rng() >> 8) / 16777216.0f;
+        qn[d] = 0.5f + urand();
+        kn[d] = 0.5f + urand();
     }
     char msg[256];
     double mx = -1;

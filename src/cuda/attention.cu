@@ -41,6 +41,14 @@ __device__ __forceinline__ void att_pdl_wait()
     CU_TL_WAITED();
 }
 
+/* RoPE pair i of a D-wide head at position pos: sine and cosine of pos·theta^(−2i/D), in f64 (at
+ * pos 131072 an f32 angle is off by ~0.01 rad). k_qk_rope_store and the fused split kernel both use
+ * it, so their rotations are the same bits. */
+__device__ __forceinline__ void att_rope_sincos(uint64_t pos, float theta, uint32_t i, uint32_t D, double *s, double *c)
+{
+    sincos((double)pos * pow((double)theta, -2.0 * (double)i / (double)D), s, c);
+}
+
 /* A stored position p lies in [origin_logical, origin_logical + len) and origin_physical <
  * capacity, so the ring row needs one conditional subtraction, not a 64-bit modulo (which
  * costs ~100 instructions per K and V row). */
@@ -72,7 +80,7 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
      * the token's step copy): its sine and cosine are computed before the wait for the projections
      * (launched as a programmatic dependent, cu_pdl_cfg) */
     double s0 = 0.0, c0 = 1.0;
-    if (rope && threadIdx.x < D / 2) sincos((double)pos * pow((double)theta, -2.0 * (double)threadIdx.x / (double)D), &s0, &c0);
+    if (rope && threadIdx.x < D / 2) att_rope_sincos(pos, theta, threadIdx.x, D, &s0, &c0);
     mvq_wait();
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) xs[d] = x[d];
     __syncthreads();
@@ -91,9 +99,8 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
     }
     if (rope) {
         for (uint32_t i = threadIdx.x; i < D / 2; i += blockDim.x) {
-            /* angle in f64: at pos 131072 an f32 angle is off by ~0.01 rad */
             double s = s0, c = c0;
-            if (i != threadIdx.x) sincos((double)pos * pow((double)theta, -2.0 * (double)i / (double)D), &s, &c);
+            if (i != threadIdx.x) att_rope_sincos(pos, theta, i, D, &s, &c);
             const uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + D / 2 : 2 * i + 1;
             const float x0 = xs[i0], x1 = xs[i1];
             xs[i0] = (float)(x0 * c - x1 * s);
@@ -563,8 +570,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     att_range(pos, m.len, n_split, align, split, &b, &e);
     if (b >= e) return; /* the combine skips it too */
     if (F.k && F.rope && threadIdx.x < TC_D / 2) /* fused: pair i = threadIdx.x, angle in f64 as k_qk_rope_store */
-        sincos((double)pos * pow((double)F.theta, -2.0 * (double)threadIdx.x / (double)TC_D), &rsin[threadIdx.x],
-               &rcos[threadIdx.x]);
+        att_rope_sincos(pos, F.theta, threadIdx.x, TC_D, &rsin[threadIdx.x], &rcos[threadIdx.x]);
     const float *qsrc = qh; /* where the Q fragments are read: q as given, or (fused) the normed, rotated copy */
     if (F.k) {
         /* QK-norm + RoPE + KV store (k_qk_rope_store's arithmetic), folded in: every block norms and

@@ -109,7 +109,6 @@ typedef struct cu_ctx {
     double upload_s;
 } cu_ctx;
 
-
 /* The gate·up launch (MUSER_CUDA_GU): the default "persist", pair-units on a persistent grid of
  * whole-tile ranges (mmq_pair_persist); "units", the same as one CTA per tile (mmq_kernel); "sets",
  * gate and up warp sets. H200, Glimmer, interleaved x2: 176.8 / 168.7 / 159.2 tok/s at ctx 0. */
@@ -901,7 +900,6 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         }
         c->xm = c->xm_site[0];
         c->x6 = c->x6_site[0];
-
         if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: matvec input digits: %s", cudaGetErrorString(e)));
     }
     e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));

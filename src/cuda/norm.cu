@@ -8,7 +8,6 @@
 
 #include <cooperative_groups.h>
 
-
 __device__ static double block_sum(double v, double *sh)
 {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
