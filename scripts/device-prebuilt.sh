@@ -17,7 +17,8 @@ if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     B=${MUSER_BUILD_DIR:-build-cuda}
     mkdir -p .devbin
     cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/bench/kbench_matvec" \
-        "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_stream" "$B/bench/kbench_attention" .devbin/
+        "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
+        "$B/bench/kbench_persist" .devbin/
     # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
     TL=${MUSER_TL_BUILD_DIR:-build-cuda-tl}
     if [ -x "$TL/muser" ]; then cp "$TL/muser" .devbin/muser-tl; else rm -f .devbin/muser-tl; fi

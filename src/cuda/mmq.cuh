@@ -274,16 +274,16 @@ __device__ __forceinline__ void mmq_rows_f64(double a0, double a1, double *dst, 
  * block's products; step() moves the weight and x cursors one turn on. The first block's weights
  * are loaded before mvq_wait (x only after it); with PF the next block's are loaded before this
  * block's arithmetic, else after it. */
-template <int R, int KW, bool PF, typename Wt, typename Load, typename Block, typename Step>
-__device__ __forceinline__ void mmq_walk(uint32_t kw, uint32_t nb, Load load, Block block, Step step)
+template <int R, int KW, bool PF, typename Wt, typename Load, typename Block, typename Step, typename Wait>
+__device__ __forceinline__ void mmq_walk(uint32_t kw, uint32_t nb, Load load, Block block, Step step, Wait wait)
 {
     if (kw >= nb) {
-        mvq_wait();
+        wait();
         return;
     }
     Wt W[R];
     load(W, 0);
-    mvq_wait();
+    wait();
     for (uint32_t b = kw;;) {
         const bool more = b + KW < nb;
         if (PF) {
@@ -310,12 +310,18 @@ struct mmq_args {
     float *out;
 };
 
+/* The wait of a kernel launched as a programmatic dependent (mvq_wait); a persistent grid passes
+ * its own (bench/kernels/persist.cu). */
+struct mmq_pdl_wait {
+    __device__ __forceinline__ void operator()() const { mvq_wait(); }
+};
+
 /* R tiles per warp, KW warps per tile set splitting the blocks, PF: next block's weights loaded
  * before this block's arithmetic. PAIR, R = 1 (KW <= 4): the CTA's sets alternate gate / up of
  * the same tile; PAIR, R = 2: each warp takes gate and up of the same tile and block, so x is
  * loaded once for both (kbench_stream's "pair-units"). MINB: blocks per SM for the registers. */
-template <int R, int KW, bool PF, bool PAIR>
-__device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta)
+template <int R, int KW, bool PF, bool PAIR, typename Wait = mmq_pdl_wait>
+__device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta, Wait wait = Wait())
 {
     constexpr int SETS = 8 / KW;
     constexpr bool PU = PAIR && R == 2;                         /* pair-units */
@@ -348,7 +354,8 @@ __device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta)
 #pragma unroll
             for (int r = 0; r < R; r++) unit[r] += (size_t)KW * MMQ_UNIT;
             xb += (size_t)KW * MMQ_XBLK;
-        });
+        },
+        wait);
     /* sum the 4 lanes of each row (t = 0..3), then the KW warps of the set, in f64 and in a fixed
      * order: one rounding to f32 per output (in f32 this serial sum made v8's error 3–15% above
      * v7's 32-lane tree; in f64 it is below it) */
@@ -434,14 +441,15 @@ __device__ __forceinline__ void mpp_flush(double sum[2][2], double *dst, uint32_
         sum[r][0] = sum[r][1] = 0;
     }
 }
-static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(const mmq_args A)
+/* CTA cta of a grid of `grid`; mpp_red: [tiles of this CTA][8 warps][32] doubles of shared memory
+ * (gate rows 0-15, up rows 0-15); wait: as mmq_body's. */
+template <typename Wait = mmq_pdl_wait>
+__device__ __forceinline__ void mpp_body(const mmq_args &A, uint32_t cta, uint32_t grid, double *mpp_red, Wait wait = Wait())
 {
-    CU_TL_SCOPE(TL_MMQ_PAIR);
-    extern __shared__ double mpp_red[]; /* [tiles of this CTA][8 warps][32]: gate rows 0-15, up rows 0-15 */
     mvq_trigger();
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = A.K / 256, ntile = A.rows / 16;
-    const uint32_t t0 = (uint32_t)((uint64_t)blockIdx.x * ntile / gridDim.x);
-    const uint32_t t1 = (uint32_t)((uint64_t)(blockIdx.x + 1) * ntile / gridDim.x);
+    const uint32_t t0 = (uint32_t)((uint64_t)cta * ntile / grid);
+    const uint32_t t1 = (uint32_t)((uint64_t)(cta + 1) * ntile / grid);
     const uint32_t u1 = t1 * nb;
     uint32_t u = t0 * nb + wid;
     mmq_w W[2]; /* the first item's weights are in flight while the sums are zeroed */
@@ -453,7 +461,7 @@ static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(
     __syncthreads();
     uint32_t key = 0xFFFFFFFFu;
     double sum[2][2] = {{0, 0}, {0, 0}};
-    mvq_wait();
+    wait();
     for (; u < u1; u += 8) {
         const uint32_t tile = u / nb, b = u - tile * nb;
         if (tile != key) {
@@ -485,6 +493,12 @@ static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(
         y = y / (1.f + expf(-y)) * uu; /* SiLU·up on the f32 matvec results, as mmq_kernel */
         A.out[(size_t)(t0 + tl) * 16 + row16] = y;
     }
+}
+static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(const mmq_args A)
+{
+    CU_TL_SCOPE(TL_MMQ_PAIR);
+    extern __shared__ double mpp_red[];
+    mpp_body(A, blockIdx.x, gridDim.x, mpp_red);
 }
 
 /* false (nothing launched) when a CTA's tiles would need more than 48 KB of shared memory */

@@ -298,7 +298,8 @@ __device__ __forceinline__ void mmq6_body(const mmq6_args &A, uint32_t cta)
 #pragma unroll
             for (int r = 0; r < R; r++) q[r] += (size_t)KW * MMQ6_UNIT;
             xo += KW * MMQ6_XBLK;
-        });
+        },
+        mmq_pdl_wait());
     /* the 4 lanes of a row (half 0/1 × lo/hi digits), then the KW warps of the set: f64, fixed
      * order */
 #pragma unroll
