@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all),
-#                                               # and skip, ab, ncu, timeline (see below)
+#                                               # and skip, ab, abm, ncu, timeline (see below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
 # `--pack` also writes them xz-compressed (~6 MB) into .devbin-pack/ (git-ignored): carry
 # .devbin-pack and .deps and run `tar xJf .devbin-pack/bin.tar.xz && bash scripts/device-prebuilt.sh …`.
@@ -109,6 +109,22 @@ for step in $steps; do
                 env "${AB_VAR:-MUSER_CUDA_MATVEC}=$v" timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf \
                     --gen 64 --ctx "${AB_CTX:-0,32768}" >"$OUT/ab_${v}_$round.log" 2>&1
                 note "ab ${AB_VAR:-MUSER_CUDA_MATVEC}=$v rc=$? :: $(grep '^ctx ' "$OUT/ab_${v}_$round.log" | awk '{printf "%s %s | ", $2, $6}')"
+            done
+        done
+        ;;
+    abm)
+        # interleaved A/B of whole settings: AB_CONFIGS="NAME=V NAME2=V2;NAME=W;" (';' between
+        # configurations, each a space-separated env list, empty = the defaults), 2 rounds, AB_CTX
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        IFS=';' read -r -a cfgs <<<"${AB_CONFIGS:-}"
+        for round in 1 2; do
+            i=0
+            for cfg in "${cfgs[@]}"; do
+                # shellcheck disable=SC2086
+                env $cfg timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 64 \
+                    --ctx "${AB_CTX:-0,32768}" >"$OUT/abm_${i}_$round.log" 2>&1
+                note "abm [${cfg:-defaults}] rc=$? :: $(grep '^ctx ' "$OUT/abm_${i}_$round.log" | awk '{printf "%s %s | ", $2, $6}')"
+                i=$((i + 1))
             done
         done
         ;;

@@ -44,9 +44,30 @@ __device__ __forceinline__ void att_pdl_wait()
 /* RoPE pair i of a D-wide head at position pos: sine and cosine of pos·theta^(−2i/D), in f64 (at
  * pos 131072 an f32 angle is off by ~0.01 rad). k_qk_rope_store and the fused split kernel both use
  * it, so their rotations are the same bits. */
+__device__ __forceinline__ double att_rope_inv(float theta, uint32_t i, uint32_t D)
+{
+    return pow((double)theta, -2.0 * (double)i / (double)D);
+}
 __device__ __forceinline__ void att_rope_sincos(uint64_t pos, float theta, uint32_t i, uint32_t D, double *s, double *c)
 {
-    sincos((double)pos * pow((double)theta, -2.0 * (double)i / (double)D), s, c);
+    sincos((double)pos * att_rope_inv(theta, i, D), s, c);
+}
+/* The same angles from a table of att_rope_inv (cu_rope_inv_table): the same bits without the f64
+ * pow on the kernel's critical path. */
+__device__ __forceinline__ void att_rope_sincos_tab(uint64_t pos, double inv, double *s, double *c)
+{
+    sincos((double)pos * inv, s, c);
+}
+static __global__ void k_rope_inv_table(double *t, float theta, uint32_t D)
+{
+    const uint32_t i = threadIdx.x;
+    if (i < D / 2) t[i] = att_rope_inv(theta, i, D);
+}
+int cu_rope_inv_table(double *t, float theta, uint32_t D)
+{
+    if (D / 2 > 1024 || D % 2) return -1;
+    k_rope_inv_table<<<1, D / 2>>>(t, theta, D);
+    return cudaDeviceSynchronize() == cudaSuccess ? 0 : -1;
 }
 
 /* A stored position p lies in [origin_logical, origin_logical + len) and origin_physical <
@@ -567,10 +588,14 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     for (int i = 0; i < 4; i++) qv[i] = __ldg((const float4 *)(qh + qhd * TC_D + qsub * 16) + i);
     const float kx0 = F.k ? F.k[(size_t)h * TC_D + threadIdx.x] : 0.f; /* thread d of the row (TC_WARPS·32 = TC_D) */
     const float vx0 = F.k ? F.v[(size_t)h * TC_D + threadIdx.x] : 0.f;
+    const double inv = F.inv_freq && threadIdx.x < TC_D / 2 ? F.inv_freq[threadIdx.x] : 0.0;
     att_range(pos, m.len, n_split, align, split, &b, &e);
     if (b >= e) return; /* the combine skips it too */
     if (F.k && F.rope && threadIdx.x < TC_D / 2) /* fused: pair i = threadIdx.x, angle in f64 as k_qk_rope_store */
-        att_rope_sincos(pos, F.theta, threadIdx.x, TC_D, &rsin[threadIdx.x], &rcos[threadIdx.x]);
+    {
+        if (F.inv_freq) att_rope_sincos_tab(pos, inv, &rsin[threadIdx.x], &rcos[threadIdx.x]);
+        else att_rope_sincos(pos, F.theta, threadIdx.x, TC_D, &rsin[threadIdx.x], &rcos[threadIdx.x]);
+    }
     const float *qsrc = qh; /* where the Q fragments are read: q as given, or (fused) the normed, rotated copy */
     if (F.k) {
         /* QK-norm + RoPE + KV store (k_qk_rope_store's arithmetic), folded in: every block norms and
@@ -1104,6 +1129,7 @@ int muser_cuda_attn_fuse_check(const muser_cuda_attn_case *c, const float *k_row
     float *f = NULL;
     uint16_t *pl = NULL;
     void *dstep = NULL;
+    double *rinv = NULL; /* the fused route takes the engine's RoPE table: its K rows must match the pow ones */
     cudaStream_t st = NULL;
     cudaError_t e = cudaSuccess;
     int rc = -1;
@@ -1114,6 +1140,12 @@ int muser_cuda_attn_fuse_check(const muser_cuda_attn_case *c, const float *k_row
     TRY(cudaMalloc((void **)&f, nf * sizeof(float)), "alloc");
     TRY(cudaMalloc((void **)&pl, 4 * plane * 2), "alloc planes");
     TRY(cudaMalloc(&dstep, sizeof hs), "alloc step");
+    TRY(cudaMalloc((void **)&rinv, D / 2 * sizeof(double)), "alloc RoPE table");
+    if (cu_rope_inv_table(rinv, theta, (uint32_t)D)) {
+        what = "RoPE table";
+        e = cudaGetLastError();
+        goto done;
+    }
     {
         float *qkv = f, *vs = qkv + QD + KD, *q2 = vs + KD, *k2 = q2 + QD, *v2 = k2 + KD, *qn = v2 + KD, *kn = qn + D;
         float *gate = kn + D, *out[2] = {gate + QD, gate + 2 * QD}, *pml = gate + 3 * QD;
@@ -1151,6 +1183,7 @@ int muser_cuda_attn_fuse_check(const muser_cuda_attn_case *c, const float *k_row
         F.theta = theta;
         F.kw = kp[1];
         F.vw = vp[1];
+        F.inv_freq = rinv;
         if (cu_attention(st, q2, sp, mp, kp[1], vp[1], pml, pacc, c->gate ? gate : NULL, out[1], &g, none, &F))
             goto refused;
         TRY(cudaGetLastError(), "launch");
@@ -1191,6 +1224,7 @@ done_quiet:
     cudaFree(f);
     cudaFree(pl);
     cudaFree(dstep);
+    cudaFree(rinv);
     if (st) cudaStreamDestroy(st);
     return rc;
 }

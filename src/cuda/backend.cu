@@ -68,6 +68,7 @@ typedef struct cu_ctx {
     uint8_t *kv_mem;
     /* activations */
     float *h, *a, *qkvg, *attn_o, *y, *ffn, *ffn_g, *ffn_u, *logits, *part_ml, *part_acc, *am_v;
+    double *rope_inv;          /* head_dim/2 RoPE angle rates for the fused split kernel (NULL: it computes them) */
     int32_t *am_i, *d_token, *d_nonfinite;
     void *d_step;              /* cu_step + meta[n_layer] */
     void *h_step;              /* pinned mirror */
@@ -627,6 +628,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         F.theta = hp->rope_theta;
         F.kw = L->kp;
         F.vw = L->vp;
+        F.inv_freq = c->rope_inv;
         if (!SKIP(c, SK_ROPE) && !fuse)
             cu_qk_rope_store(st, c->qkvg, v, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
                          hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
@@ -734,7 +736,7 @@ static void ctx_free(cu_ctx *c)
     if (!c) return;
     if (c->g_fwd) cudaGraphExecDestroy(c->g_fwd);
     if (c->g_bench) cudaGraphExecDestroy(c->g_bench);
-    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xq, c->xm_site[0]};
+    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xq, c->xm_site[0], c->rope_inv};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_logits) cudaFreeHost(c->h_logits);
@@ -905,6 +907,13 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));
     if (!e) e = cudaMalloc((void **)&c->part_acc, n_part * hp->head_dim * sizeof(float));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: attention partials: %s", cudaGetErrorString(e)));
+    const char *rt = getenv("MUSER_CUDA_ROPE_TAB");
+    if (!(rt && !strcmp(rt, "0"))) {
+        e = cudaMalloc((void **)&c->rope_inv, hp->head_dim / 2 * sizeof(double));
+        if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: RoPE table: %s", cudaGetErrorString(e)));
+        if (cu_rope_inv_table(c->rope_inv, hp->rope_theta, hp->head_dim))
+            FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: RoPE table for head_dim %u", hp->head_dim));
+    }
     c->step_bytes = sizeof(cu_step) + hp->n_layer * sizeof(cu_plane_meta);
     e = cudaMalloc(&c->d_step, c->step_bytes);
     if (!e) e = cudaMallocHost(&c->h_step, c->step_bytes);

@@ -89,12 +89,16 @@ typedef struct cu_attn_fuse {
     int rope;                        /* rotate pairs (2i, 2i+1) by pos·theta^(−2i/D) */
     float theta;
     uint16_t *kw, *vw;               /* the K and V planes, written at pos */
+    const double *inv_freq;          /* NULL, or the D/2 angle rates (cu_rope_inv_table): the same bits */
 } cu_attn_fuse;
 /* dg: also write out as matvec input digits (cu_digits); head_dim % 32 == 0. fuse: NULL, or the
  * QK-norm/RoPE/store of this token done inside the split kernel (only where cu_attn_fusable) */
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
                  const float *gate, float *out, const cu_attn_geom *g, cu_digits dg, const cu_attn_fuse *fuse);
+/* t[i] = theta^(−2i/D) in f64 for i < D/2, as the RoPE kernels compute it (device memory t;
+ * synchronous); 0 or -1 */
+int cu_rope_inv_table(double *t, float theta, uint32_t D);
 /* Whether cu_attention can take a fuse for this geometry (the tc split kernel: GQA 16:1, D 128). */
 bool cu_attn_fusable(const cu_attn_geom *g);
 /* MUSER_CUDA_ATTN value -> CU_ATTN_*: NULL or "" -> the default, "tc", "v1"; -1 if unknown. */
