@@ -113,13 +113,14 @@ for step in $steps; do
         done
         ;;
     abm)
-        # interleaved A/B of whole settings: AB_CONFIGS="NAME=V NAME2=V2;NAME=W;" (';' between
-        # configurations, each a space-separated env list, empty = the defaults), 2 rounds, AB_CTX
+        # interleaved A/B of whole settings: AB_CONFIGS="defaults;NAME=V NAME2=V2;NAME=W" (';'
+        # between configurations, each a space-separated env list or "defaults"), 2 rounds, AB_CTX
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
         IFS=';' read -r -a cfgs <<<"${AB_CONFIGS:-}"
         for round in 1 2; do
             i=0
             for cfg in "${cfgs[@]}"; do
+                [ "$cfg" = defaults ] && cfg=
                 # shellcheck disable=SC2086
                 env $cfg timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 64 \
                     --ctx "${AB_CTX:-0,32768}" >"$OUT/abm_${i}_$round.log" 2>&1

@@ -173,6 +173,12 @@ int main(void)
     setenv("MUSER_CUDA_TAIL", "v1", 1);
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
     unsetenv("MUSER_CUDA_TAIL");
+    setenv("MUSER_CUDA_TAIL_CL", "8", 1); /* the tails on 8 blocks of 256 (the default: 16 of 512) */
+    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
+    setenv("MUSER_CUDA_TAIL", "v1", 1);
+    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
+    unsetenv("MUSER_CUDA_TAIL");
+    unsetenv("MUSER_CUDA_TAIL_CL");
     setenv("MUSER_CUDA_TAIL_TRIGGER", "0", 1);
     setenv("MUSER_CUDA_PREP_PDL", "0", 1); /* and plain prep launches */
     setenv("MUSER_CUDA_STACKV", "0", 1);   /* and a Q6_K attn_v launched after the stack */

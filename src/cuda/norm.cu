@@ -20,20 +20,28 @@ __device__ static double block_sum(double v, double *sh)
     return t;
 }
 
-/* The tail runs on a cluster of TAIL_CL blocks (one per SM) sharing the two sums of squares
+/* The tail runs on a cluster of blocks (one per SM) sharing the two sums of squares
  * through distributed shared memory: a single block spent ~8.5 us per tail on load latency and
  * 32-warp reductions (ncu, H200), 104 tails a token. Block r owns the 32-aligned slice
- * [r·S, (r+1)·S) of E, each thread at most TAIL_PER elements of it in registers; every global read
+ * [r·S, (r+1)·S) of E, each thread at most PER elements of it in registers; every global read
  * is issued up front (the norm weights come from DRAM each token: 16 GB of matrices went through
  * L2 since). The cluster sums the per-block partials in rank order, so every block gets the same
  * bits and a replay is bit-identical. */
 #define TAIL_CL 8
 #define TAIL_T 256
-#define TAIL_PER 4 /* E <= TAIL_CL·TAIL_T·TAIL_PER = 8192 (checked at context creation) */
+/* The route's tails on 16 blocks of 512 threads (a non-portable cluster size: where the device
+ * cannot place it, cu_tail_wide_ok says no and they stay on 8 of 256): one element per thread at
+ * E = 6656, so every load is in flight at once and each partial sum is one square; 2.5% faster per
+ * token than 8 × 256 on the H200 (16 × 256 and 16 × 416 +2.0%, 16 × 128 −0.3%, 8 × 128 −2%,
+ * 4 × 256 −3.6%; bench/kernels/NOTES.md). */
+#define TAIL_CL_WIDE 16
+#define TAIL_T_WIDE 512
+/* E <= 8192 (checked at context creation): each thread at most PER = 8192 / (blocks · threads) */
 
 /* Sum of v over the cluster, v1: block partial into slot[0] of every block's shared memory, then
  * each block adds the TAIL_CL slots in rank order; two cluster barriers (the second keeps the slot
  * alive until every block has read it). */
+template <int CL>
 __device__ static double cluster_sum(double v, double *sh, double *slot)
 {
     namespace cg = cooperative_groups;
@@ -42,7 +50,7 @@ __device__ static double cluster_sum(double v, double *sh, double *slot)
     if (threadIdx.x == 0) *slot = b;
     cl.sync();
     double t = 0;
-    for (unsigned r = 0; r < TAIL_CL; r++) t += *cl.map_shared_rank(slot, r);
+    for (unsigned r = 0; r < CL; r++) t += *cl.map_shared_rank(slot, r);
     cl.sync(); /* slots are reused by the next sum; no block leaves while others read its slot */
     return t;
 }
@@ -52,6 +60,7 @@ __device__ static double cluster_sum(double v, double *sh, double *slot)
  * adds its own TAIL_CL slots in rank order (so every block gets the same bits). slots and sh are
  * used once per kernel: nothing is overwritten, so no second barrier; a block may leave after its
  * last barrier, since every store into its shared memory precedes that barrier. */
+template <int CL>
 __device__ static double cluster_sum_push(double v, double *sh, double *slots)
 {
     namespace cg = cooperative_groups;
@@ -60,43 +69,45 @@ __device__ static double cluster_sum_push(double v, double *sh, double *slots)
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    if (threadIdx.x < TAIL_CL) { /* thread r stores this block's partial into block r */
+    if (threadIdx.x < CL) { /* thread r stores this block's partial into block r */
         double b = 0;
         for (int i = 0; i < (int)(blockDim.x >> 5); i++) b += sh[i];
         *cl.map_shared_rank(slots + cl.block_rank(), threadIdx.x) = b;
     }
     cl.sync();
     double t = 0;
-    for (unsigned r = 0; r < TAIL_CL; r++) t += slots[r];
+    for (unsigned r = 0; r < CL; r++) t += slots[r];
     return t;
 }
 
 /* EMB: the embedding entry instead (cu_embed_norm): y = row *d_token of emb, h = 0 before, the
  * post weights ones (the entry norm is weightless): h = rmsnorm(y) (or y without the entry norm). */
-template <bool PUSH, bool EMB>
-__global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
+/* CL blocks of T threads, one cluster (its dimension given at launch: tail_cfg), each thread at
+ * most PER elements. */
+template <bool PUSH, bool EMB, int CL = TAIL_CL, int T = TAIL_T, int PER = (8192 + CL * T - 1) / (CL * T)>
+__global__ void __launch_bounds__(T)
     k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next,
            float eps_next, int sandwich, uint32_t E, cu_digits dg, int trigger, const mv_mat emb, const int32_t *d_token)
 {
     CU_TL_SCOPE(EMB ? TL_EMBED : TL_TAIL);
     if (trigger) mvq_trigger(); /* the matvec after this tail may launch now (see cu_tail) */
     __shared__ double sh[2][32];
-    __shared__ double slots[2][TAIL_CL];
-    const uint32_t S = ((E + TAIL_CL * 32 - 1) / (TAIL_CL * 32)) * 32; /* slice, a multiple of 32 */
+    __shared__ double slots[2][CL];
+    const uint32_t S = ((E + CL * 32 - 1) / (CL * 32)) * 32; /* slice, a multiple of 32 */
     const uint32_t lo = blockIdx.x * S, hi = lo + S < E ? lo + S : E;
-    float yv[TAIL_PER], hv[TAIL_PER], wp[TAIL_PER], wn[TAIL_PER];
+    float yv[PER], hv[PER], wp[PER], wn[PER];
     /* the norm weights are constants: loaded before the wait for the matvec that writes y */
 #pragma unroll
-    for (int k = 0; k < TAIL_PER; k++) {
-        const uint32_t i = lo + threadIdx.x + k * TAIL_T;
+    for (int k = 0; k < PER; k++) {
+        const uint32_t i = lo + threadIdx.x + k * T;
         const bool in = i < hi;
         wp[k] = EMB ? 1.f : in && sandwich ? w_post[i] : 0.f;
         wn[k] = in ? w_next[i] : 0.f;
     }
     mvq_wait(); /* a no-op unless launched with programmatic stream serialization */
 #pragma unroll
-    for (int k = 0; k < TAIL_PER; k++) {
-        const uint32_t i = lo + threadIdx.x + k * TAIL_T;
+    for (int k = 0; k < PER; k++) {
+        const uint32_t i = lo + threadIdx.x + k * T;
         const bool in = i < hi;
         if (EMB) {
             yv[k] = in ? mv_elem(emb, (uint32_t)*d_token, i) : 0.f;
@@ -110,14 +121,14 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
     if (sandwich) {
         double ss = 0;
 #pragma unroll
-        for (int k = 0; k < TAIL_PER; k++) ss += (double)yv[k] * yv[k];
-        ss = PUSH ? cluster_sum_push(ss, sh[0], slots[0]) : cluster_sum(ss, sh[0], &slots[0][0]);
+        for (int k = 0; k < PER; k++) ss += (double)yv[k] * yv[k];
+        ss = PUSH ? cluster_sum_push<CL>(ss, sh[0], slots[0]) : cluster_sum<CL>(ss, sh[0], &slots[0][0]);
         r1 = (float)(1.0 / sqrt(ss / E + eps_post));
     }
     double ss = 0;
 #pragma unroll
-    for (int k = 0; k < TAIL_PER; k++) {
-        const uint32_t i = lo + threadIdx.x + k * TAIL_T;
+    for (int k = 0; k < PER; k++) {
+        const uint32_t i = lo + threadIdx.x + k * T;
         if (i < hi) {
             const float add = sandwich ? yv[k] * r1 * wp[k] : yv[k];
             hv[k] = hv[k] + add;
@@ -125,11 +136,11 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
             ss += (double)hv[k] * hv[k];
         }
     }
-    ss = PUSH ? cluster_sum_push(ss, sh[1], slots[1]) : cluster_sum(ss, sh[1], &slots[1][0]);
+    ss = PUSH ? cluster_sum_push<CL>(ss, sh[1], slots[1]) : cluster_sum<CL>(ss, sh[1], &slots[1][0]);
     const float r2 = (float)(1.0 / sqrt(ss / E + eps_next));
 #pragma unroll
-    for (int k = 0; k < TAIL_PER; k++) {
-        const uint32_t i = lo + threadIdx.x + k * TAIL_T;
+    for (int k = 0; k < PER; k++) {
+        const uint32_t i = lo + threadIdx.x + k * T;
         if (i < hi) {
             const float v = hv[k] * r2 * wn[k];
             a[i] = v;
@@ -138,18 +149,56 @@ __global__ void __cluster_dims__(TAIL_CL, 1, 1) __launch_bounds__(TAIL_T)
     }
 }
 
+typedef void (*tail_fn)(const float *, float *, float *, const float *, float, const float *, float, int, uint32_t, cu_digits,
+                        int, const mv_mat, const int32_t *);
+/* A tail's launch: TAIL_CL blocks of TAIL_T threads, or (wide) TAIL_CL_WIDE of TAIL_T_WIDE, as one
+ * cluster; pdl as cu_pdl_cfg. at: 2 attributes. */
+static cudaLaunchConfig_t tail_cfg(bool wide, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
+{
+    const uint32_t cl = wide ? TAIL_CL_WIDE : TAIL_CL;
+    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(cl), dim3(wide ? TAIL_T_WIDE : TAIL_T), st, pdl, at);
+    at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    at[cfg.numAttrs].val.clusterDim.x = cl;
+    at[cfg.numAttrs].val.clusterDim.y = 1;
+    at[cfg.numAttrs].val.clusterDim.z = 1;
+    cfg.numAttrs++;
+    cfg.attrs = at;
+    return cfg;
+}
+
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
              const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl, bool push,
-             bool trigger)
+             bool trigger, bool wide)
 {
-    /* E <= TAIL_CL * TAIL_T * TAIL_PER (8192) is checked at context creation. pdl: the blocks may
+    /* E <= 8192 is checked at context creation. pdl: the blocks may
      * start while the matvec before them runs (it triggers at its start); they read only the norm
      * weights before griddepcontrol.wait, and write nothing before it. */
-    cudaLaunchAttribute at[1];
-    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(TAIL_CL), dim3(TAIL_T), st, pdl, at);
     const mv_mat none = {NULL, 0, 0, 0};
-    cudaLaunchKernelEx(&cfg, push ? k_tail<true, false> : k_tail<false, false>, y, h, a, w_post, eps_post, w_next, eps_next,
-                       (int)sandwich, E, dg, (int)trigger, none, (const int32_t *)NULL);
+    const tail_fn k = wide ? (push ? k_tail<true, false, TAIL_CL_WIDE, TAIL_T_WIDE> : k_tail<false, false, TAIL_CL_WIDE, TAIL_T_WIDE>)
+                           : (push ? k_tail<true, false> : k_tail<false, false>);
+    cudaLaunchAttribute at[2];
+    cudaLaunchConfig_t cfg = tail_cfg(wide, st, pdl, at);
+    cudaLaunchKernelEx(&cfg, k, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, dg, (int)trigger, none,
+                       (const int32_t *)NULL);
+}
+
+bool cu_tail_wide_ok(void)
+{
+    const tail_fn ks[2] = {k_tail<true, false, TAIL_CL_WIDE, TAIL_T_WIDE>, k_tail<false, false, TAIL_CL_WIDE, TAIL_T_WIDE>};
+    for (int i = 0; i < 2; i++) {
+        if (cudaFuncSetAttribute(ks[i], cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        cudaLaunchAttribute at[2];
+        cudaLaunchConfig_t cfg = tail_cfg(true, 0, false, at);
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, ks[i], &cfg) != cudaSuccess || n < 1) {
+            cudaGetLastError();
+            return false;
+        }
+    }
+    return true;
 }
 
 /* The embedding entry on the tail's cluster: h = rmsnorm(emb[token], ones, entry_eps) (or the row
@@ -157,8 +206,8 @@ void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
                    const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg, bool trigger)
 {
-    cudaLaunchAttribute at[1];
-    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(TAIL_CL), dim3(TAIL_T), st, false, at);
+    cudaLaunchAttribute at[2];
+    cudaLaunchConfig_t cfg = tail_cfg(false, st, false, at);
     cudaLaunchKernelEx(&cfg, k_tail<true, true>, (const float *)NULL, h, a, (const float *)NULL, entry_eps, w_norm, eps,
                        (int)entry_norm, E, dg, (int)trigger, *emb, d_token);
 }

@@ -63,12 +63,15 @@ void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, f
                    bool trigger);
 /* dg: also write a as matvec input digits (cu_digits).
  * pdl: launch with programmatic stream serialization (after a matvec, which triggers early);
- * push: the one-barrier cluster sums (false: v1's two barriers; the same bits) */
+ * push: the one-barrier cluster sums (false: v1's two barriers; the same bits); wide: 16 blocks
+ * of 512 threads instead of 8 of 256 (only where cu_tail_wide_ok) */
 /* trigger: let the next kernel launch at this one's start (programmatic dependent launch); only
  * when that kernel's x (dg) is a buffer no kernel that may still run reads (backend.cu, XS_*) */
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
              const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl, bool push,
-             bool trigger);
+             bool trigger, bool wide);
+/* Whether the device places the tails' wide cluster (16 blocks of 512: cu_tail's wide) */
+bool cu_tail_wide_ok(void);
 void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
 /* argmax over logits -> *d_token (next token for the bench lane) and d_flags[0] = #non-finite */
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
