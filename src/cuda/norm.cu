@@ -39,7 +39,7 @@ __device__ static double block_sum(double v, double *sh)
 /* E <= 8192 (checked at context creation): each thread at most PER = 8192 / (blocks · threads) */
 
 /* Sum of v over the cluster, v1: block partial into slot[0] of every block's shared memory, then
- * each block adds the TAIL_CL slots in rank order; two cluster barriers (the second keeps the slot
+ * each block adds the CL slots in rank order; two cluster barriers (the second keeps the slot
  * alive until every block has read it). */
 template <int CL>
 __device__ static double cluster_sum(double v, double *sh, double *slot)
@@ -57,7 +57,7 @@ __device__ static double cluster_sum(double v, double *sh, double *slot)
 
 /* Sum of v over the cluster, one barrier: each block's partial is pushed into slots[rank] of every
  * block (distributed shared memory stores), one cluster barrier makes them visible, and each block
- * adds its own TAIL_CL slots in rank order (so every block gets the same bits). slots and sh are
+ * adds its own CL slots in rank order (so every block gets the same bits). slots and sh are
  * used once per kernel: nothing is overwritten, so no second barrier; a block may leave after its
  * last barrier, since every store into its shared memory precedes that barrier. */
 template <int CL>
