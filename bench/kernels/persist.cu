@@ -19,6 +19,8 @@
  *              L2 bulk prefetch of the first PF KB of its own weight range of that phase
  *
  * Checks: each variant's outputs (every layer, every matrix) bit-identical to the launches'.
+ * Outcome (bench/kernels/NOTES.md, "Eighth device session"): persist is 10-11 us a layer slower than
+ * the launches and hides none of the latency steps; the prefetch makes it slower still.
  *   usage: kbench_persist [reps] [lat_us a,b,c,d] [pf_kb]   (exit 1 if a check fails) */
 #include "cuda/matvec.cuh"
 #include "cuda/mvq.cuh"
