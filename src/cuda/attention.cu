@@ -43,7 +43,8 @@ __device__ __forceinline__ void att_pdl_wait()
 
 /* RoPE pair i of a D-wide head at position pos: sine and cosine of pos·theta^(−2i/D), in f64 (at
  * pos 131072 an f32 angle is off by ~0.01 rad). k_qk_rope_store and the fused split kernel both use
- * it, so their rotations are the same bits. */
+ * att_rope_inv (the split kernel through the table cu_rope_inv_table fills with it), so their
+ * rotations are the same bits. */
 __device__ __forceinline__ double att_rope_inv(float theta, uint32_t i, uint32_t D)
 {
     return pow((double)theta, -2.0 * (double)i / (double)D);
