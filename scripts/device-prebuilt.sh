@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all),
-#                                               # and skip, ab, abm, ncu, timeline (see below)
+#                                               # and glimmer, skip, ab, abm, ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
 # `--pack` also writes them xz-compressed (~6 MB) into .devbin-pack/ (git-ignored): carry
 # .devbin-pack and .deps and run `tar xJf .devbin-pack/bin.tar.xz && bash scripts/device-prebuilt.sh …`.
@@ -61,6 +61,31 @@ for step in $steps; do
             note "parity small cuda ($r) rc=$? :: $(grep -iE 'max' "$OUT/parity_small.log" | tail -2 | tr '\n' ' ')"
         done
         ;;
+    glimmer)
+        # synthesized Glimmer, 8 positions: the CUDA route against the CPU engine (SPEC §4), and the
+        # logits of GLIMMER_CMP="NAME[:ENV=V ...] ..." (staged builds with settings) byte-compared
+        # with the default's, e.g. GLIMMER_CMP="muser-base muser:MUSER_CUDA_ATTN_CL=0"
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        toks=9001,17,123456,4242,77777,202000,31337,5
+        timeout -k 5 120 "$D/muser" eval -m /tmp/g.gguf --backend cuda --tokens $toks --dump-logits "$W/gc.bin" \
+            >"$OUT/glimmer_cuda.log" 2>&1
+        note "glimmer cuda eval rc=$?"
+        for spec in ${GLIMMER_CMP:-}; do
+            bin=${spec%%:*}
+            envs=
+            [ "$bin" != "$spec" ] && envs=${spec#*:}
+            # shellcheck disable=SC2086
+            env ${envs//,/ } timeout -k 5 120 "$D/$bin" eval -m /tmp/g.gguf --backend cuda --tokens $toks \
+                --dump-logits "$W/gx.bin" >>"$OUT/glimmer_cuda.log" 2>&1
+            if cmp -s "$W/gc.bin" "$W/gx.bin"; then r=identical; else r=DIFFERENT; fi
+            note "glimmer logits [$spec] vs default: $r; $(python3 scripts/compare-logits.py "$W/gx.bin" "$W/gc.bin" 202048 2>&1 | tail -1)"
+        done
+        timeout -k 5 300 "$D/muser" eval -m /tmp/g.gguf --backend cpu --tokens $toks --dump-logits "$W/gp.bin" \
+            >"$OUT/glimmer_cpu.log" 2>&1
+        note "glimmer cpu eval rc=$?"
+        python3 scripts/compare-logits.py "$W/gp.bin" "$W/gc.bin" 202048 >"$OUT/glimmer_cmp.log" 2>&1
+        note "glimmer cuda vs cpu :: $(tail -3 "$OUT/glimmer_cmp.log" | tr '\n' ' ')"
+        ;;
     kbench)
         MUSER_KBENCH_KQ=1 MUSER_KBENCH_FAST=1 timeout -k 5 120 "$D/kbench_matvec" 9 >"$OUT/kbench.log" 2>&1
         note "kbench rc=$? :: $(grep 'kbench_matvec:' "$OUT/kbench.log")"
@@ -114,15 +139,19 @@ for step in $steps; do
         ;;
     abm)
         # interleaved A/B of whole settings: AB_CONFIGS="defaults;NAME=V NAME2=V2;NAME=W" (';'
-        # between configurations, each a space-separated env list or "defaults"), 2 rounds, AB_CTX
+        # between configurations, each a space-separated env list or "defaults"; BIN=muser-base
+        # runs another staged build, e.g. one copied into .devbin by hand), 2 rounds, AB_CTX
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
         IFS=';' read -r -a cfgs <<<"${AB_CONFIGS:-}"
         for round in 1 2; do
             i=0
             for cfg in "${cfgs[@]}"; do
                 [ "$cfg" = defaults ] && cfg=
+                # BIN=name in a configuration runs $D/name instead of $D/muser (a build staged beside it)
+                bin=muser
+                case " $cfg " in *" BIN="*) bin=$(sed 's/.*BIN=\([^ ]*\).*/\1/' <<<"$cfg") ;; esac
                 # shellcheck disable=SC2086
-                env $cfg timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 64 \
+                env $cfg timeout -k 5 60 "$D/$bin" bench --backend cuda -m /tmp/g.gguf --gen 64 \
                     --ctx "${AB_CTX:-0,32768}" >"$OUT/abm_${i}_$round.log" 2>&1
                 note "abm [${cfg:-defaults}] rc=$? :: $(grep '^ctx ' "$OUT/abm_${i}_$round.log" | awk '{printf "%s %s | ", $2, $6}')"
                 i=$((i + 1))

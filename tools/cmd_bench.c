@@ -284,9 +284,9 @@ static int bench_cuda(const bench_opts *o, const muser_model *m)
         return 1;
     }
     const char *mv = getenv("MUSER_CUDA_MATVEC");
-    printf("backend cuda: %s, matvec %s; bandwidth %.1f GB/s (device memory, streaming read); "
+    printf("backend cuda: %s, matvec %s, %s; bandwidth %.1f GB/s (device memory, streaming read); "
            "upload %.1f s; weights read per token %.1f MB\n",
-           res.device, mv && *mv ? mv : "v8", res.read_gbs, res.upload_s, res.weight_bytes / 1e6);
+           res.device, mv && *mv ? mv : "v8", res.route, res.read_gbs, res.upload_s, res.weight_bytes / 1e6);
     for (uint32_t i = 0; i < o->n_ctx; i++)
         printf("ctx %-7llu decode %4u tok: %7.2f tok/s (%.3f ms/tok) | %.1f MB/tok -> %.1f GB/s = %.1f%% "
                "of %.1f GB/s\n",

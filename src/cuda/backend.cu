@@ -1209,6 +1209,7 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
     snprintf(res->device, sizeof res->device, "%.127s", prop.name);
     res->upload_s = c->upload_s;
     res->weight_bytes = c->read_bytes;
+    snprintf(res->route, sizeof res->route, "tails %s", c->tail_wide ? "16x512" : "8x256");
     /* the read ceiling, in this run */
     {
         const size_t bytes = (size_t)4 << 30;

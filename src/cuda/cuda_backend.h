@@ -22,6 +22,7 @@ typedef struct muser_cuda_bench_row {
 
 typedef struct muser_cuda_bench_result {
     char device[128];
+    char route[96];          /* the route's shapes where the device decides them (the tails' cluster) */
     double read_gbs;         /* streaming-read kernel over 4 GiB, median of 10 */
     double upload_s;         /* weights to the device */
     uint64_t weight_bytes;   /* bytes of weights read per token */
