@@ -140,10 +140,11 @@ for step in $steps; do
     abm)
         # interleaved A/B of whole settings: AB_CONFIGS="defaults;NAME=V NAME2=V2;NAME=W" (';'
         # between configurations, each a space-separated env list or "defaults"; BIN=muser-base
-        # runs another staged build, e.g. one copied into .devbin by hand), 2 rounds, AB_CTX
+        # runs another staged build, e.g. one copied into .devbin by hand), AB_ROUNDS rounds (2),
+        # AB_CTX; then each configuration's mean tok/s per context and its change against the first
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
         IFS=';' read -r -a cfgs <<<"${AB_CONFIGS:-}"
-        for round in 1 2; do
+        for round in $(seq 1 "${AB_ROUNDS:-2}"); do
             i=0
             for cfg in "${cfgs[@]}"; do
                 [ "$cfg" = defaults ] && cfg=
@@ -157,6 +158,17 @@ for step in $steps; do
                 i=$((i + 1))
             done
         done
+        for i in "${!cfgs[@]}"; do
+            cat "$OUT"/abm_"${i}"_*.log | awk -v name="${cfgs[$i]}" '/^ctx / { s[$2] += $6; n[$2]++; if (!($2 in o)) { o[$2] = k++ } }
+                END { line = ""; for (c in o) idx[o[c]] = c
+                      for (j = 0; j < k; j++) { c = idx[j]; line = line sprintf("%s %.2f | ", c, s[c] / n[c]) }
+                      print "abm mean [" name "] :: " line }'
+        done | tee -a "$S" >"$OUT/abm_means.txt"
+        awk -F' :: ' 'NR == 1 { n = split($2, a, " [|] "); for (j = 1; j <= n; j++) { split(a[j], f, " "); base[f[1]] = f[2] } }
+            { n = split($2, a, " [|] "); line = ""
+              for (j = 1; j <= n; j++) { split(a[j], f, " "); if (f[1] != "" && base[f[1]] > 0)
+                  line = line sprintf("%s %+.2f%% | ", f[1], 100 * (f[2] / base[f[1]] - 1)) }
+              print $1 " vs first :: " line }' "$OUT/abm_means.txt" | tee -a "$S" >/dev/null
         ;;
     timeline)
         # one token's per-CTA timeline inside the graph (a MUSER_CUDA_TIMELINE build staged as
