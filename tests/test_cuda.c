@@ -6,7 +6,7 @@
  * reset gives the same logits bit for bit; checkpoint / rollback of a 3-token block restores the
  * ring rows so re-decoding the rejected tokens reproduces the first logits bit for bit; a token
  * out of order is refused (cache discontinuity) and changes nothing. The default matvec (v8) runs
- * everything; its selectable launches (MUSER_CUDA_GU, _TAIL, _TAIL_TRIGGER, _Q6) and the older matvec
+ * everything; its selectable launches (MUSER_CUDA_GU, _TAIL, _TAIL_FAST, _TAIL_TRIGGER, _Q6) and the older matvec
  * versions (v7, v6, v6b, v5) run the release mix and the formats they change.
  * SKIP (77) when built without CUDA or when no GPU is present. */
 #include "check.h"
@@ -173,6 +173,9 @@ int main(void)
     setenv("MUSER_CUDA_TAIL", "v1", 1);
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
     unsetenv("MUSER_CUDA_TAIL");
+    setenv("MUSER_CUDA_TAIL_FAST", "0", 1); /* the serial partial sums and 1/sqrt scales */
+    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
+    unsetenv("MUSER_CUDA_TAIL_FAST");
     setenv("MUSER_CUDA_TAIL_CL", "8", 1); /* the tails on 8 blocks of 256 (the default: 16 of 512) */
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
     setenv("MUSER_CUDA_TAIL", "v1", 1);

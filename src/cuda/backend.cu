@@ -103,6 +103,7 @@ typedef struct cu_ctx {
                                 * first dependent read (MUSER_CUDA_TAIL_PDL=0: not) */
     bool tail_push;            /* the tails' cluster sums with one barrier each (MUSER_CUDA_TAIL=v1: two) */
     bool tail_wide;            /* the tails on 16 blocks of 512 (MUSER_CUDA_TAIL_CL=8: 8 of 256), where the device can */
+    bool tail_fast;            /* the tails' pairwise partial sums and f64 rsqrt scales (MUSER_CUDA_TAIL_FAST=0: not) */
     float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
     bool q6_tc;                /* v8 runs Q6_K on the tensor cores too (mmq6.cuh; MUSER_CUDA_Q6=v7: on v7) */
     int gu_mode;               /* MUSER_CUDA_GU: the gate·up launch (GU_*) */
@@ -651,7 +652,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         const cu_digits gd = digits_or(digits_for(c, L->ffn_gate.type, xq_a), digits_for(c, L->ffn_up.type, xq_a));
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich,
-                    E, gd, c->tail_pdl, c->tail_push, c->tail_trigger, c->tail_wide);
+                    E, gd, c->tail_pdl, c->tail_push, c->tail_trigger, c->tail_wide, c->tail_fast);
         pf_mark(pf, st, PF_FFN_UP);
         if (SKIP(c, SK_GU)) {
         } else if (c->gate_up_paired) {
@@ -680,7 +681,7 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps,
                     last ? c->out_norm : c->layers[l + 1].attn_norm, hp->rms_eps, hp->sandwich, E, dg, c->tail_pdl,
-                    c->tail_push, c->tail_trigger, c->tail_wide);
+                    c->tail_push, c->tail_trigger, c->tail_wide, c->tail_fast);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
@@ -811,6 +812,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         c->tail_push = !(tv && !strcmp(tv, "v1"));
         const char *tcl = getenv("MUSER_CUDA_TAIL_CL");
         c->tail_wide = !(tcl && !strcmp(tcl, "8")) && cu_tail_wide_ok();
+        const char *tf = getenv("MUSER_CUDA_TAIL_FAST");
+        c->tail_fast = !(tf && !strcmp(tf, "0"));
         const char *q6 = getenv("MUSER_CUDA_Q6");
         c->q6_tc = !(q6 && !strcmp(q6, "v7"));
         const char *gu = getenv("MUSER_CUDA_GU");

@@ -55,13 +55,34 @@ __device__ static double cluster_sum(double v, double *sh, double *slot)
     return t;
 }
 
+/* s[0] + … + s[n − 1] in index order, or (tree) pairwise over N >= n slots (the missing ones 0):
+ * log2 N dependent adds instead of n */
+__device__ __forceinline__ double sum_serial(const double *s, int n)
+{
+    double t = 0;
+    for (int i = 0; i < n; i++) t += s[i];
+    return t;
+}
+template <int N>
+__device__ __forceinline__ double sum_tree(const double *s, int n)
+{
+    double t[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) t[i] = i < n ? s[i] : 0.0;
+#pragma unroll
+    for (int lv = 1; lv < N; lv *= 2) /* level lv: t[i] += t[i + lv] for i a multiple of 2·lv */
+#pragma unroll
+        for (int i = 0; i + lv < N; i += 2 * lv) t[i] += t[i + lv];
+    return t[0];
+}
+
 /* Sum of v over the cluster, one barrier: each block's partial is pushed into slots[rank] of every
  * block (distributed shared memory stores), one cluster barrier makes them visible, and each block
  * adds its own CL slots in rank order (so every block gets the same bits). slots and sh are
  * used once per kernel: nothing is overwritten, so no second barrier; a block may leave after its
  * last barrier, since every store into its shared memory precedes that barrier. */
 template <int CL>
-__device__ static double cluster_sum_push(double v, double *sh, double *slots)
+__device__ static double cluster_sum_push(double v, double *sh, double *slots, int tree)
 {
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
@@ -70,14 +91,11 @@ __device__ static double cluster_sum_push(double v, double *sh, double *slots)
     if (lane == 0) sh[w] = v;
     __syncthreads();
     if (threadIdx.x < CL) { /* thread r stores this block's partial into block r */
-        double b = 0;
-        for (int i = 0; i < (int)(blockDim.x >> 5); i++) b += sh[i];
+        const double b = tree ? sum_tree<16>(sh, (int)(blockDim.x >> 5)) : sum_serial(sh, (int)(blockDim.x >> 5));
         *cl.map_shared_rank(slots + cl.block_rank(), threadIdx.x) = b;
     }
     cl.sync();
-    double t = 0;
-    for (unsigned r = 0; r < CL; r++) t += slots[r];
-    return t;
+    return tree ? sum_tree<CL>(slots, CL) : sum_serial(slots, CL);
 }
 
 /* EMB: the embedding entry instead (cu_embed_norm): y = row *d_token of emb, h = 0 before, the
@@ -87,7 +105,8 @@ __device__ static double cluster_sum_push(double v, double *sh, double *slots)
 template <bool PUSH, bool EMB, int CL = TAIL_CL, int T = TAIL_T, int PER = (8192 + CL * T - 1) / (CL * T)>
 __global__ void __launch_bounds__(T)
     k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next,
-           float eps_next, int sandwich, uint32_t E, cu_digits dg, int trigger, const mv_mat emb, const int32_t *d_token)
+           float eps_next, int sandwich, uint32_t E, cu_digits dg, int trigger, const mv_mat emb, const int32_t *d_token,
+           int fast)
 {
     CU_TL_SCOPE(EMB ? TL_EMBED : TL_TAIL);
     if (trigger) mvq_trigger(); /* the matvec after this tail may launch now (see cu_tail) */
@@ -104,6 +123,7 @@ __global__ void __launch_bounds__(T)
         wp[k] = EMB ? 1.f : in && sandwich ? w_post[i] : 0.f;
         wn[k] = in ? w_next[i] : 0.f;
     }
+    const double inv_e = 1.0 / E; /* fast: the mean as a product, its divide before the wait */
     mvq_wait(); /* a no-op unless launched with programmatic stream serialization */
 #pragma unroll
     for (int k = 0; k < PER; k++) {
@@ -122,8 +142,8 @@ __global__ void __launch_bounds__(T)
         double ss = 0;
 #pragma unroll
         for (int k = 0; k < PER; k++) ss += (double)yv[k] * yv[k];
-        ss = PUSH ? cluster_sum_push<CL>(ss, sh[0], slots[0]) : cluster_sum<CL>(ss, sh[0], &slots[0][0]);
-        r1 = (float)(1.0 / sqrt(ss / E + eps_post));
+        ss = PUSH ? cluster_sum_push<CL>(ss, sh[0], slots[0], fast) : cluster_sum<CL>(ss, sh[0], &slots[0][0]);
+        r1 = fast ? (float)rsqrt(fma(ss, inv_e, (double)eps_post)) : (float)(1.0 / sqrt(ss / E + eps_post));
     }
     double ss = 0;
 #pragma unroll
@@ -136,8 +156,8 @@ __global__ void __launch_bounds__(T)
             ss += (double)hv[k] * hv[k];
         }
     }
-    ss = PUSH ? cluster_sum_push<CL>(ss, sh[1], slots[1]) : cluster_sum<CL>(ss, sh[1], &slots[1][0]);
-    const float r2 = (float)(1.0 / sqrt(ss / E + eps_next));
+    ss = PUSH ? cluster_sum_push<CL>(ss, sh[1], slots[1], fast) : cluster_sum<CL>(ss, sh[1], &slots[1][0]);
+    const float r2 = fast ? (float)rsqrt(fma(ss, inv_e, (double)eps_next)) : (float)(1.0 / sqrt(ss / E + eps_next));
 #pragma unroll
     for (int k = 0; k < PER; k++) {
         const uint32_t i = lo + threadIdx.x + k * T;
@@ -150,7 +170,7 @@ __global__ void __launch_bounds__(T)
 }
 
 typedef void (*tail_fn)(const float *, float *, float *, const float *, float, const float *, float, int, uint32_t, cu_digits,
-                        int, const mv_mat, const int32_t *);
+                        int, const mv_mat, const int32_t *, int);
 /* A tail's launch: TAIL_CL blocks of TAIL_T threads, or (wide) TAIL_CL_WIDE of TAIL_T_WIDE, as one
  * cluster; pdl as cu_pdl_cfg. at: 2 attributes. */
 static cudaLaunchConfig_t tail_cfg(bool wide, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
@@ -168,7 +188,7 @@ static cudaLaunchConfig_t tail_cfg(bool wide, cudaStream_t st, bool pdl, cudaLau
 
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
              const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl, bool push,
-             bool trigger, bool wide)
+             bool trigger, bool wide, bool fast)
 {
     /* E <= 8192 is checked at context creation. pdl: the blocks may
      * start while the matvec before them runs (it triggers at its start); they read only the norm
@@ -179,7 +199,7 @@ void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w
     cudaLaunchAttribute at[2];
     cudaLaunchConfig_t cfg = tail_cfg(wide, st, pdl, at);
     cudaLaunchKernelEx(&cfg, k, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, dg, (int)trigger, none,
-                       (const int32_t *)NULL);
+                       (const int32_t *)NULL, (int)fast);
 }
 
 bool cu_tail_wide_ok(void)
@@ -209,7 +229,7 @@ void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, f
     cudaLaunchAttribute at[2];
     cudaLaunchConfig_t cfg = tail_cfg(false, st, false, at);
     cudaLaunchKernelEx(&cfg, k_tail<true, true>, (const float *)NULL, h, a, (const float *)NULL, entry_eps, w_norm, eps,
-                       (int)entry_norm, E, dg, (int)trigger, *emb, d_token);
+                       (int)entry_norm, E, dg, (int)trigger, *emb, d_token, 0);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)
