@@ -78,9 +78,10 @@ __device__ __forceinline__ double sum_tree(const double *s, int n)
 
 /* Sum of v over the cluster, one barrier: each block's partial is pushed into slots[rank] of every
  * block (distributed shared memory stores), one cluster barrier makes them visible, and each block
- * adds its own CL slots in rank order (so every block gets the same bits). slots and sh are
- * used once per kernel: nothing is overwritten, so no second barrier; a block may leave after its
- * last barrier, since every store into its shared memory precedes that barrier. */
+ * adds its own CL slots in rank order (so every block gets the same bits); with tree, the warps'
+ * partials (at most 16: T <= 512) and the slots are added pairwise instead, in a fixed order too.
+ * slots and sh are used once per kernel: nothing is overwritten, so no second barrier; a block may
+ * leave after its last barrier, since every store into its shared memory precedes that barrier. */
 template <int CL>
 __device__ static double cluster_sum_push(double v, double *sh, double *slots, int tree)
 {
@@ -108,6 +109,7 @@ __global__ void __launch_bounds__(T)
            float eps_next, int sandwich, uint32_t E, cu_digits dg, int trigger, const mv_mat emb, const int32_t *d_token,
            int fast)
 {
+    /* fast: the pairwise cluster sums (PUSH) and each scale as rsqrt(Σ·(1/E) + eps) in f64 */
     CU_TL_SCOPE(EMB ? TL_EMBED : TL_TAIL);
     if (trigger) mvq_trigger(); /* the matvec after this tail may launch now (see cu_tail) */
     __shared__ double sh[2][32];

@@ -67,9 +67,9 @@ void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, f
  * of 512 threads instead of 8 of 256 (only where cu_tail_wide_ok) */
 /* trigger: let the next kernel launch at this one's start (programmatic dependent launch); only
  * when that kernel's x (dg) is a buffer no kernel that may still run reads (backend.cu, XS_*).
- * fast (push only): the block and cluster partials added pairwise, and each norm's scale as the
- * f64 rsqrt of Σ·(1/E) + eps instead of 1/sqrt(Σ/E + eps) (f64 either way, so its f32 scale
- * differs only where the f64 value sits within a few ulps of an f32 rounding boundary) */
+ * fast: each norm's scale as the f64 rsqrt of Σ·(1/E) + eps instead of 1/sqrt(Σ/E + eps) (f64
+ * either way, so its f32 scale differs only where the f64 value sits within a few ulps of an f32
+ * rounding boundary) and, with push, the block and cluster partials added pairwise */
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
              const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl, bool push,
              bool trigger, bool wide, bool fast);
