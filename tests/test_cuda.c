@@ -184,10 +184,12 @@ int main(void)
     unsetenv("MUSER_CUDA_TAIL_CL");
     setenv("MUSER_CUDA_TAIL_TRIGGER", "0", 1);
     setenv("MUSER_CUDA_PREP_PDL", "0", 1); /* and plain prep launches */
+    setenv("MUSER_CUDA_PREP_ILP", "0", 1); /* whose elements are done one after the other */
     setenv("MUSER_CUDA_STACKV", "0", 1);   /* and a Q6_K attn_v launched after the stack */
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, true);
     unsetenv("MUSER_CUDA_TAIL_TRIGGER");
     unsetenv("MUSER_CUDA_PREP_PDL");
+    unsetenv("MUSER_CUDA_PREP_ILP");
     unsetenv("MUSER_CUDA_STACKV");
     setenv("MUSER_CUDA_Q6", "v7", 1);
     parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);

@@ -97,6 +97,7 @@ typedef struct cu_ctx {
     bool down6_k8;             /* a Q6_KT down on mmq6_launch_auto's shape (MUSER_CUDA_DOWN6=k8), not
                                 * mmq6_launch_down's one wave */
     bool prep_pdl;             /* the tensor-core preps launch as programmatic dependents (with tail_trigger; MUSER_CUDA_PREP_PDL=0: not) */
+    bool prep_ilp;             /* the preps load both of a thread's elements first (MUSER_CUDA_PREP_ILP=0: one after the other) */
     bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
                                 * MUSER_CUDA_PDL=0 turns it off */
     bool tail_pdl;             /* the tails and QK-norm/RoPE are launched the same way, waiting before their
@@ -393,7 +394,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
     const uint32_t t = L->seg[0].a.type;
     if (t == MV_T_Q6_KT) { /* v8 for Q6_K: its own digit layout in c->x6, one launch per segment */
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & DIG_X6) && !SKIP(c, SK_PREP)) mmq6_prep_launch(st, x, c->x6, K, c->prep_pdl);
+        if (!(ready & DIG_X6) && !SKIP(c, SK_PREP)) mmq6_prep_launch(st, x, c->x6, K, c->prep_pdl, c->prep_ilp);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             mmq6_args A;
@@ -413,7 +414,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
     }
     if (t == MV_T_Q4_KT) { /* v8: its own digit layout in c->xm, one launch per segment */
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) mmq_prep_launch(st, x, c->xm, K, c->prep_pdl);
+        if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) mmq_prep_launch(st, x, c->xm, K, c->prep_pdl, c->prep_ilp);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             const bool pair = g->op == MV_OP_SILU_MUL;
@@ -812,6 +813,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         c->tail_push = !(tv && !strcmp(tv, "v1"));
         const char *tcl = getenv("MUSER_CUDA_TAIL_CL");
         c->tail_wide = !(tcl && !strcmp(tcl, "8")) && cu_tail_wide_ok();
+        const char *pil = getenv("MUSER_CUDA_PREP_ILP");
+        c->prep_ilp = !(pil && !strcmp(pil, "0"));
         const char *tf = getenv("MUSER_CUDA_TAIL_FAST");
         c->tail_fast = !(tf && !strcmp(tf, "0"));
         const char *q6 = getenv("MUSER_CUDA_Q6");

@@ -124,35 +124,47 @@ __device__ __forceinline__ void mmq_prep_warp(float v, uint32_t p, uint8_t *__re
  * mmq_prep_q6 in mmq6.cuh), one CTA of MMQ_PREP_T threads per 256-block, a warp per 32-group in
  * turn. K a multiple of 256. 128 threads (~4K registers) fit beside the two CTAs of the persistent
  * gate·up on every SM, so as a programmatic dependent the prep is resident before gate·up ends (256
- * threads did not fit: it launched ~1.7 us after gate·up's end; timeline, H200). */
+ * threads did not fit: it launched ~1.7 us after gate·up's end; timeline, H200). ILP: both of a
+ * thread's elements are loaded before either is written, so their chains overlap (else one after
+ * the other). */
 #define MMQ_PREP_T 128
-template <typename WR>
+template <typename WR, bool ILP>
 static __global__ void __launch_bounds__(MMQ_PREP_T) mmq_prep_kernel(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {
     CU_TL_SCOPE(WR::tag);
     mvq_trigger();
     mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
-    for (uint32_t p = 256 * blockIdx.x + threadIdx.x; p < 256 * blockIdx.x + 256 && p < K; p += MMQ_PREP_T)
-        WR::write(x[p], p, buf);
+    const uint32_t p0 = 256 * blockIdx.x + threadIdx.x;
+    if (ILP) { /* K % 256 == 0: every element of the block exists */
+        float v[256 / MMQ_PREP_T];
+#pragma unroll
+        for (int k = 0; k < 256 / MMQ_PREP_T; k++) v[k] = x[p0 + k * MMQ_PREP_T];
+#pragma unroll
+        for (int k = 0; k < 256 / MMQ_PREP_T; k++) WR::write(v[k], p0 + k * MMQ_PREP_T, buf);
+    } else {
+        for (uint32_t p = p0; p < 256 * blockIdx.x + 256 && p < K; p += MMQ_PREP_T) WR::write(x[p], p, buf);
+    }
 }
 
 /* pdl: as a programmatic dependent of the kernel before it (only where no kernel that may still
  * run then reads buf: see cu_ldx) */
 template <typename WR>
-static inline void mmq_prep_launch_t(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl)
+static inline void mmq_prep_launch_t(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl, bool ilp)
 {
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(K / 256), dim3(MMQ_PREP_T), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, mmq_prep_kernel<WR>, x, buf, K);
+    if (ilp) cudaLaunchKernelEx(&cfg, mmq_prep_kernel<WR, true>, x, buf, K);
+    else cudaLaunchKernelEx(&cfg, mmq_prep_kernel<WR, false>, x, buf, K);
 }
 
 struct mmq_prep_q4 {
     static constexpr int tag = TL_MMQ_PREP;
     static __device__ __forceinline__ void write(float v, uint32_t p, uint8_t *buf) { mmq_prep_warp(v, p, buf); }
 };
-static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
+static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false,
+                                   bool ilp = true)
 {
-    mmq_prep_launch_t<mmq_prep_q4>(st, x, buf, K, pdl);
+    mmq_prep_launch_t<mmq_prep_q4>(st, x, buf, K, pdl, ilp);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------ */

@@ -160,9 +160,10 @@ struct mmq_prep_q6 {
     static constexpr int tag = TL_MMQ6_PREP;
     static __device__ __forceinline__ void write(float v, uint32_t p, uint8_t *buf) { mmq6_prep_warp(v, p, buf); }
 };
-static inline void mmq6_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
+static inline void mmq6_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false,
+                                    bool ilp = true)
 {
-    mmq_prep_launch_t<mmq_prep_q6>(st, x, buf, K, pdl);
+    mmq_prep_launch_t<mmq_prep_q6>(st, x, buf, K, pdl, ilp);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------ */
