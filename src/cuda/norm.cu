@@ -107,9 +107,10 @@ template <bool PUSH, bool EMB, int CL = TAIL_CL, int T = TAIL_T, int PER = (8192
 __global__ void __launch_bounds__(T)
     k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next,
            float eps_next, int sandwich, uint32_t E, cu_digits dg, int trigger, const mv_mat emb, const int32_t *d_token,
-           int fast)
+           int fast, double inv_e)
 {
-    /* fast: the pairwise cluster sums (PUSH) and each scale as rsqrt(Σ·(1/E) + eps) in f64 */
+    /* fast: the pairwise cluster sums (PUSH) and each scale as rsqrt(Σ·inv_e + eps) in f64, inv_e =
+     * 1/E divided once on the host */
     CU_TL_SCOPE(EMB ? TL_EMBED : TL_TAIL);
     if (trigger) mvq_trigger(); /* the matvec after this tail may launch now (see cu_tail) */
     __shared__ double sh[2][32];
@@ -125,7 +126,6 @@ __global__ void __launch_bounds__(T)
         wp[k] = EMB ? 1.f : in && sandwich ? w_post[i] : 0.f;
         wn[k] = in ? w_next[i] : 0.f;
     }
-    const double inv_e = 1.0 / E; /* fast: the mean as a product, its divide before the wait */
     mvq_wait(); /* a no-op unless launched with programmatic stream serialization */
 #pragma unroll
     for (int k = 0; k < PER; k++) {
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(T)
 }
 
 typedef void (*tail_fn)(const float *, float *, float *, const float *, float, const float *, float, int, uint32_t, cu_digits,
-                        int, const mv_mat, const int32_t *, int);
+                        int, const mv_mat, const int32_t *, int, double);
 /* A tail's launch: TAIL_CL blocks of TAIL_T threads, or (wide) TAIL_CL_WIDE of TAIL_T_WIDE, as one
  * cluster; pdl as cu_pdl_cfg. at: 2 attributes. */
 static cudaLaunchConfig_t tail_cfg(bool wide, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
@@ -201,7 +201,7 @@ void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w
     cudaLaunchAttribute at[2];
     cudaLaunchConfig_t cfg = tail_cfg(wide, st, pdl, at);
     cudaLaunchKernelEx(&cfg, k, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, dg, (int)trigger, none,
-                       (const int32_t *)NULL, (int)fast);
+                       (const int32_t *)NULL, (int)fast, 1.0 / E);
 }
 
 bool cu_tail_wide_ok(void)
@@ -231,7 +231,7 @@ void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, f
     cudaLaunchAttribute at[2];
     cudaLaunchConfig_t cfg = tail_cfg(false, st, false, at);
     cudaLaunchKernelEx(&cfg, k_tail<true, true>, (const float *)NULL, h, a, (const float *)NULL, entry_eps, w_norm, eps,
-                       (int)entry_norm, E, dg, (int)trigger, *emb, d_token, 0);
+                       (int)entry_norm, E, dg, (int)trigger, *emb, d_token, 0, 1.0 / E);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)
