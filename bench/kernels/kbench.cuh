@@ -5,6 +5,7 @@
  *                             word of raw GGUF Q4_K / Q6_K blocks (random bits, sane f16 scales);
  *                             kb_fill_q4k / kb_fill_q6k / kb_fill_x the fills built on them
  *   kb_read_bw, kb_read_ceiling   the streaming-read ceiling (4 GiB, median of 10) each run measures
+ *   kb_now, kb_ld_acquire      %globaltimer; an acquire load of a flag (device)
  *   kb_event_ms, kb_median, kb_median_ms, kb_median_ms2, kb_time_launches   event timing: one
  *                             call, medians, bursts of 8 launches on rotating copies
  *   kb_device, kb_n_copy      device 0's line; how many rotating copies pass L2
@@ -88,6 +89,20 @@ static __global__ void kb_fill_x(float *x, uint32_t n, uint32_t seed)
     if (i < n) x[i] = kb_urand(i, seed);
 }
 typedef void (*kb_fill_fn)(uint8_t *p, size_t n, uint32_t seed);
+
+/* ---- device clocks and flags ------------------------------------------------------------------- */
+static __device__ __forceinline__ uint64_t kb_now() /* %globaltimer, ns */
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+static __device__ __forceinline__ uint32_t kb_ld_acquire(const uint32_t *p)
+{
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 
 /* ---- timing ------------------------------------------------------------------------------------ */
 /* ms between events a and b recorded on st around fn() */

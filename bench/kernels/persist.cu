@@ -48,22 +48,10 @@ struct ps_args {
     uint64_t *t_open;   /* PS_NL * PS_NPH + 1: %globaltimer when each phase's barrier opened; [last]: start */
 };
 
-__device__ __forceinline__ uint64_t ps_now()
-{
-    uint64_t t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ uint32_t ps_ld_acquire(const uint32_t *p)
-{
-    uint32_t v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 __device__ __forceinline__ void ps_spin(uint32_t ns)
 {
-    const uint64_t t0 = ps_now();
-    while (ps_now() - t0 < ns) {
+    const uint64_t t0 = kb_now();
+    while (kb_now() - t0 < ns) {
     }
 }
 
@@ -74,7 +62,7 @@ struct ps_wait {
     __device__ __forceinline__ void operator()() const
     {
         if (c && threadIdx.x == 0)
-            while (ps_ld_acquire(c) < grid) {
+            while (kb_ld_acquire(c) < grid) {
             }
         __syncthreads();
     }
@@ -85,7 +73,7 @@ __device__ __forceinline__ void ps_arrive(uint32_t *c, uint64_t *t)
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        if (atomicAdd(c, 1u) == gridDim.x - 1 && t) *t = ps_now();
+        if (atomicAdd(c, 1u) == gridDim.x - 1 && t) *t = kb_now();
     }
 }
 __host__ __device__ static inline size_t ps_min(size_t a, size_t b) { return a < b ? a : b; }
@@ -125,7 +113,7 @@ static __global__ void __launch_bounds__(256, PS_CPS) ps_persist(const ps_args P
     extern __shared__ double ps_red[];
     const uint32_t G = gridDim.x, cta = blockIdx.x;
     const uint32_t *prev = NULL;
-    if (cta == 0 && threadIdx.x == 0) P.t_open[PS_NL * PS_NPH] = ps_now();
+    if (cta == 0 && threadIdx.x == 0) P.t_open[PS_NL * PS_NPH] = kb_now();
     for (int l = 0; l < PS_NL; l++)
         for (int ph = 0; ph < PS_NPH; ph++) {
             uint32_t *mine = P.cnt + l * PS_NPH + ph;
