@@ -25,7 +25,8 @@
  * Part 2: does a warm read leave the bytes in L2 for the engine's weight loads (ld.global.nc), and
  * how much faster is a 16 MB read from there? Each case first flushes L2 with 256 MB of nc reads and
  * 256 MB of cg reads, then (maybe) warm-reads the 16 MB with nc or cg loads (and maybe 48 MB of other
- * nc reads), then times a read of the 16 MB inside the kernel (first block start .. last block end).
+ * nc reads), then times an nc read of the 16 MB inside the kernel (first block start .. last block
+ * end); one cold case times a cg read instead.
  *   usage: kbench_contend [reps]  (median of reps launches per point) */
 #include "kbench.cuh"
 
@@ -72,9 +73,10 @@ __device__ static void ct_chain(const ct_args &a)
     while (kb_ld_acquire(&a.flags[0]) < a.n_stream_blocks) {}
     const uint64_t w0 = kb_now();
     while (kb_now() - w0 < 20000) {}
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-    uint32_t x = 0;
+    uint64_t pol; /* l2: keep the cycle in L2; dram: let each hop's line go */
+    if (a.mode == 2) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    else asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    uint32_t x = a.mode == 2 ? a.start : 0;
     const uint64_t t0 = kb_now();
     if (a.mode == 1) {
         for (uint32_t i = 1; i <= a.hops; i++) {
@@ -88,8 +90,6 @@ __device__ static void ct_chain(const ct_args &a)
         }
     } else if (lead) {
         const uint32_t *c = a.mode == 0 ? a.l2 : a.dram;
-        x = a.mode == 0 ? 0 : a.start;
-        if (a.mode == 2) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
         for (uint32_t i = 0; i < a.hops; i++) x = ct_ld_chain(c + x, pol);
     }
     const uint64_t t1 = kb_now();
@@ -246,24 +246,33 @@ int main(int argc, char **argv)
             CK(cudaMemcpy(h, acc, 16, cudaMemcpyDeviceToHost));
             return (float)(h[1] - h[0]) / 1e3f;
         };
-        const char *name[8] = {"cold (nc)", "cold (cg)", "after a warm read by nc loads", "after a warm read by cg loads",
-                               "hot (nc, read twice)", "hot (cg, read twice)",
-                               "nc, after a warm read by nc loads, then 48 MB of other nc reads",
-                               "nc, after a warm read by cg loads, then 48 MB of other nc reads"};
+        /* each case: the warm read before the timed one (none, nc or cg), 48 MB of other nc reads
+         * between them or not, and the timed read's loads */
+        struct {
+            const char *name;
+            int warm; /* -1 none, 1 nc, 0 cg */
+            bool other;
+            int nc;
+        } cases[6] = {{"cold, nc read (the engine's loads)", -1, false, 1},
+                      {"cold, cg read", -1, false, 0},
+                      {"nc read after a warm read by nc loads", 1, false, 1},
+                      {"nc read after a warm read by cg loads", 0, false, 1},
+                      {"nc read after a warm read by nc loads, then 48 MB of other nc reads", 1, true, 1},
+                      {"nc read after a warm read by cg loads, then 48 MB of other nc reads", 0, true, 1}};
         printf("\n16 MB read on %d blocks of 256, us from the first block's start to the last's end (median of %d)\n",
                2 * n_sm, reps);
         printf("| case | us | GB/s |\n|---|---|---|\n");
-        for (int c = 0; c < 8; c++) {
+        for (const auto &c : cases) {
             std::vector<float> t;
             for (int r = 0; r < reps; r++) {
-                timed(fl, fb, 1); /* flush: nc reads */
+                timed(fl, fb, 1);           /* flush: nc reads */
                 timed(fl + fb / 16, fb, 0); /* and cg reads (cg lines outlive nc flushes) */
-                if (c >= 2) timed(m, mb, c == 2 || c == 4 || c == 6 ? 1 : 0);
-                if (c >= 6) timed(fl + 2 * fb / 16, (size_t)48 << 20, 1);
-                t.push_back(timed(m, mb, c == 1 || c == 3 || c == 5 ? 0 : 1));
+                if (c.warm >= 0) timed(m, mb, c.warm);
+                if (c.other) timed(fl + 2 * fb / 16, (size_t)48 << 20, 1);
+                t.push_back(timed(m, mb, c.nc));
             }
             const float us = kb_median(t);
-            printf("| %s | %.2f | %.0f |\n", name[c], us, (double)mb / (us * 1e3));
+            printf("| %s | %.2f | %.0f |\n", c.name, us, (double)mb / (us * 1e3));
         }
     }
     CK(cudaFree(stream));
