@@ -64,7 +64,7 @@ for step in $steps; do
     glimmer)
         # synthesized Glimmer, 8 positions: the CUDA route against the CPU engine (SPEC §4), and the
         # logits of GLIMMER_CMP="NAME[:ENV=V ...] ..." (staged builds with settings) byte-compared
-        # with the default's, e.g. GLIMMER_CMP="muser-base muser:MUSER_CUDA_ATTN_CL=0"
+        # with the default's, e.g. GLIMMER_CMP="muser-base muser:MUSER_CUDA_SKIP=head"
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
         toks=9001,17,123456,4242,77777,202000,31337,5
         timeout -k 5 120 "$D/muser" eval -m /tmp/g.gguf --backend cuda --tokens $toks --dump-logits "$W/gc.bin" \
@@ -86,6 +86,36 @@ for step in $steps; do
         python3 scripts/compare-logits.py "$W/gp.bin" "$W/gc.bin" 202048 >"$OUT/glimmer_cmp.log" 2>&1
         note "glimmer cuda vs cpu :: $(tail -3 "$OUT/glimmer_cmp.log" | tr '\n' ' ')"
         ;;
+    same)
+        # logits of the staged build $SAME_BASE (default muser-base) against muser's, byte for byte
+        # (SHA-256 of `muser eval --dump-logits`): tiny (release mix, all-Q4_K, all-Q6_K, llama),
+        # small, the embedded default model and Glimmer (synthesized)
+        B0=${SAME_BASE:-muser-base}
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        "$D/muser" synth --preset tiny -o "$W/tiny.gguf" >/dev/null 2>&1
+        "$D/muser" synth --preset tiny --type q4_k -o "$W/tiny_q4k.gguf" >/dev/null 2>&1
+        "$D/muser" synth --preset tiny --type q6_k -o "$W/tiny_q6k.gguf" >/dev/null 2>&1
+        "$D/muser" synth --preset tiny --arch llama -o "$W/tiny_llama.gguf" >/dev/null 2>&1
+        [ -f "$W/small.gguf" ] || "$D/muser" synth --preset small -o "$W/small.gguf" >/dev/null 2>&1
+        t40=$(seq -s, 1 17 680)
+        for spec in tiny:$t40 tiny_q4k:$t40 tiny_q6k:$t40 tiny_llama:$t40 small:$(seq -s, 5 997 24000) \
+            default:$(seq -s, 3 61 2400) glimmer:9001,17,123456,4242,77777,202000,31337,5; do
+            name=${spec%%:*}
+            toks=${spec#*:}
+            f="$W/$name.gguf"
+            [ "$name" = default ] && f=models/default.gguf
+            [ "$name" = glimmer ] && f=/tmp/g.gguf
+            for b in "$B0" muser; do
+                timeout -k 5 150 "$D/$b" eval -m "$f" --backend cuda --tokens "$toks" --dump-logits "$W/l_$b.bin" \
+                    >>"$OUT/same.log" 2>&1 || echo "eval $b $name failed" >>"$OUT/same.log"
+            done
+            h0=$(sha256sum <"$W/l_$B0.bin" | cut -c1-16)
+            h1=$(sha256sum <"$W/l_muser.bin" | cut -c1-16)
+            r=DIFFERENT
+            [ "$h0" = "$h1" ] && r=identical
+            note "same $name: $B0 $h0 | muser $h1 | $r"
+        done
+        ;;
     kbench)
         MUSER_KBENCH_KQ=1 MUSER_KBENCH_FAST=1 timeout -k 5 120 "$D/kbench_matvec" 9 >"$OUT/kbench.log" 2>&1
         note "kbench rc=$? :: $(grep 'kbench_matvec:' "$OUT/kbench.log")"
@@ -96,21 +126,12 @@ for step in $steps; do
         ;;
     bench)
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
-        # the issue's table: v8 (default) at the four depths; v7 and v8 without PDL at two, same run
-        # (BENCH_VARIANTS="v8" for the table alone)
-        for v in ${BENCH_VARIANTS:-v8 v7 v8nopdl}; do
-            echo "=== MUSER_CUDA_MATVEC=$v" >>"$OUT/bench.log"
-            mv=${v%nopdl}
-            pdl=1
-            [ "$v" != "$mv" ] && pdl=0
-            ctx=0,32768
-            [ "$v" = v8 ] && ctx=0,4096,32768,130943
-            MUSER_CUDA_MATVEC=$mv MUSER_CUDA_PDL=$pdl timeout -k 5 120 "$D/muser" bench --backend cuda -m /tmp/g.gguf \
-                --gen 64 --ctx $ctx >>"$OUT/bench.log" 2>&1
-            note "bench $v rc=$?"
-            awk -v v="$v" '/^=== /{cur=$2} cur=="MUSER_CUDA_MATVEC="v && /^ctx /' "$OUT/bench.log" | sed 's/^/    /' >>"$S"
-        done
-        MUSER_PHASE_PROFILE=1 timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 8 --ctx 0 \
+        # the decode table at the four depths
+        timeout -k 5 120 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 64 --ctx 0,4096,32768,130943 \
+            >"$OUT/bench.log" 2>&1
+        note "bench rc=$?"
+        grep '^ctx ' "$OUT/bench.log" | sed 's/^/    /' >>"$S"
+        MUSER_CUDA_PROFILE=1 timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 8 --ctx 0 \
             >"$OUT/profile.log" 2>&1
         note "phase profile rc=$?"
         ;;
@@ -131,9 +152,9 @@ for step in $steps; do
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
         for round in 1 2; do
             for v in ${AB_VALS:-}; do
-                env "${AB_VAR:-MUSER_CUDA_MATVEC}=$v" timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf \
+                env "${AB_VAR:?AB_VAR=NAME}=$v" timeout -k 5 60 "$D/muser" bench --backend cuda -m /tmp/g.gguf \
                     --gen 64 --ctx "${AB_CTX:-0,32768}" >"$OUT/ab_${v}_$round.log" 2>&1
-                note "ab ${AB_VAR:-MUSER_CUDA_MATVEC}=$v rc=$? :: $(grep '^ctx ' "$OUT/ab_${v}_$round.log" | awk '{printf "%s %s | ", $2, $6}')"
+                note "ab ${AB_VAR}=$v rc=$? :: $(grep '^ctx ' "$OUT/ab_${v}_$round.log" | awk '{printf "%s %s | ", $2, $6}')"
             done
         done
         ;;
@@ -185,7 +206,7 @@ for step in $steps; do
     ncu)
         # isolated duration and DRAM bytes of every kernel of one non-graph token (the phase profile's)
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
-        MUSER_PHASE_PROFILE=1 timeout -k 5 200 ncu --clock-control none --csv --print-units base \
+        MUSER_CUDA_PROFILE=1 timeout -k 5 200 ncu --clock-control none --csv --print-units base \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum -k 'regex:^(?!.*repack)' \
             "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 1 --ctx 0 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
         note "ncu rc=$? :: $(wc -l <"$OUT/ncu.csv") lines; $(tail -2 "$OUT/ncu.err" | tr '\n' ' ')"

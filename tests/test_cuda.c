@@ -5,9 +5,11 @@
  * and the same top-1 where the oracle's best two are > 1e-3 apart. Then: a replayed graph after
  * reset gives the same logits bit for bit; checkpoint / rollback of a 3-token block restores the
  * ring rows so re-decoding the rejected tokens reproduces the first logits bit for bit; a token
- * out of order is refused (cache discontinuity) and changes nothing. The default matvec (v8) runs
- * everything; its selectable launches (MUSER_CUDA_GU, _TAIL, _TAIL_FAST, _TAIL_TRIGGER, _Q6) and the older matvec
- * versions (v7, v6, v6b, v5) run the release mix and the formats they change.
+ * out of order is refused (cache discontinuity) and changes nothing. The formats reach every
+ * matvec the route has: the release mix and Q4_K / Q6_K everywhere on the tensor cores (Q4_K: the
+ * gate·up pair and a Q4_K LM head; Q6_K: gate and up apart, then SiLU·up), Q8_0 and the float
+ * formats on the general path; tiny's geometry takes the CUDA-core attention (v1), Glimmer's
+ * tensor-core attention is checked by test_cuda_attn.
  * SKIP (77) when built without CUDA or when no GPU is present. */
 #include "check.h"
 #include "session.h"
@@ -160,55 +162,6 @@ int main(void)
     const int types[] = {12 /* Q4_K */, 14 /* Q6_K */, 8 /* Q8_0 */, 1 /* F16 */, 30 /* BF16 */, 0 /* F32 */};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) parity_one(MUSER_ARCH_MUSE, types[i], 20, false);
     parity_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 20, false);
-    /* v8's other gate·up launches (MUSER_CUDA_GU) and v8 with Q6_K kept on v7 (MUSER_CUDA_Q6) */
-    const char *gu[] = {"units", "sets"};
-    for (size_t i = 0; i < sizeof gu / sizeof gu[0]; i++) {
-        setenv("MUSER_CUDA_GU", gu[i], 1);
-        parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
-        parity_one(MUSER_ARCH_MUSE, 12 /* Q4_K */, 20, false);
-    }
-    unsetenv("MUSER_CUDA_GU");
-    /* the tails' two-barrier cluster sums (MUSER_CUDA_TAIL=v1), no early tail triggers
-     * (MUSER_CUDA_TAIL_TRIGGER=0), plain preps (MUSER_CUDA_PREP_PDL=0), v apart from the stack (MUSER_CUDA_STACKV=0) */
-    setenv("MUSER_CUDA_TAIL", "v1", 1);
-    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
-    unsetenv("MUSER_CUDA_TAIL");
-    setenv("MUSER_CUDA_TAIL_FAST", "0", 1); /* the serial partial sums and 1/sqrt scales */
-    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
-    unsetenv("MUSER_CUDA_TAIL_FAST");
-    setenv("MUSER_CUDA_TAIL_CL", "8", 1); /* the tails on 8 blocks of 256 (the default: 16 of 512) */
-    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
-    setenv("MUSER_CUDA_TAIL", "v1", 1);
-    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
-    unsetenv("MUSER_CUDA_TAIL");
-    unsetenv("MUSER_CUDA_TAIL_CL");
-    setenv("MUSER_CUDA_TAIL_TRIGGER", "0", 1);
-    setenv("MUSER_CUDA_PREP_PDL", "0", 1); /* and plain prep launches */
-    setenv("MUSER_CUDA_PREP_ILP", "0", 1); /* whose elements are done one after the other */
-    setenv("MUSER_CUDA_STACKV", "0", 1);   /* and a Q6_K attn_v launched after the stack */
-    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, true);
-    unsetenv("MUSER_CUDA_TAIL_TRIGGER");
-    unsetenv("MUSER_CUDA_PREP_PDL");
-    unsetenv("MUSER_CUDA_PREP_ILP");
-    unsetenv("MUSER_CUDA_STACKV");
-    setenv("MUSER_CUDA_Q6", "v7", 1);
-    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
-    parity_one(MUSER_ARCH_MUSE, 14 /* Q6_K */, 20, false);
-    unsetenv("MUSER_CUDA_Q6");
-    /* v7 (the DP4A matvec everywhere) on the release mix and on all-Q4_K, whose o_proj, gate·up and
-     * down v8 takes to the tensor cores */
-    setenv("MUSER_CUDA_MATVEC", "v7", 1);
-    parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 24, true);
-    parity_one(MUSER_ARCH_MUSE, 12 /* Q4_K */, 20, false);
-    parity_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 20, false);
-    /* the older matvec versions stay selectable (MUSER_CUDA_MATVEC): they must pass too */
-    const char *older[] = {"v6", "v6b", "v5"};
-    for (size_t i = 0; i < sizeof older / sizeof older[0]; i++) {
-        setenv("MUSER_CUDA_MATVEC", older[i], 1);
-        parity_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 20, false);
-        parity_one(MUSER_ARCH_MUSE, 14 /* Q6_K */, 20, false);
-    }
-    unsetenv("MUSER_CUDA_MATVEC");
     printf("test_cuda: %d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;
 }

@@ -21,7 +21,7 @@
  * share of a streaming read of device memory measured in the same run. --prompt and --threads do
  * not apply to it. */
 #include "cli.h"
-#include "quant.h"
+#include "cpu/kernels.h"
 #include "session.h"
 #include "util.h"
 
@@ -283,10 +283,9 @@ static int bench_cuda(const bench_opts *o, const muser_model *m)
         fprintf(stderr, "muser bench: %s\n", err.msg);
         return 1;
     }
-    const char *mv = getenv("MUSER_CUDA_MATVEC");
-    printf("backend cuda: %s, matvec %s, %s; bandwidth %.1f GB/s (device memory, streaming read); "
+    printf("backend cuda: %s, %s; bandwidth %.1f GB/s (device memory, streaming read); "
            "upload %.1f s; weights read per token %.1f MB\n",
-           res.device, mv && *mv ? mv : "v8", res.route, res.read_gbs, res.upload_s, res.weight_bytes / 1e6);
+           res.device, res.route, res.read_gbs, res.upload_s, res.weight_bytes / 1e6);
     for (uint32_t i = 0; i < o->n_ctx; i++)
         printf("ctx %-7llu decode %4u tok: %7.2f tok/s (%.3f ms/tok) | %.1f MB/tok -> %.1f GB/s = %.1f%% "
                "of %.1f GB/s\n",
@@ -414,9 +413,11 @@ int cmd_bench(int argc, char **argv)
     printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights\n", o.model,
            muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_ff, hp->n_vocab,
            m->weight_bytes / 1e6);
+    cpu_kernels kn; /* the table the CPU engine picks (cpuid, MUSER_SIMD), for the report */
+    cpu_kernels_init(&kn, false);
     printf("backend %s, %u threads, simd %s; bandwidth %.2f GB/s (%s, %u threads)\n",
-           muser_backend_name((muser_backend_kind)o.backend), threads, quant_simd_name(), bw,
-           bw_name, threads);
+           muser_backend_name((muser_backend_kind)o.backend), threads, kn.simd ? "avx2" : "scalar",
+           bw, bw_name, threads);
     int rc = 0;
     for (uint32_t c = 0; c < o.n_ctx && rc == 0; c++)
         rc = bench_one(&o, m, o.ctx[c], bw);

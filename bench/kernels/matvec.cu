@@ -10,16 +10,17 @@
  *   v3  R=2: two rows per warp share the x registers
  *   v4  R=4
  *   v5  the library's choice: a kernel per format (no run-time type switch), R by format
- *   v6  v5 with the mantissa trick for Q4_K/Q6_K (128 + q floats, Σx sums in registers)
- *   v6b v6 with Σx read from a per-token buffer of 8-element sums (mv_sum8, timed separately)
+ *   v6  (removed; git keeps it) v5 with the mantissa trick for Q4_K/Q6_K: 1.5x v5, below v7
  *   v7  mvq.cuh: x as 24-bit block fixed point in byte digits, DP4A on exact integers (K-quants;
  *       other formats as v5); the per-input mvq_prep is timed on its own
+ * v5 is src/cuda/matvec.cuh, the route's general path (formats and shapes the tensor-core
+ * kernels do not take); the tensor-core kernels have their own workbenches (mma.cu, mma6.cu).
  * Each cell prints the relative L2 error against the f64 reference next to the time.
  * Also: a streaming-read kernel (the bandwidth ceiling measured in the same run), the four
  * attention projections as one launch, and the ffn gate·up pair with SiLU fused.
  *   usage: kbench_matvec [reps] */
 #include "cuda/matvec.cuh"
-#include "cuda/mvq.cuh"
+#include "mvq.cuh"
 
 #include "kbench.cuh"
 
@@ -184,14 +185,6 @@ static void launch_v5(const devmat &dm, int copy, const float *x, float *y)
 {
     mv_launch_typed(0, one_seg(dm, copy, y, (uint32_t)mv_rows_per_warp(dm.m.type)), x);
 }
-/* v6 / v6b: MUSER_CUDA_MATVEC=v6 in the library (K-quants; other formats as v5). */
-static const float *g_sx8; /* Σx in groups of 8 for the current x (v6b) */
-static void launch_v6_common(const devmat &dm, int copy, const float *x, float *y, const float *sx8)
-{
-    mv_launch_typed_v6(0, one_seg(dm, copy, y, (uint32_t)mv_rows_per_warp(dm.m.type)), x, sx8);
-}
-static void launch_v6(const devmat &dm, int copy, const float *x, float *y) { launch_v6_common(dm, copy, x, y, NULL); }
-static void launch_v6b(const devmat &dm, int copy, const float *x, float *y) { launch_v6_common(dm, copy, x, y, g_sx8); }
 /* v7: mvq (K-quants; other formats as v5); g_xq holds mvq_prep of the current x. The launch for
  * R rows per warp (R = 0: the library's choice by format). */
 static const uint8_t *g_xq;
@@ -264,11 +257,10 @@ static void launch_probe(const devmat &dm, int copy, const float *x, float *y)
     if (!v7_setup(dm, copy, y, 4, L) || dm.m.type != MV_T_Q4_K) return launch_v5(dm, copy, x, y);
     probe_q4<WITH_X><<<(L.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32>>>(L.seg[0].a, g_xq, y);
 }
-static void launch_var(int var, const mv_launch &L, const float *x, const float *sx8)
+static void launch_var(int var, const mv_launch &L, const float *x)
 {
     if (var == 0) mv_launch_typed(0, L, x);
-    else if (var == 3) mvq_launch(0, L, g_xq);
-    else mv_launch_typed_v6(0, L, x, var == 2 ? sx8 : NULL);
+    else mvq_launch(0, L, g_xq);
 }
 static void launch_v1(const devmat &dm, int copy, const float *x, float *y)
 {
@@ -295,17 +287,15 @@ int main(int argc, char **argv)
 
     const uint32_t shapes[][2] = {{6656, 4096}, {6656, 256}, {4096, 6656}, {6656, 19968}, {19968, 6656}, {6656, 202048}};
     const uint32_t types[] = {MV_T_Q4_K, MV_T_Q6_K, MV_T_Q8_0, MV_T_F16, MV_T_F32};
-    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)", "v6", "v6b", "v7", "v7(no PDL)", "probe:w", "probe:w+x"};
-    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>, launch_v5, launch_v6, launch_v6b, launch_v7, launch_v7nopdl, launch_probe<false>, launch_probe<true>};
-    const int NV = 11;
-    /* MUSER_KBENCH_FAST=1: v5, v6, v6b, v7 only (the device run's short budget) */
+    const char *vname[] = {"v1", "v2(R1)", "v3(R2)", "v4(R4)", "v5(typed)", "v7", "v7(no PDL)", "probe:w", "probe:w+x"};
+    launch_fn vf[] = {launch_v1, launch_vR<1>, launch_vR<2>, launch_vR<4>, launch_v5, launch_v7, launch_v7nopdl, launch_probe<false>, launch_probe<true>};
+    const int NV = 9;
+    /* MUSER_KBENCH_FAST=1: v5 and v7 only (the device run's short budget) */
     const bool fast = getenv("MUSER_KBENCH_FAST") && atoi(getenv("MUSER_KBENCH_FAST")) != 0;
 
-    float *x, *y, *sx8;
+    float *x, *y;
     uint8_t *xq;
-    CK(cudaMalloc(&sx8, 20000 * 4 / 8 * 4));
     CK(cudaMalloc(&xq, mvq_x_bytes(20224)));
-    g_sx8 = sx8;
     g_xq = xq;
     CK(cudaMalloc(&x, 20000 * 4 * 4));
     CK(cudaMalloc(&y, 202048 * 4 * 2));
@@ -331,7 +321,6 @@ int main(int argc, char **argv)
             const int n_copy = kb_n_copy(bytes, 8);
             make_mat(dm, t, rows, cols, n_copy, 1000 + t * 7 + cols);
             kb_fill_x<<<(cols + 255) / 256, 256>>>(x, cols, cols + t);
-            mv_sum8_launch(0, x, sx8, cols);
             mvq_prep_launch(0, x, xq, cols);
             CK(cudaGetLastError());
             CK(cudaMemcpy(hx.data(), x, cols * 4, cudaMemcpyDeviceToHost));
@@ -347,7 +336,7 @@ int main(int argc, char **argv)
                 const int vr = (v == 0 && bytes > (1u << 30)) ? 3 : reps;
                 const float ms = time_it(vf[v], dm, x, y, vr);
                 const double gbs = bytes / (ms * 1e-3) / 1e9;
-                const bool probe = v >= 9; /* not a matvec */
+                const bool probe = v >= 7; /* not a matvec */
                 const bool ok = probe || (unw == 0 && err >= 0 && err < 1e-5);
                 fails += !ok;
                 printf(" %8.1f %6.0f %5.1f%% %.1e %s |", ms * 1e3, gbs, 100 * gbs / read_gbs, err, ok ? "ok" : "BAD");
@@ -371,8 +360,7 @@ int main(int argc, char **argv)
         CK(cudaMemcpy(hx.data(), x, 6656 * 4, cudaMemcpyDeviceToHost));
         float *out;
         CK(cudaMalloc(&out, 40000 * 4));
-        const char *varname[4] = {"v5", "v6", "v6b", "v7"};
-        mv_sum8_launch(0, x, sx8, 6656);
+        const char *varname[4] = {"v5", "", "", "v7"};
         mvq_prep_launch(0, x, xq, 6656);
         {   /* the per-input prep on its own, for the three input widths (into a spare buffer) */
             uint8_t *xq2;
@@ -384,7 +372,7 @@ int main(int argc, char **argv)
             }
             CK(cudaFree(xq2));
         }
-        for (int var = 0; var < 4; var++) {
+        for (int var = 0; var < 4; var += 3) {
             const devmat *mats[4] = {&q, &k, &v, &g};
             std::vector<float> ts;
             for (int it = 0; it < reps + 2; it++) {
@@ -406,7 +394,7 @@ int main(int argc, char **argv)
                 }
                 L.n_warps = wb;
                 if (it == 0) CK(cudaMemset(out, 0xFF, 40000 * 4));
-                const float ms = kb_event_ms(a, b, [&] { launch_var(var, L, x, sx8); });
+                const float ms = kb_event_ms(a, b, [&] { launch_var(var, L, x); });
                 if (it >= 2) ts.push_back(ms);
                 if (it == 0) {
                     CK(cudaMemcpy(hy.data(), out, 8704 * 4, cudaMemcpyDeviceToHost));
@@ -441,7 +429,7 @@ int main(int argc, char **argv)
                 L.seg[0].op = MV_OP_SILU_MUL;
                 L.seg[0].out = out;
                 L.n_warps = var == 3 ? mvq_seg_warps_r(19968, true, 4) : 19968;
-                const float ms = kb_event_ms(a, b, [&] { launch_var(var, L, x, sx8); });
+                const float ms = kb_event_ms(a, b, [&] { launch_var(var, L, x); });
                 if (it >= 2) ts.push_back(ms);
                 if (it == 0) { /* check silu(g)*u on sampled rows */
                     CK(cudaMemcpy(hy.data(), out, 19968 * 4, cudaMemcpyDeviceToHost));

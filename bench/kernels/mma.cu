@@ -42,7 +42,7 @@
  * up rows of the same tile, output silu(g)·u. Programmatic dependent launch as v7.
  *   usage: kbench_mma [reps]   (exit 1 if a check fails) */
 #include "cuda/matvec.cuh"
-#include "cuda/mvq.cuh"
+#include "mvq.cuh"
 #include "cuda/mmq.cuh"
 
 #include "kbench.cuh"

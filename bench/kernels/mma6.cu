@@ -14,7 +14,7 @@
  * mmq6's access pattern (its output is garbage and not checked).
  *   usage: kbench_mma6 [reps]   (exit 1 if a check fails) */
 #include "cuda/matvec.cuh"
-#include "cuda/mvq.cuh"
+#include "mvq.cuh"
 #include "cuda/mmq.cuh"
 #include "cuda/mmq6.cuh"
 
@@ -90,7 +90,7 @@ static void run_auto_nopdl(int copy)
 template <int KW>
 __global__ void __launch_bounds__(256, 4) probe6(const mmq6_args A)
 {
-    mvq_trigger();
+    cu_pdl_trigger();
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid % KW, set = wid / KW;
     const uint32_t nb = A.K / 256, ntile = A.rows / 16;
     uint32_t tile = blockIdx.x * (8 / KW) + set;
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(256, 4) probe6(const mmq6_args A)
     const uint8_t *unit = A.a + ((size_t)tile * nb + kw) * MMQ6_UNIT + 16 * lane;
     const mmq6_off o = mmq6_lane_off(lane);
     uint32_t acc = 0;
-    mvq_wait();
+    cu_pdl_wait();
     for (uint32_t b = kw; b < nb; b += KW, unit += (size_t)KW * MMQ6_UNIT) {
         mmq6_w W;
         mmq6_load(unit, o, W);

@@ -23,7 +23,7 @@
  * the launches and hides none of the latency steps; the prefetch makes it slower still.
  *   usage: kbench_persist [reps] [lat_us a,b,c,d] [pf_kb]   (exit 1 if a check fails) */
 #include "cuda/matvec.cuh"
-#include "cuda/mvq.cuh"
+#include "mvq.cuh"
 #include "cuda/mmq.cuh"
 
 #include "kbench.cuh"
@@ -102,8 +102,8 @@ __host__ __device__ static mmq_args ps_mmq(const ps_mat &m)
 /* the latency-bound step: one CTA waits for the previous phase, spins, and (persist) arrives */
 static __global__ void ps_lat_kernel(uint32_t ns)
 {
-    mvq_trigger();
-    mvq_wait();
+    cu_pdl_trigger();
+    cu_pdl_wait();
     ps_spin(ns);
 }
 

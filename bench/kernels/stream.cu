@@ -29,7 +29,7 @@
  * pair as pair-units in a persistent 2-CTA/SM grid with whole tiles per CTA (89% vs v8's 75%).
  *   usage: kbench_stream [reps]   (exit 1 if a check fails) */
 #include "cuda/matvec.cuh"
-#include "cuda/mvq.cuh"
+#include "mvq.cuh"
 #include "cuda/mmq.cuh"
 
 #include "kbench.cuh"
@@ -304,7 +304,7 @@ template <int MODE, int PU, int SU, int S, int M, int PROBE, bool XL, int MINB, 
 __global__ void __launch_bounds__(MODE == 2 ? 288 : 256, MINB) st_kernel(const st_args A, uint32_t kmax)
 {
     extern __shared__ __align__(128) uint8_t smem[];
-    mvq_trigger();
+    cu_pdl_trigger();
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
     uint32_t u0 = cta_u0(blockIdx.x, A.nitem, gridDim.x), u1 = cta_u0(blockIdx.x + 1, A.nitem, gridDim.x);
     if (AL) { /* aligned: whole output groups per CTA (no split, no ticket; uneven) */
@@ -358,9 +358,9 @@ __global__ void __launch_bounds__(MODE == 2 ? 288 : 256, MINB) st_kernel(const s
                 }
             }
             __syncwarp();
-            mvq_wait();
+            cu_pdl_wait();
         } else {
-            mvq_wait();
+            cu_pdl_wait();
             constexpr int J = SU / 8;
             for (uint32_t k = 0; k < nst; k++) {
                 const uint32_t s = k % S, base = u0 + k * SU;
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(MODE == 2 ? 288 : 256, MINB) st_kernel(const s
                     for (int r = 0; r < PU; r++) mmq_load(p + r * boff, lane, W[j][r]);
                 }
             if (!waited) {
-                mvq_wait();
+                cu_pdl_wait();
                 waited = true;
             }
 #pragma unroll
@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(MODE == 2 ? 288 : 256, MINB) st_kernel(const s
                 if (u + 8 * j < u1) st_item<PU, PROBE, XL>(A, u + 8 * j, W[j], Acc, sink, red, key0, wid, lane);
             u += 8 * IF;
         }
-        if (!waited) mvq_wait();
+        if (!waited) cu_pdl_wait();
     }
     if (PROBE == 1) {
         if (sink == 0x12345678u) A.sink[0] = sink;

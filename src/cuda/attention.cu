@@ -15,10 +15,10 @@
  * per query head; the combine kernel merges splits and applies sigmoid(gate). The combine is
  * launched as a programmatic dependent of the split kernel (PDL), so its launch overlaps it.
  *
- * Two split kernels write those same partials (cu_attn_geom.impl, MUSER_CUDA_ATTN=tc|v1):
- * k_attn_split_tc (default; GQA 16:1, D 128: tensor cores, f32-faithful hi/lo operands, cp.async
- * pipelines, at most 64 splits — see its comment) and k_attn_split (v1, above: every geometry,
- * and the fallback of tc). bench/kernels/attention.cu times both; tests/test_cuda_attn.c checks
+ * Two split kernels write those same partials: k_attn_split_tc (GQA 16:1, D 128: tensor cores,
+ * f32-faithful hi/lo operands, cp.async pipelines, at most 64 splits — see its comment) and
+ * k_attn_split (v1, above: every geometry). The route asks for tc (cu_attn_geom.impl) and gets it
+ * where the geometry allows, v1 elsewhere; the test entry points can ask for either. bench/kernels/attention.cu times both; tests/test_cuda_attn.c checks
  * both against an f64 reference. */
 #include "cuda/ops.cuh"
 
@@ -33,13 +33,7 @@
  * the combine's grid launch as soon as its own blocks are placed, and the combine waits for the
  * split grid's completion (and its memory) before it reads a partial. Every combine block waits,
  * so the combine never completes before the split kernel (the next kernels rely on that order).
- * Both are no-ops in a kernel launched without the attribute. */
-__device__ __forceinline__ void att_pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void att_pdl_wait()
-{
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    CU_TL_WAITED();
-}
+ * Both are no-ops in a kernel launched without the attribute (cu_pdl_trigger, cu_pdl_wait). */
 
 /* RoPE pair i of a D-wide head at position pos: sine and cosine of pos·theta^(−2i/D), in f64 (at
  * pos 131072 an f32 angle is off by ~0.01 rad). k_qk_rope_store and the fused split kernel both use
@@ -103,7 +97,7 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
      * (launched as a programmatic dependent, cu_pdl_cfg) */
     double s0 = 0.0, c0 = 1.0;
     if (rope && threadIdx.x < D / 2) att_rope_sincos(pos, theta, threadIdx.x, D, &s0, &c0);
-    mvq_wait();
+    cu_pdl_wait();
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) xs[d] = x[d];
     __syncthreads();
     if (w) {
@@ -198,7 +192,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
     const cu_plane_meta m = meta[0];
     const uint64_t pos = step->pos;
     uint64_t b, e;
-    att_pdl_trigger(); /* the combine may launch now; it waits for this grid's partials */
+    cu_pdl_trigger(); /* the combine may launch now; it waits for this grid's partials */
     att_range(pos, m.len, n_split, 32, split, &b, &e);
     if (b >= e) return; /* the combine skips it too */
     /* q of the G heads: every load issued before the first is used (a plain strided loop waited
@@ -384,7 +378,7 @@ __global__ void __launch_bounds__(CMB_WARPS * 32) k_attn_combine(const float *pa
     /* the gate was written by the projections, which finished before the split kernel launched:
      * loaded before the wait for the partials (one L2 latency off the end of the chain) */
     const float gv = gate ? gate[(size_t)hq * D + d] : 0.f;
-    att_pdl_wait();
+    cu_pdl_wait();
     float a[CMB_R];
 #pragma unroll
     for (int r = 0; r < CMB_R; r++) {
@@ -442,7 +436,7 @@ __global__ void __launch_bounds__(CMB_WARPS * 32) k_attn_combine(const float *pa
 }
 
 /* The combine for n_split splits per KV head cut at `align`; pdl: launched as a programmatic
- * dependent of the split kernel (see att_pdl_trigger). */
+ * dependent of the split kernel (see cu_pdl_trigger). */
 static int launch_combine(cudaStream_t st, const float *pml, const float *pacc, const cu_plane_meta *meta,
                           const float *gate, float *out, const cu_attn_geom *g, uint32_t n_split, uint32_t align,
                           bool pdl, cu_digits dg)
@@ -499,7 +493,7 @@ static int launch_combine(cudaStream_t st, const float *pml, const float *pacc, 
 /* Positions per split are a multiple of TC_ALIGN: with 64 each of the 4 warps has a whole 16-row
  * tile in every used split (at 32, two warps idle), and short planes use half the splits. */
 #define TC_ALIGN 64
-/* The combine launched as a programmatic dependent of the split kernel (att_pdl_trigger). */
+/* The combine launched as a programmatic dependent of the split kernel (cu_pdl_trigger). */
 #define ATT_PDL true
 #define TC_P_SCALE 32768.f                                         /* 2^15 */
 
@@ -579,7 +573,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     const cu_plane_meta m = meta[0];
     const uint64_t pos = step->pos;
     uint64_t b, e;
-    att_pdl_trigger(); /* the combine may launch now; it waits for this grid's partials */
+    cu_pdl_trigger(); /* the combine may launch now; it waits for this grid's partials */
     /* q's loads (and, fused, this token's k and v row) go out with the metadata's, before anything
      * waits for pos: the RoPE angles below need it, and their f64 sincos then overlaps the loads */
     const float *qh = q + (size_t)h * TC_G * TC_D;
@@ -589,14 +583,11 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     for (int i = 0; i < 4; i++) qv[i] = __ldg((const float4 *)(qh + qhd * TC_D + qsub * 16) + i);
     const float kx0 = F.k ? F.k[(size_t)h * TC_D + threadIdx.x] : 0.f; /* thread d of the row (TC_WARPS·32 = TC_D) */
     const float vx0 = F.k ? F.v[(size_t)h * TC_D + threadIdx.x] : 0.f;
-    const double inv = F.inv_freq && threadIdx.x < TC_D / 2 ? F.inv_freq[threadIdx.x] : 0.0;
+    const double inv = F.k && F.rope && threadIdx.x < TC_D / 2 ? F.inv_freq[threadIdx.x] : 0.0;
     att_range(pos, m.len, n_split, align, split, &b, &e);
     if (b >= e) return; /* the combine skips it too */
     if (F.k && F.rope && threadIdx.x < TC_D / 2) /* fused: pair i = threadIdx.x, angle in f64 as k_qk_rope_store */
-    {
-        if (F.inv_freq) att_rope_sincos_tab(pos, inv, &rsin[threadIdx.x], &rcos[threadIdx.x]);
-        else att_rope_sincos(pos, F.theta, threadIdx.x, TC_D, &rsin[threadIdx.x], &rcos[threadIdx.x]);
-    }
+        att_rope_sincos_tab(pos, inv, &rsin[threadIdx.x], &rcos[threadIdx.x]);
     const float *qsrc = qh; /* where the Q fragments are read: q as given, or (fused) the normed, rotated copy */
     if (F.k) {
         /* QK-norm + RoPE + KV store (k_qk_rope_store's arithmetic), folded in: every block norms and
@@ -978,14 +969,6 @@ int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_
 
 bool cu_attn_fusable(const cu_attn_geom *g) { return att_plan_for(g).tc; }
 
-int cu_attn_impl_parse(const char *s)
-{
-    if (!s || !*s) return CU_ATTN_TC; /* device: checker, test_cuda_attn, test_cuda pass; 2.3x at 131k */
-    if (!strcmp(s, "tc")) return CU_ATTN_TC;
-    if (!strcmp(s, "v1")) return CU_ATTN_V1;
-    return -1;
-}
-
 /* The test entry points' error path: a failing CUDA call records what failed and jumps to done. */
 #define TRY(x, w)                                \
     do {                                         \
@@ -1068,7 +1051,7 @@ int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, cha
     TRY(cudaMemset(dout, 0xFF, H * D * sizeof(float)), "poison");
     TRY(cudaMemset(pacc, 0xFF, HKV * c->n_split * G * D * sizeof(float)), "poison");
     if (cu_attention(st, dq, (const cu_step *)dstep, (const cu_plane_meta *)((cu_step *)dstep + 1), dk, dv, pml, pacc,
-                     dgate, dout, &g, cu_digits{NULL, NULL, NULL}, NULL)) {
+                     dgate, dout, &g, cu_digits{NULL, NULL}, NULL)) {
         snprintf(msg, msg_len, "cu_attention refused the geometry (H %zu, HKV %zu, D %zu)", H, HKV, D);
         goto done_quiet;
     }
@@ -1168,7 +1151,7 @@ int muser_cuda_attn_fuse_check(const muser_cuda_attn_case *c, const float *k_row
         TRY(cudaMemcpy(dstep, &hs, sizeof hs, cudaMemcpyHostToDevice), "upload step");
         const cu_step *sp = (const cu_step *)dstep;
         const cu_plane_meta *mp = (const cu_plane_meta *)((cu_step *)dstep + 1);
-        const cu_digits none = {NULL, NULL, NULL};
+        const cu_digits none = {NULL, NULL};
         cu_qk_rope_store(st, qkv, vs, q_norm ? qn : NULL, k_norm ? kn : NULL, eps, rope != 0, false, theta, (uint32_t)D, sp,
                          mp, kp[0], vp[0], &g, false);
         if (cu_attention(st, qkv, sp, mp, kp[0], vp[0], pml, pacc, c->gate ? gate : NULL, out[0], &g, none, NULL))

@@ -26,8 +26,6 @@ extern "C" {
 }
 #include "cuda/cuda_backend.h"
 #include "cuda/ops.cuh"
-#include "cuda/mvq.cuh"
-#include "cuda/mmq.cuh"
 
 #define CU_TRY(call, what)                                                                          \
     do {                                                                                            \
@@ -41,7 +39,7 @@ extern "C" {
 /* Device copy of one layer's weights. Vectors are f32. */
 typedef struct cu_layer {
     mv_mat q, k, v, gate, o, ffn_gate, ffn_up, ffn_down;
-    mv_mat qkg;                /* v8: q | k | gate [| v] as one stacked Q4_KT matrix (data NULL: none) */
+    mv_mat qkg;                /* q | k | gate [| v] as one stacked Q4_KT matrix (data NULL: none) */
     bool qkg_v;                /* v is the stack's last part */
     float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffw_norm;
     uint16_t *kp, *vp;         /* KV plane storage (f16), layout per kv.h */
@@ -82,41 +80,19 @@ typedef struct cu_ctx {
                                 * multi-row call that wraps a ring over stored rows */
     size_t ring_bytes;         /* bytes of all rings (= of ring_undo) */
     cudaGraphExec_t g_fwd, g_bench;
-    bool gate_up_paired;
-    int mv_ver;                /* MUSER_CUDA_MATVEC: 9 ("v8", default: v7, and mmq.cuh's tensor cores for the
-                                * Q4_K o_proj, gate·up, down), 8 ("v7": mvq.cuh integer digits), 6 (v6: mantissa
-                                * trick), 5 (v5), 7 ("v6b": v6 with Σx from sx8, summed once per input) */
-    uint8_t *xq;               /* mvq_prep output of the current matvec input (v7) */
-    uint8_t *xm;               /* mmq_prep output of the current matvec input (v8's Q4_KT matrices) */
-    uint8_t *x6;               /* mmq6_prep output of the current matvec input (v8's Q6_KT matrices) */
+    bool gate_up_paired;       /* gate and up in one launch writing silu(g)·u (both Q4_KT, or both general) */
+    uint8_t *xm;               /* mmq_prep output of the current matvec input (the Q4_KT matrices) */
+    uint8_t *x6;               /* mmq6_prep output of the current matvec input (the Q6_KT matrices) */
     uint8_t *xm_site[XS_N], *x6_site[XS_N]; /* xm and x6 per input site (set_site), in one allocation */
-    bool tail_trigger;         /* the tails let the matvec after them launch at their start (MUSER_CUDA_TAIL_TRIGGER=0: not) */
-    bool attn_fuse;            /* QK-norm/RoPE/store in the tc split kernel (MUSER_CUDA_ATTN_FUSE=0: its own kernel) */
-    bool stack_v;              /* a Q6_KT v shares the stack's launch (mmq_stack_v; MUSER_CUDA_STACKV=0: its own) */
     int site;                  /* the matvec input site being enqueued (XS_*, set_site) */
-    bool down6_k8;             /* a Q6_KT down on mmq6_launch_auto's shape (MUSER_CUDA_DOWN6=k8), not
-                                * mmq6_launch_down's one wave */
-    bool prep_pdl;             /* the tensor-core preps launch as programmatic dependents (with tail_trigger; MUSER_CUDA_PREP_PDL=0: not) */
-    bool prep_ilp;             /* the preps load both of a thread's elements first (MUSER_CUDA_PREP_ILP=0: one after the other) */
-    bool pdl;                  /* v7 matvecs overlap their prep (programmatic dependent launch);
-                                * MUSER_CUDA_PDL=0 turns it off */
-    bool tail_pdl;             /* the tails and QK-norm/RoPE are launched the same way, waiting before their
-                                * first dependent read (MUSER_CUDA_TAIL_PDL=0: not) */
-    bool tail_push;            /* the tails' cluster sums with one barrier each (MUSER_CUDA_TAIL=v1: two) */
-    bool tail_wide;            /* the tails on 16 blocks of 512 (MUSER_CUDA_TAIL_CL=8: 8 of 256), where the device can */
-    bool tail_fast;            /* the tails' pairwise partial sums and f64 rsqrt scales (MUSER_CUDA_TAIL_FAST=0: not) */
-    float *sx8;                /* [max(E, H·D, F)/8] Σx in groups of 8 of the current matvec input */
-    bool q6_tc;                /* v8 runs Q6_K on the tensor cores too (mmq6.cuh; MUSER_CUDA_Q6=v7: on v7) */
-    int gu_mode;               /* MUSER_CUDA_GU: the gate·up launch (GU_*) */
+    bool tail_trigger;         /* the tails (and the embedding entry) let the matvec after them launch at their
+                                * start: only where every matvec input is a per-site digit buffer (tc_inputs_only) */
+    bool prep_pdl;             /* the preps launch as programmatic dependents (the same condition) */
+    bool tail_wide;            /* the tails on 16 blocks of 512 where the device places them, else 8 of 256 */
     uint32_t skip;             /* MUSER_CUDA_SKIP: op families left out of the route (timing only; the
                                 * logits are then meaningless), a mask of 1 << SK_* */
     double upload_s;
 } cu_ctx;
-
-/* The gate·up launch (MUSER_CUDA_GU): the default "persist", pair-units on a persistent grid of
- * whole-tile ranges (mmq_pair_persist); "units", the same as one CTA per tile (mmq_kernel); "sets",
- * gate and up warp sets. H200, Glimmer, interleaved x2: 176.8 / 168.7 / 159.2 tok/s at ctx 0. */
-enum { GU_PERSIST, GU_UNITS, GU_SETS };
 
 /* Op families MUSER_CUDA_SKIP can leave out, to time each one inside the graph by difference. */
 enum { SK_QKVG, SK_ROPE, SK_ATTN, SK_OPROJ, SK_TAIL, SK_GU, SK_PREP, SK_DOWN, SK_HEAD, SK_N };
@@ -169,7 +145,6 @@ static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uin
         const unsigned g = (unsigned)((nblk + 255) / 256);
         if (type == MV_T_Q6_K) mv_repack_q6k<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
         else if (type == MV_T_Q8_0) mv_repack_q80<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
-        else if (type == MV_T_Q6_KD) mvq_repack_q6k<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
         else if (type == MV_T_Q4_KT) { /* whole 16-row tiles: a thread per (tile, block, row pair) */
             const uint32_t rows = (uint32_t)(nblk / nb);
             mmq_repack_q4k<<<(unsigned)((nblk / 2 + 255) / 256), 256, 0, u->c->st>>>(u->dev_stage[i], dst, rows, nb,
@@ -179,7 +154,6 @@ static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uin
             mmq6_repack_q6k<<<(unsigned)((nblk / 2 + 255) / 256), 256, 0, u->c->st>>>(u->dev_stage[i], dst, rows, nb,
                                                                                      first_blk / nb / 16);
         }
-        else mvq_repack_q4k<<<g, 256, 0, u->c->st>>>(u->dev_stage[i], dst, nblk, first_blk, total_blk);
         CU_TRY(cudaGetLastError(), "repack");
     } else {
         CU_TRY(cudaMemcpyAsync(dst, u->pinned[i], n, cudaMemcpyHostToDevice, u->c->st), "upload copy");
@@ -190,20 +164,14 @@ static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uin
     return MUSER_OK;
 }
 
-/* tc: the tensor-core layouts v8 may give the matrix (TC_Q4: Q4_K of whole 16-row tiles, whose
- * launches take one matrix, the gate·up pair, or a stack of matrices uploaded back to back;
- * TC_Q6: Q6_K, one matrix per launch, with the LM head's scale and soft cap). */
-#define TC_Q4 1u
-#define TC_Q6 2u
-static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, unsigned tc, muser_error *err)
+/* tc: give a Q4_K or Q6_K matrix the tensor-core layout where its shape allows (whole 16-row
+ * tiles); the general path's layout otherwise, and for the embedding, whose rows are read one
+ * element at a time (mv_elem). */
+static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, bool tc, muser_error *err)
 {
     uint32_t type = mv_type_of(t->type);
-    if (u->c->mv_ver >= 8 && type == MV_T_Q4_K) type = MV_T_Q4_KD; /* v7's plane layouts */
-    if (u->c->mv_ver >= 8 && type == MV_T_Q6_K) type = MV_T_Q6_KD;
-    if (u->c->mv_ver == 9 && (tc & TC_Q4) && type == MV_T_Q4_KD && mmq_shape_ok((uint32_t)t->rows, (uint32_t)t->cols))
-        type = MV_T_Q4_KT; /* v8: the tensor-core matvec */
-    if (u->c->mv_ver == 9 && u->c->q6_tc && (tc & TC_Q6) && type == MV_T_Q6_KD && mmq6_shape_ok((uint32_t)t->rows, (uint32_t)t->cols))
-        type = MV_T_Q6_KT;
+    if (tc && type == MV_T_Q4_K && mmq_shape_ok((uint32_t)t->rows, (uint32_t)t->cols)) type = MV_T_Q4_KT;
+    if (tc && type == MV_T_Q6_K && mmq6_shape_ok((uint32_t)t->rows, (uint32_t)t->cols)) type = MV_T_Q6_KT;
     if (type == 0xFFFFFFFFu)
         return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: tensor %s: type %u has no CUDA matvec", t->name, t->type);
     const uint32_t blk_elems = mv_block_elems(type);
@@ -258,7 +226,7 @@ static size_t tensor_dev_bytes(const muser_tensor *t)
     return align256((size_t)t->row_bytes * t->rows);
 }
 
-/* v8: q, k, gate (and v when it too is Q4_KT) as one matrix over their consecutive tiles; the
+/* q, k, gate (and v when it too is Q4_KT) as one matrix over their consecutive tiles; the
  * outputs land in the same order in c->qkvg (q | k | gate | v). */
 static void stack_qkg(cu_layer *D, bool gate)
 {
@@ -284,9 +252,9 @@ static int upload_weights(cu_ctx *c, muser_error *err)
 {
     const muser_model *m = c->m;
     const muser_hparams *hp = &m->hp;
-    size_t total = tensor_dev_bytes(&m->tok_embd) + tensor_dev_bytes(&m->output_norm);
-    const bool tied = m->output.data == m->tok_embd.data;
-    if (!tied) total += tensor_dev_bytes(&m->output);
+    /* the LM head has its own copy even where the file ties it to the embedding: the head takes
+     * the tensor-core layout, the embedding the general one */
+    size_t total = tensor_dev_bytes(&m->tok_embd) + tensor_dev_bytes(&m->output_norm) + tensor_dev_bytes(&m->output);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const muser_layer *L = &m->layers[l];
         const muser_tensor *ts[] = {&L->attn_norm, &L->attn_q, &L->attn_k, &L->attn_v, &L->attn_gate,
@@ -307,32 +275,29 @@ static int upload_weights(cu_ctx *c, muser_error *err)
     }
     const double t0 = muser_now_s();
     muser_progress_begin(&u.prog, "cuda upload", total);
-    int rc = up_matrix(&u, &m->tok_embd, &c->emb, 0, err);
+    int rc = up_matrix(&u, &m->tok_embd, &c->emb, false, err);
     if (!rc) rc = up_vector(&u, &m->output_norm, &c->out_norm, err);
-    if (!rc) {
-        if (tied) c->out = c->emb;
-        else rc = up_matrix(&u, &m->output, &c->out, TC_Q6, err); /* mmq has no soft cap */
-    }
+    if (!rc) rc = up_matrix(&u, &m->output, &c->out, true, err);
     c->read_bytes = (uint64_t)m->output.row_bytes * m->output.rows + m->output_norm.cols * 4;
     for (uint32_t l = 0; !rc && l < hp->n_layer; l++) {
         const muser_layer *L = &m->layers[l];
         cu_layer *D = &c->layers[l];
         if (!rc) rc = up_vector(&u, &L->attn_norm, &D->attn_norm, err);
-        /* q, k, gate, v in this order: on v8 the Q4_KT ones lie back to back (whole 16-row tiles
-         * are multiples of 256 bytes), one stacked matrix for one launch (stack_qkg) */
-        if (!rc) rc = up_matrix(&u, &L->attn_q, &D->q, TC_Q4 | TC_Q6, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_k, &D->k, TC_Q4 | TC_Q6, err);
-        if (!rc && hp->attn_gate) rc = up_matrix(&u, &L->attn_gate, &D->gate, TC_Q4 | TC_Q6, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_v, &D->v, TC_Q4 | TC_Q6, err);
+        /* q, k, gate, v in this order: the Q4_KT ones lie back to back (whole 16-row tiles are
+         * multiples of 256 bytes), one stacked matrix for one launch (stack_qkg) */
+        if (!rc) rc = up_matrix(&u, &L->attn_q, &D->q, true, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_k, &D->k, true, err);
+        if (!rc && hp->attn_gate) rc = up_matrix(&u, &L->attn_gate, &D->gate, true, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_v, &D->v, true, err);
         if (!rc) stack_qkg(D, hp->attn_gate);
         if (!rc && hp->qk_norm) rc = up_vector(&u, &L->attn_q_norm, &D->q_norm, err);
         if (!rc && hp->qk_norm) rc = up_vector(&u, &L->attn_k_norm, &D->k_norm, err);
-        if (!rc) rc = up_matrix(&u, &L->attn_output, &D->o, TC_Q4 | TC_Q6, err);
+        if (!rc) rc = up_matrix(&u, &L->attn_output, &D->o, true, err);
         if (!rc && hp->sandwich) rc = up_vector(&u, &L->post_attention_norm, &D->post_attn_norm, err);
         if (!rc) rc = up_vector(&u, &L->ffn_norm, &D->ffn_norm, err);
-        if (!rc) rc = up_matrix(&u, &L->ffn_gate, &D->ffn_gate, TC_Q4 | TC_Q6, err);
-        if (!rc) rc = up_matrix(&u, &L->ffn_up, &D->ffn_up, TC_Q4 | TC_Q6, err);
-        if (!rc) rc = up_matrix(&u, &L->ffn_down, &D->ffn_down, TC_Q4 | TC_Q6, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_gate, &D->ffn_gate, true, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_up, &D->ffn_up, true, err);
+        if (!rc) rc = up_matrix(&u, &L->ffn_down, &D->ffn_down, true, err);
         if (!rc && hp->sandwich) rc = up_vector(&u, &L->post_ffw_norm, &D->post_ffw_norm, err);
         const muser_tensor *ts[] = {&L->attn_norm, &L->attn_q, &L->attn_k, &L->attn_v, &L->attn_gate,
                                     &L->attn_q_norm, &L->attn_k_norm, &L->attn_output, &L->post_attention_norm,
@@ -383,18 +348,18 @@ static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint
 }
 
 /* The tensor-core digit layouts of the current matvec input that its producer already wrote. */
-#define DIG_XM 1u /* v8 Q4_KT's, in c->xm */
-#define DIG_X6 2u /* v8 Q6_KT's, in c->x6 */
+#define DIG_XM 1u /* Q4_KT's, in c->xm */
+#define DIG_X6 2u /* Q6_KT's, in c->x6 */
 
-/* One matvec launch with the kernel version chosen at context creation (MUSER_CUDA_MATVEC).
- * *prepped: whether the per-input buffer (v6b: c->sx8, v7: c->xq) already holds x's; ready:
- * DIG_* bits, the tensor-core layouts already written (by the kernel that produced x). */
-static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, bool *prepped, uint32_t ready)
+/* One matvec launch: a Q6_KT or Q4_KT launch per segment on the tensor cores (after a prep of x
+ * into their digit layout unless `ready` says the producer of x wrote it: DIG_* bits), else the
+ * general path (matvec.cuh) over all segments at once. */
+static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, uint32_t ready)
 {
     const uint32_t t = L->seg[0].a.type;
-    if (t == MV_T_Q6_KT) { /* v8 for Q6_K: its own digit layout in c->x6, one launch per segment */
+    if (t == MV_T_Q6_KT) {
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & DIG_X6) && !SKIP(c, SK_PREP)) mmq6_prep_launch(st, x, c->x6, K, c->prep_pdl, c->prep_ilp);
+        if (!(ready & DIG_X6) && !SKIP(c, SK_PREP)) mmq6_prep_launch(st, x, c->x6, K, c->prep_pdl);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             mmq6_args A;
@@ -407,14 +372,14 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.op = g->op;
             A.scale = g->scale;
             A.cap = g->cap;
-            if (c->site == XS_DOWN) mmq6_launch_down(A, st, c->pdl, c->down6_k8);
-            else mmq6_launch_auto(A, st, c->pdl);
+            if (c->site == XS_DOWN) mmq6_launch_down(A, st, true);
+            else mmq6_launch_auto(A, st, true);
         }
         return;
     }
-    if (t == MV_T_Q4_KT) { /* v8: its own digit layout in c->xm, one launch per segment */
+    if (t == MV_T_Q4_KT) {
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) mmq_prep_launch(st, x, c->xm, K, c->prep_pdl, c->prep_ilp);
+        if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) mmq_prep_launch(st, x, c->xm, K, c->prep_pdl);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             const bool pair = g->op == MV_OP_SILU_MUL;
@@ -426,77 +391,46 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.K = K;
             A.x = c->xm;
             A.out = g->out;
-            if (!(pair && c->gu_mode == GU_PERSIST && mmq_pair_persist_launch(A, c->n_sm, st, c->pdl)))
-                mmq_launch_auto(A, pair, st, c->pdl, c->gu_mode == GU_SETS, c->n_sm);
+            A.op = pair ? (uint32_t)MV_OP_STORE : g->op;
+            A.scale = g->scale;
+            A.cap = g->cap;
+            /* gate·up on a persistent grid where its tiles fit a CTA's shared memory */
+            if (!(pair && mmq_pair_persist_launch(A, c->n_sm, st, true))) mmq_launch_auto(A, pair, st, true, c->n_sm);
         }
         return;
     }
-    if (mvq_type_ok(t)) {
-        if (!*prepped) {
-            if (!SKIP(c, SK_PREP)) mvq_prep_launch(st, x, c->xq, L->seg[0].a.cols);
-            *prepped = true;
-        }
-        mvq_launch(st, *L, c->xq, c->pdl);
-        return;
-    }
-    if (c->mv_ver == 5 || (t != MV_T_Q4_K && t != MV_T_Q6_K)) {
-        mv_launch_typed(st, *L, x);
-        return;
-    }
-    if (c->mv_ver == 7 && !*prepped) {
-        mv_sum8_launch(st, x, c->sx8, L->seg[0].a.cols);
-        *prepped = true;
-    }
-    mv_launch_typed_v6(st, *L, x, c->mv_ver == 7 ? c->sx8 : NULL);
+    mv_launch_typed(st, *L, x);
 }
 
-/* Warps a segment of `rows` takes in the launch its format goes to. */
-static uint32_t seg_rows_per_warp(uint32_t type) { return mvq_type_ok(type) ? (uint32_t)mvq_rows_per_warp(type) : (uint32_t)mv_rows_per_warp(type); }
-
 /* matvec of several matrices over the same x; consecutive same-type matrices share one launch.
- * prepped: c->xq already holds x's v7 digits; ready: DIG_* bits as in mv_go. */
+ * ready: DIG_* bits as in mv_go. */
 static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, float *const *outs, int n, const float *x,
-                     bool prepped, uint32_t ready)
+                     uint32_t ready)
 {
     mv_launch L;
     memset(&L, 0, sizeof L);
-    /* v7 formats mixed (Q4_KD and Q6_KD): one launch, MVQ_R_MIXED rows per warp */
-    bool all_kd = n <= MV_MAX_SEG, mixed = false;
-    for (int i = 0; i < n; i++) {
-        all_kd = all_kd && mvq_type_ok(mats[i]->type);
-        mixed = mixed || mats[i]->type != mats[0]->type;
-    }
-    if (all_kd && mixed) {
-        for (int i = 0; i < n; i++) seg_set(&L, mats[i], outs[i], MV_OP_STORE, MVQ_R_MIXED);
-        if (!prepped && !SKIP(c, SK_PREP)) mvq_prep_launch(st, x, c->xq, mats[0]->cols);
-        mvq_launch_mixed(st, L, c->xq, c->pdl);
-        return;
-    }
     for (int i = 0; i < n; i++) {
         if (L.n_seg && (L.n_seg == MV_MAX_SEG || L.seg[0].a.type != mats[i]->type)) {
-            mv_go(c, st, &L, x, &prepped, ready);
+            mv_go(c, st, &L, x, ready);
             memset(&L, 0, sizeof L);
         }
-        seg_set(&L, mats[i], outs[i], MV_OP_STORE, seg_rows_per_warp(mats[i]->type));
+        seg_set(&L, mats[i], outs[i], MV_OP_STORE, (uint32_t)mv_rows_per_warp(mats[i]->type));
     }
-    if (L.n_seg) mv_go(c, st, &L, x, &prepped, ready);
+    if (L.n_seg) mv_go(c, st, &L, x, ready);
 }
 
-/* The digits a producer writes for one matrix of `type` that reads its output next (v7's only when
- * the input's length allows them: xq_base NULL otherwise). */
-static cu_digits digits_for(const cu_ctx *c, uint32_t type, uint8_t *xq_base)
+/* The digits a producer writes for one matrix of `type` that reads its output next. */
+static cu_digits digits_for(const cu_ctx *c, uint32_t type)
 {
-    cu_digits d = {NULL, NULL, NULL};
+    cu_digits d = {NULL, NULL};
     if (type == MV_T_Q4_KT) d.q4 = c->xm;
     else if (type == MV_T_Q6_KT) d.q6 = c->x6;
-    else if (mvq_type_ok(type)) d.v7 = xq_base;
     return d;
 }
 
 /* Both producers' digits: what either consumer reads. */
 static cu_digits digits_or(cu_digits a, cu_digits b)
 {
-    if (!a.v7) a.v7 = b.v7;
     if (!a.q4) a.q4 = b.q4;
     if (!a.q6) a.q6 = b.q6;
     return a;
@@ -504,18 +438,16 @@ static cu_digits digits_or(cu_digits a, cu_digits b)
 /* The tensor-core layouts (DIG_*) a producer writing d leaves ready. */
 static uint32_t digits_ready(cu_digits d) { return (d.q4 ? DIG_XM : 0u) | (d.q6 ? DIG_X6 : 0u); }
 
-/* The digits the producer of layer l's attention-projection input must write: v8's Q4_K layout
- * for the stacked launch, and whatever v (outside the stack) or the unstacked projections read;
- * l == n_layer: the head. */
-static cu_digits qkvg_digits(const cu_ctx *c, uint32_t l, uint8_t *xq_a)
+/* The digits the producer of layer l's attention-projection input must write: the Q4_K layout for
+ * the stacked launch, and v's when v is outside the stack; none when the projections are not
+ * stacked (each launch preps its own); l == n_layer: the head's. */
+static cu_digits qkvg_digits(const cu_ctx *c, uint32_t l)
 {
     const cu_layer *L = l < c->m->hp.n_layer ? &c->layers[l] : NULL;
-    if (!L) return digits_for(c, c->out.type, xq_a);
-    if (!L->qkg.data) { /* unstacked: v7's for the v7 matrices (the others prep their own) */
-        cu_digits d = {xq_a, NULL, NULL};
-        return d;
-    }
-    cu_digits d = L->qkg_v ? digits_for(c, MV_T_Q4_KT, xq_a) : digits_for(c, L->v.type, xq_a);
+    if (!L) return digits_for(c, c->out.type);
+    cu_digits d = {NULL, NULL};
+    if (!L->qkg.data) return d;
+    d = L->qkg_v ? digits_for(c, MV_T_Q4_KT) : digits_for(c, L->v.type);
     d.q4 = c->xm;
     return d;
 }
@@ -540,9 +472,54 @@ static bool tc_inputs_only(const cu_ctx *c)
 static void set_site(cu_ctx *c, int s)
 {
     c->site = s;
-    if (c->mv_ver != 9) return;
     c->xm = c->xm_site[s];
     c->x6 = c->x6_site[s];
+}
+
+/* The attention projections of layer L over c->a: the stack on the tensor cores in one launch (with
+ * a Q6_KT v beside it in the same grid where both digit layouts are ready), v apart where it is not
+ * in the stack; or, unstacked, one launch per run of same-type matrices. */
+static void enqueue_qkvg(cu_ctx *c, cudaStream_t st, const cu_layer *L, cu_digits dg, float *q, float *k, float *g,
+                         float *v)
+{
+    const muser_hparams *hp = &c->m->hp;
+    if (!L->qkg.data) {
+        const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
+        float *outs[4] = {q, k, v, g};
+        mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, 0);
+        return;
+    }
+    const bool with_v = !L->qkg_v && L->qkg.type == MV_T_Q4_KT && L->v.type == MV_T_Q6_KT &&
+                        (digits_ready(dg) & (DIG_XM | DIG_X6)) == (DIG_XM | DIG_X6);
+    if (with_v) {
+        mmq_args S;
+        memset(&S, 0, sizeof S);
+        S.a = L->qkg.data;
+        S.rows = L->qkg.rows;
+        S.K = L->qkg.cols;
+        S.x = c->xm;
+        S.out = q;
+        mmq6_args V;
+        memset(&V, 0, sizeof V);
+        V.a = L->v.data;
+        V.rows = L->v.rows;
+        V.K = L->v.cols;
+        V.x = c->x6;
+        V.out = v;
+        V.op = MV_OP_STORE;
+        V.scale = 1.f;
+        mmq_stack_v_launch(S, V, st, true);
+        return;
+    }
+    mv_launch sl;
+    memset(&sl, 0, sizeof sl);
+    seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1);
+    mv_go(c, st, &sl, c->a, DIG_XM);
+    if (!L->qkg_v) {
+        const mv_mat *vm[1] = {&L->v};
+        float *vo[1] = {v};
+        mv_group(c, st, vm, vo, 1, c->a, digits_ready(dg));
+    }
 }
 
 static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
@@ -562,64 +539,20 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         cudaMemcpyAsync(&dstep->token, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToDevice, st);
     }
     pf_mark(pf, st, PF_EMBED);
-    /* v7: the producers of the matvec inputs a and attn_o write their digits too (no prep launch) */
-    uint8_t *xq_a = c->mv_ver >= 8 && E % 256 == 0 ? c->xq : NULL;
-    uint8_t *xq_o = c->mv_ver >= 8 && (H * D) % 256 == 0 ? c->xq : NULL;
     set_site(c, XS_STACK);
-    cu_digits dg = qkvg_digits(c, 0, xq_a); /* the digits the next attention projections (or the head) read */
+    cu_digits dg = qkvg_digits(c, 0); /* the digits the next attention projections (or the head) read */
     cu_embed_norm(st, &c->emb, &dstep->token, c->h, c->a, c->layers[0].attn_norm, hp->rms_eps, hp->entry_norm,
                   hp->rms_eps, E, dg, c->tail_trigger);
-    /* c->qkvg = q | k | gate | v (v8 stacks the matrices in this order) */
+    /* c->qkvg = q | k | gate | v (the stack's order) */
     float *q = c->qkvg, *k = q + (size_t)H * D, *g = k + (size_t)HKV * D;
     float *v = hp->attn_gate ? g + (size_t)H * D : g;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         cu_layer *L = &c->layers[l];
         pf_mark(pf, st, PF_QKVG);
-        if (SKIP(c, SK_QKVG)) {
-        } else if (L->qkg.data) { /* v8: one tensor-core launch over the stack, v on mmq6 when not in it */
-            const bool with_v = !L->qkg_v && c->stack_v && L->qkg.type == MV_T_Q4_KT && L->v.type == MV_T_Q6_KT &&
-                                (digits_ready(dg) & (DIG_XM | DIG_X6)) == (DIG_XM | DIG_X6);
-            if (with_v) {
-                /* a Q6_K v beside the stack in the same grid (mmq_stack_v) */
-                mmq_args S;
-                memset(&S, 0, sizeof S);
-                S.a = L->qkg.data;
-                S.b = NULL;
-                S.rows = L->qkg.rows;
-                S.K = L->qkg.cols;
-                S.x = c->xm;
-                S.out = q;
-                mmq6_args V;
-                memset(&V, 0, sizeof V);
-                V.a = L->v.data;
-                V.rows = L->v.rows;
-                V.K = L->v.cols;
-                V.x = c->x6;
-                V.out = v;
-                V.op = MV_OP_STORE;
-                V.scale = 1.f;
-                V.cap = 0.f;
-                mmq_stack_v_launch(S, V, st, c->pdl);
-            } else {
-                mv_launch sl;
-                memset(&sl, 0, sizeof sl);
-                seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1);
-                bool no = false;
-                mv_go(c, st, &sl, c->a, &no, DIG_XM);
-            }
-            if (!L->qkg_v && !with_v) {
-                const mv_mat *vm[1] = {&L->v};
-                float *vo[1] = {v};
-                mv_group(c, st, vm, vo, 1, c->a, dg.v7 != NULL, digits_ready(dg));
-            }
-        } else {
-            const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
-            float *outs[4] = {q, k, v, g};
-            mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, dg.v7 != NULL, 0);
-        }
+        if (!SKIP(c, SK_QKVG)) enqueue_qkvg(c, st, L, dg, q, k, g, v);
         pf_mark(pf, st, PF_ROPE);
-        /* QK-norm/RoPE/store inside the split attention kernel where it can (cu_attn_fuse) */
-        const bool fuse = c->attn_fuse && !SKIP(c, SK_ROPE) && hp->arch != MUSER_ARCH_QWEN3 && cu_attn_fusable(&L->geom);
+        /* QK-norm/RoPE/store inside the split attention kernel where it can (cu_attn_fusable) */
+        const bool fuse = !SKIP(c, SK_ROPE) && hp->arch != MUSER_ARCH_QWEN3 && cu_attn_fusable(&L->geom);
         cu_attn_fuse F;
         memset(&F, 0, sizeof F);
         F.k = k;
@@ -634,64 +567,61 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         F.inv_freq = c->rope_inv;
         if (!SKIP(c, SK_ROPE) && !fuse)
             cu_qk_rope_store(st, c->qkvg, v, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
-                         hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
-                         &L->geom, c->tail_pdl);
+                             hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
+                             &L->geom, true);
         pf_mark(pf, st, PF_ATTN);
         /* the combine writes o_proj's digits, in the layout o_proj's matvec reads */
         set_site(c, XS_OPROJ);
-        const cu_digits od = digits_for(c, L->o.type, xq_o);
-        if (!SKIP(c, SK_ATTN) && cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc, hp->attn_gate ? g : NULL,
-                         c->attn_o, &L->geom, od, fuse ? &F : NULL))
+        const cu_digits od = digits_for(c, L->o.type);
+        if (!SKIP(c, SK_ATTN) && cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc,
+                                              hp->attn_gate ? g : NULL, c->attn_o, &L->geom, od, fuse ? &F : NULL))
             return -1;
         pf_mark(pf, st, PF_OPROJ);
         const mv_mat *om[1] = {&L->o};
         float *oo[1] = {c->y};
-        if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, od.v7 != NULL, digits_ready(od));
+        if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, digits_ready(od));
         pf_mark(pf, st, PF_TAIL);
         /* this tail writes gate·up's digits, in the layouts gate and up read */
         set_site(c, XS_GU);
-        const cu_digits gd = digits_or(digits_for(c, L->ffn_gate.type, xq_a), digits_for(c, L->ffn_up.type, xq_a));
+        const cu_digits gd = digits_or(digits_for(c, L->ffn_gate.type), digits_for(c, L->ffn_up.type));
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich,
-                    E, gd, c->tail_pdl, c->tail_push, c->tail_trigger, c->tail_wide, c->tail_fast);
+                    E, gd, c->tail_trigger, c->tail_wide);
         pf_mark(pf, st, PF_FFN_UP);
         if (SKIP(c, SK_GU)) {
         } else if (c->gate_up_paired) {
             mv_launch ml;
             memset(&ml, 0, sizeof ml);
-            const uint32_t t = L->ffn_gate.type;
-            seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, mvq_type_ok(t) ? (uint32_t)mvq_rows_per_warp(t) / 2 : 1);
+            seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, 1);
             ml.seg[0].b = L->ffn_up;
-            bool prepped = gd.v7 != NULL;
-            mv_go(c, st, &ml, c->a, &prepped, digits_ready(gd));
+            mv_go(c, st, &ml, c->a, digits_ready(gd));
         } else {
             const mv_mat *gm[2] = {&L->ffn_gate, &L->ffn_up};
             float *go[2] = {c->ffn_g, c->ffn_u};
-            mv_group(c, st, gm, go, 2, c->a, gd.v7 != NULL, digits_ready(gd));
+            mv_group(c, st, gm, go, 2, c->a, digits_ready(gd));
             cu_silu_mul(st, c->ffn_g, c->ffn_u, c->ffn, hp->n_ff);
         }
         pf_mark(pf, st, PF_DOWN);
         set_site(c, XS_DOWN);
         const mv_mat *dm[1] = {&L->ffn_down};
         float *dout[1] = {c->y};
-        if (!SKIP(c, SK_DOWN)) mv_group(c, st, dm, dout, 1, c->ffn, false, 0);
+        if (!SKIP(c, SK_DOWN)) mv_group(c, st, dm, dout, 1, c->ffn, 0);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
         set_site(c, XS_STACK);
-        dg = qkvg_digits(c, l + 1, xq_a);
+        dg = qkvg_digits(c, l + 1);
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps,
-                    last ? c->out_norm : c->layers[l + 1].attn_norm, hp->rms_eps, hp->sandwich, E, dg, c->tail_pdl,
-                    c->tail_push, c->tail_trigger, c->tail_wide, c->tail_fast);
+                    last ? c->out_norm : c->layers[l + 1].attn_norm, hp->rms_eps, hp->sandwich, E, dg, c->tail_trigger,
+                    c->tail_wide);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
     memset(&hl, 0, sizeof hl);
-    seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, seg_rows_per_warp(c->out.type));
+    seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(c->out.type));
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
-    bool head_prepped = dg.v7 != NULL; /* dg: the last tail's, qkvg_digits(n_layer) */
-    if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, &head_prepped, digits_ready(dg));
+    if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, digits_ready(dg)); /* dg: the last tail's, qkvg_digits(n_layer) */
     cu_argmax(st, c->logits, hp->n_vocab, c->am_v, c->am_i, c->d_token, c->d_nonfinite);
     cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
     cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
@@ -739,7 +669,7 @@ static void ctx_free(cu_ctx *c)
     if (!c) return;
     if (c->g_fwd) cudaGraphExecDestroy(c->g_fwd);
     if (c->g_bench) cudaGraphExecDestroy(c->g_bench);
-    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xq, c->xm_site[0], c->rope_inv};
+    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xm_site[0], c->rope_inv};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_logits) cudaFreeHost(c->h_logits);
@@ -789,41 +719,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     } while (0)
     if (!c->layers || !c->meta_step || !c->meta_call) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
     {
-        const char *mv = getenv("MUSER_CUDA_MATVEC");
-        /* v8 (mmq.cuh for Q4_K, v7's mvq.cuh for Q6_K) is the default: parity and speed in
-         * bench/RESULTS.md. It decides the upload layouts, so it is read before the upload. */
-        c->mv_ver = !mv || !*mv || !strcmp(mv, "v8") ? 9
-                    : !strcmp(mv, "v7")             ? 8
-                    : !strcmp(mv, "v6")             ? 6
-                    : !strcmp(mv, "v5")             ? 5
-                    : !strcmp(mv, "v6b")            ? 7
-                                                    : -1;
-        if (c->mv_ver < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_MATVEC=%s: expected v8, v7, v6, v6b or v5", mv));
-        const char *pdl = getenv("MUSER_CUDA_PDL");
-        c->pdl = !(pdl && !strcmp(pdl, "0"));
-        const char *tpdl = getenv("MUSER_CUDA_TAIL_PDL");
-        c->tail_pdl = c->pdl && !(tpdl && !strcmp(tpdl, "0"));
-        const char *af = getenv("MUSER_CUDA_ATTN_FUSE");
-        c->attn_fuse = !(af && !strcmp(af, "0"));
-        const char *d6 = getenv("MUSER_CUDA_DOWN6");
-        c->down6_k8 = d6 && !strcmp(d6, "k8");
-        const char *sv = getenv("MUSER_CUDA_STACKV");
-        c->stack_v = !(sv && !strcmp(sv, "0"));
-        const char *tv = getenv("MUSER_CUDA_TAIL");
-        c->tail_push = !(tv && !strcmp(tv, "v1"));
-        const char *tcl = getenv("MUSER_CUDA_TAIL_CL");
-        c->tail_wide = !(tcl && !strcmp(tcl, "8")) && cu_tail_wide_ok();
-        const char *pil = getenv("MUSER_CUDA_PREP_ILP");
-        c->prep_ilp = !(pil && !strcmp(pil, "0"));
-        const char *tf = getenv("MUSER_CUDA_TAIL_FAST");
-        c->tail_fast = !(tf && !strcmp(tf, "0"));
-        const char *q6 = getenv("MUSER_CUDA_Q6");
-        c->q6_tc = !(q6 && !strcmp(q6, "v7"));
-        const char *gu = getenv("MUSER_CUDA_GU");
-        c->gu_mode = !gu || !*gu || !strcmp(gu, "persist") ? GU_PERSIST : !strcmp(gu, "units") ? GU_UNITS
-                     : !strcmp(gu, "sets")                  ? GU_SETS
-                                                            : -1;
-        if (c->gu_mode < 0) FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_GU=%s: expected units, persist or sets", gu));
+        c->tail_wide = cu_tail_wide_ok();
         const char *sk = getenv("MUSER_CUDA_SKIP");
         if (sk && name_mask(sk, sk_names, SK_N, &c->skip))
             FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_SKIP=%s: expected a comma list of qkvg, rope, attn, "
@@ -847,8 +743,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         g->head_dim = hp->head_dim;
         g->ring = pl->ring;
         g->scale = hp->attn_scale;
-        if ((g->impl = cu_attn_impl_parse(getenv("MUSER_CUDA_ATTN"))) < 0)
-            FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_ATTN=%s: expected tc or v1", getenv("MUSER_CUDA_ATTN")));
+        g->impl = CU_ATTN_TC; /* where the geometry allows; v1 elsewhere (att_plan_for) */
         const uint64_t want = (pl->capacity + 63) / 64;
         g->n_split = (uint32_t)(want < 1 ? 1 : (want > CU_ATT_MAX_SPLIT ? CU_ATT_MAX_SPLIT : want));
         if (g->n_split > max_split) max_split = g->n_split;
@@ -882,9 +777,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
                  KD = (size_t)hp->n_head_kv * hp->head_dim;
     const size_t n_part = (size_t)hp->n_head_kv * max_split * G;
     const size_t fl = 2 * E + (2 * QD + 2 * KD) + QD + E + 3 * F + V + 256;
-    const size_t n_sx8 = ((E > QD ? (E > F ? E : F) : (QD > F ? QD : F)) + 7) / 8;
-    const size_t sx8_off = (fl * sizeof(float) + 260 * sizeof(int32_t) + 15) / 16 * 16;
-    e = cudaMalloc((void **)&c->h, sx8_off + n_sx8 * sizeof(float));
+    e = cudaMalloc((void **)&c->h, fl * sizeof(float) + 260 * sizeof(int32_t));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: activations: %s", cudaGetErrorString(e)));
     c->a = c->h + E;                      /* [E] normed input of the next matvec */
     c->qkvg = c->a + E;                   /* q [H·D] | k [HKV·D] | gate [H·D] | v [HKV·D] */
@@ -898,14 +791,12 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     c->am_i = (int32_t *)(c->am_v + 256);
     c->d_token = c->am_i + 256;
     c->d_nonfinite = c->d_token + 1;
-    c->sx8 = (float *)((uint8_t *)c->h + sx8_off); /* 16-byte aligned: read as float2 */
     {
         const size_t kmax = E > QD ? (E > F ? E : F) : (QD > F ? QD : F);
-        e = cudaMalloc((void **)&c->xq, mvq_x_bytes((uint32_t)kmax));
         const size_t xmb = (mmq_x_bytes((uint32_t)kmax + 255) + 255) / 256 * 256;
         const size_t x6b = (mmq6_x_bytes((uint32_t)kmax + 255) + 255) / 256 * 256;
-        if (!e && c->mv_ver == 9) e = cudaMalloc((void **)&c->xm_site[0], XS_N * (xmb + x6b));
-        for (int s = 0; !e && c->mv_ver == 9 && s < XS_N; s++) {
+        e = cudaMalloc((void **)&c->xm_site[0], XS_N * (xmb + x6b));
+        for (int s = 0; !e && s < XS_N; s++) {
             c->xm_site[s] = c->xm_site[0] + s * xmb;
             c->x6_site[s] = c->xm_site[0] + XS_N * xmb + s * x6b;
         }
@@ -916,13 +807,10 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));
     if (!e) e = cudaMalloc((void **)&c->part_acc, n_part * hp->head_dim * sizeof(float));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: attention partials: %s", cudaGetErrorString(e)));
-    const char *rt = getenv("MUSER_CUDA_ROPE_TAB");
-    if (!(rt && !strcmp(rt, "0"))) {
-        e = cudaMalloc((void **)&c->rope_inv, hp->head_dim / 2 * sizeof(double));
-        if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: RoPE table: %s", cudaGetErrorString(e)));
-        if (cu_rope_inv_table(c->rope_inv, hp->rope_theta, hp->head_dim))
-            FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: RoPE table for head_dim %u", hp->head_dim));
-    }
+    e = cudaMalloc((void **)&c->rope_inv, hp->head_dim / 2 * sizeof(double));
+    if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: RoPE table: %s", cudaGetErrorString(e)));
+    if (cu_rope_inv_table(c->rope_inv, hp->rope_theta, hp->head_dim))
+        FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: RoPE table for head_dim %u", hp->head_dim));
     c->step_bytes = sizeof(cu_step) + hp->n_layer * sizeof(cu_plane_meta);
     e = cudaMalloc(&c->d_step, c->step_bytes);
     if (!e) e = cudaMallocHost(&c->h_step, c->step_bytes);
@@ -936,13 +824,9 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         if (c->layers[l].ffn_gate.type != c->layers[l].ffn_up.type) c->gate_up_paired = false;
     for (uint32_t l = 0; l < hp->n_layer; l++) /* mmq6 has no SiLU pair: gate, up, then cu_silu_mul */
         if (c->layers[l].ffn_gate.type == MV_T_Q6_KT) c->gate_up_paired = false;
-    /* early tail triggers: only where every matvec input is a per-site tensor-core layout (v7's xq is
-     * one buffer) */
-    const bool sites = c->tail_pdl && c->mv_ver == 9 && tc_inputs_only(c); /* the per-site buffers make them safe */
-    const char *ttr = getenv("MUSER_CUDA_TAIL_TRIGGER");
-    c->tail_trigger = sites && !(ttr && !strcmp(ttr, "0"));
-    const char *ppd = getenv("MUSER_CUDA_PREP_PDL");
-    c->prep_pdl = sites && !(ppd && !strcmp(ppd, "0"));
+    /* early triggers (tails, embedding entry) and dependent preps only where every matvec input is
+     * a per-site tensor-core digit buffer: what makes an early launch safe (see cu_ldx) */
+    c->tail_trigger = c->prep_pdl = tc_inputs_only(c);
     FAIL(record_graph(c, true, false, &c->g_fwd, err));
     FAIL(record_graph(c, false, true, &c->g_bench, err));
     e = cudaStreamSynchronize(c->st);
@@ -1310,7 +1194,7 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
         r->bytes_per_token = (double)c->read_bytes + kv_read / gen;
         r->gbs = r->bytes_per_token / (r->ms_per_token * 1e-3) / 1e9;
         r->pct_of_read = res->read_gbs > 0 ? 100.0 * r->gbs / res->read_gbs : 0;
-        const char *pp = getenv("MUSER_PHASE_PROFILE");
+        const char *pp = getenv("MUSER_CUDA_PROFILE");
         if (!rc && pp && pp[0] == '1') rc = phase_profile(c, depth + gen, err);
     }
     cudaEventDestroy(a);

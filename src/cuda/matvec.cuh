@@ -30,26 +30,25 @@
 #define MV_WARPS 8 /* warps per block */
 
 enum { MV_T_F32 = 0, MV_T_F16 = 1, MV_T_Q8_0 = 8, MV_T_Q4_K = 12, MV_T_Q6_K = 14, MV_T_BF16 = 30 };
-/* Device-only layouts of v7 (mvq.cuh): Q4_K and Q6_K repacked into planes, same bytes. */
-#define MV_T_Q4_KD 112u
-#define MV_T_Q6_KD 114u
-#define MV_T_Q4_KT 116u /* v8 (mmq.cuh): Q4_K in (16-row tile, block) units for the tensor-core matvec */
-#define MV_T_Q6_KT 117u /* v8 (mmq6.cuh): Q6_K in (16-row tile, block) units for the tensor-core matvec */
+/* Device-only layouts of the tensor-core matvecs: Q4_K (mmq.cuh) and Q6_K (mmq6.cuh) in
+ * (16-row tile, block) units, the GGUF bytes. */
+#define MV_T_Q4_KT 116u
+#define MV_T_Q6_KT 117u
 
-/* Layouts that the upload repacks block by block (Q6_K, Q8_0: planes; the v7 layouts). */
+/* Layouts that the upload repacks block by block (Q6_K, Q8_0: planes; the tensor-core tiles). */
 static inline bool mv_repacked(uint32_t t)
 {
-    return t == MV_T_Q6_K || t == MV_T_Q8_0 || t == MV_T_Q4_KD || t == MV_T_Q6_KD || t == MV_T_Q4_KT || t == MV_T_Q6_KT;
+    return t == MV_T_Q6_K || t == MV_T_Q8_0 || t == MV_T_Q4_KT || t == MV_T_Q6_KT;
 }
 /* GGUF bytes of one block and its elements (float formats: 1 byte / 8 elements, the granule the
  * kernels need). */
 static inline size_t mv_block_bytes(uint32_t t)
 {
-    return t == MV_T_Q6_K || t == MV_T_Q6_KD || t == MV_T_Q6_KT ? 210 : t == MV_T_Q4_K || t == MV_T_Q4_KD || t == MV_T_Q4_KT ? 144 : t == MV_T_Q8_0 ? 34 : 1;
+    return t == MV_T_Q6_K || t == MV_T_Q6_KT ? 210 : t == MV_T_Q4_K || t == MV_T_Q4_KT ? 144 : t == MV_T_Q8_0 ? 34 : 1;
 }
 static inline uint32_t mv_block_elems(uint32_t t)
 {
-    return t == MV_T_Q4_K || t == MV_T_Q6_K || t == MV_T_Q4_KD || t == MV_T_Q6_KD || t == MV_T_Q4_KT || t == MV_T_Q6_KT ? 256 : t == MV_T_Q8_0 ? 32 : 8;
+    return t == MV_T_Q4_K || t == MV_T_Q6_K || t == MV_T_Q4_KT || t == MV_T_Q6_KT ? 256 : t == MV_T_Q8_0 ? 32 : 8;
 }
 enum { MV_OP_STORE = 0, MV_OP_SOFTCAP = 1, MV_OP_SILU_MUL = 2 };
 
@@ -213,156 +212,6 @@ __device__ __forceinline__ void mv_dot_q6k(const mv_mat &m, const uint32_t row[R
     }
 }
 
-/* ---- v6: the mantissa trick (MUSER_CUDA_MATVEC=v6) ------------------------------------------
- * Bits 0x43000000 | b<<16 are the float 128 + b exactly for a byte b < 128 (exponent 2^7, b in the
- * top mantissa bits). One PRMT per weight puts a masked byte next to a 0x43 byte and zeros; one
- * FFMA accumulates it. Starting the accumulator at -128·Σx (Q4_K) or -160·Σx (Q6_K: q−32) leaves
- * exactly Σ b·x in algebra; in f32 the partial sums pass through ~128·|Σx|, which costs bits
- * against accumulating q·x directly, the fewer the larger b is: Q4_K therefore uses b = 8·q (a
- * nibble shifted to bits 3..6, same instruction count for high nibbles, one shift more for low
- * ones) and takes the exact 1/8 into d; Q6_K's 6-bit q is large enough as is. Errors measured
- * against the f64 reference in the workbench (NOTES.md). Per weight: PRMT + FFMA, plus a shift
- * and a LOP3 per 4 weights — v5 had PRMT + FADD + FFMA.
- * Σx over each lane's 8-element chunks comes either from sx8 (x summed in groups of 8 once per
- * token, mv_sum8) or, when sx8 is null, from the x registers (one FADD per element per lane,
- * shared by the R rows). */
-__device__ __forceinline__ float mv_m128(uint32_t w, int k) /* 128 + byte k of w (byte < 128) */
-{
-    return __int_as_float((int)__byte_perm(w, 0x43u, (uint32_t)(0x4055 | (k << 8))));
-}
-
-__device__ __forceinline__ float mv_dot4m(uint32_t w, float4 x, float acc)
-{
-    acc = fmaf(mv_m128(w, 0), x.x, acc);
-    acc = fmaf(mv_m128(w, 1), x.y, acc);
-    acc = fmaf(mv_m128(w, 2), x.z, acc);
-    acc = fmaf(mv_m128(w, 3), x.w, acc);
-    return acc;
-}
-
-__device__ __forceinline__ float mv_hsum4(float4 v) { return (v.x + v.y) + (v.z + v.w); }
-
-template <int R>
-__device__ __forceinline__ void mv_dot_q4k_v6(const uint8_t *const rowp[R], const float *x, const float *sx8,
-                                              uint32_t nb, int lane, float acc[R])
-{
-    const int bi = lane >> 3, c = lane & 7, il = c >> 1;
-    /* sub-blocks j0 = 2·il, j1 = j0 + 1: bytes 2·(il&1), +1 of s[0..3] / s[4..7] / s[8..11] */
-    const uint32_t bsh = 16u * (uint32_t)(il & 1);
-    const uint32_t mA = il < 2 ? 0x3F3Fu : 0u, mC = il < 2 ? 0u : 0x0F0Fu, mA2 = il < 2 ? 0u : 0x3030u;
-    for (uint32_t b = bi; b < nb; b += 4) {
-        uint4 hdr[R], qs[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const uint4 *blk = (const uint4 *)(rowp[r] + (size_t)b * 144);
-            hdr[r] = __ldg(blk);
-            qs[r] = __ldg(blk + 1 + c);
-        }
-        const uint32_t xb = b * 256 + 64 * il + 16 * (c & 1);
-        float4 xl[4], xh[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            xl[i] = mv_ldx(x, xb + 4 * i);
-            xh[i] = mv_ldx(x, xb + 32 + 4 * i);
-        }
-        float sxl, sxh;
-        if (sx8) {
-            const float2 a = __ldg((const float2 *)(sx8 + xb / 8)), h = __ldg((const float2 *)(sx8 + xb / 8 + 4));
-            sxl = a.x + a.y;
-            sxh = h.x + h.y;
-        } else {
-            sxl = (mv_hsum4(xl[0]) + mv_hsum4(xl[1])) + (mv_hsum4(xl[2]) + mv_hsum4(xl[3]));
-            sxh = (mv_hsum4(xh[0]) + mv_hsum4(xh[1])) + (mv_hsum4(xh[2]) + mv_hsum4(xh[3]));
-        }
-        const float nl = -128.f * sxl, nh = -128.f * sxh;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            /* (scale, min) of sub-blocks j0, j1 as two bytes each, branch-free: the lane's half
-             * of the 12 scale bytes is picked with lane constants (v5's j0 < 4 test diverged
-             * inside the warp, so every lane paid for both paths). */
-            const uint32_t A = hdr[r].y >> bsh, B = hdr[r].z >> bsh, C = hdr[r].w >> bsh;
-            const uint32_t scp = (A & mA) | (C & mC) | ((A >> 2) & mA2);
-            const uint32_t mp = (B & mA) | ((C >> 4) & mC) | ((B >> 2) & mA2);
-            const uint32_t sc0 = scp & 0xFF, sc1 = (scp >> 8) & 0xFF, m0 = mp & 0xFF, m1 = (mp >> 8) & 0xFF;
-            const float d = __half2float(__ushort_as_half((unsigned short)(hdr[r].x & 0xFFFF)));
-            const float dmin = __half2float(__ushort_as_half((unsigned short)(hdr[r].x >> 16)));
-            const uint32_t q[4] = {qs[r].x, qs[r].y, qs[r].z, qs[r].w};
-            float sl = nl, sh = nh; /* two chains per row: R·2 independent FFMA chains */
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                sl = mv_dot4m((q[i] << 3) & 0x78787878u, xl[i], sl);
-                sh = mv_dot4m((q[i] >> 1) & 0x78787878u, xh[i], sh);
-            }
-            /* sl, sh = 8·Σ q·x: the 1/8 is exact in d */
-            acc[r] += (0.125f * d) * ((float)sc0 * sl + (float)sc1 * sh) - dmin * ((float)m0 * sxl + (float)m1 * sxh);
-        }
-    }
-}
-
-template <int R>
-__device__ __forceinline__ void mv_dot_q6k_v6(const mv_mat &m, const uint32_t row[R], const float *x,
-                                              const float *sx8, uint32_t nb, int lane, float acc[R])
-{
-    const size_t nblk = (size_t)m.rows * nb;
-    const uint8_t *ql = m.data, *qh = m.data + nblk * 128, *sc = m.data + nblk * 192;
-    const __half *dp = (const __half *)(m.data + nblk * 208);
-    const int bi = lane >> 3, t = lane & 7, n = t >> 2, l0 = 8 * (t & 3), is = (t & 3) >> 1;
-    for (uint32_t b = bi; b < nb; b += 4) {
-        const uint32_t xb = b * 256 + n * 128 + l0;
-        float4 xv[4][2];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            xv[k][0] = mv_ldx(x, xb + 32 * k);
-            xv[k][1] = mv_ldx(x, xb + 32 * k + 4);
-        }
-        float ns[4]; /* -160·Σx over the lane's 8 elements of each group: q−32 = (128+q) − 160 */
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            ns[k] = -160.f * (sx8 ? __ldg(sx8 + xb / 8 + 4 * k) : mv_hsum4(xv[k][0]) + mv_hsum4(xv[k][1]));
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const size_t blk = (size_t)row[r] * nb + b;
-            const uint2 A = __ldg((const uint2 *)(ql + blk * 128 + n * 64 + l0));
-            const uint2 B = __ldg((const uint2 *)(ql + blk * 128 + n * 64 + 32 + l0));
-            const uint2 H = __ldg((const uint2 *)(qh + blk * 64 + n * 32 + l0));
-            const uint2 S = __ldg((const uint2 *)(sc + blk * 16 + n * 8));
-            const float d = __half2float(dp[blk]);
-            const uint32_t a2[2] = {A.x, A.y}, b2[2] = {B.x, B.y}, h2[2] = {H.x, H.y};
-            float s[4] = {ns[0], ns[1], ns[2], ns[3]};
-#pragma unroll
-            for (int w = 0; w < 2; w++) {
-                const uint32_t q1 = (a2[w] & 0x0F0F0F0Fu) | ((h2[w] << 4) & 0x30303030u);
-                const uint32_t q2 = (b2[w] & 0x0F0F0F0Fu) | ((h2[w] << 2) & 0x30303030u);
-                const uint32_t q3 = ((a2[w] >> 4) & 0x0F0F0F0Fu) | (h2[w] & 0x30303030u);
-                const uint32_t q4 = ((b2[w] >> 4) & 0x0F0F0F0Fu) | ((h2[w] >> 2) & 0x30303030u);
-                s[0] = mv_dot4m(q1, xv[0][w], s[0]);
-                s[1] = mv_dot4m(q2, xv[1][w], s[1]);
-                s[2] = mv_dot4m(q3, xv[2][w], s[2]);
-                s[3] = mv_dot4m(q4, xv[3][w], s[3]);
-            }
-            const float c0 = (float)(int8_t)((is ? S.x >> 8 : S.x) & 255);
-            const float c1 = (float)(int8_t)((is ? S.x >> 24 : S.x >> 16) & 255);
-            const float c2 = (float)(int8_t)((is ? S.y >> 8 : S.y) & 255);
-            const float c3 = (float)(int8_t)((is ? S.y >> 24 : S.y >> 16) & 255);
-            acc[r] += d * ((c0 * s[0] + c1 * s[1]) + (c2 * s[2] + c3 * s[3]));
-        }
-    }
-}
-
-/* Σ of x in groups of 8 (v6's per-lane Σx): sx8[i] = Σ x[8i .. 8i+8). n multiple of 8. */
-static __global__ void mv_sum8(const float *__restrict__ x, float *__restrict__ sx8, uint32_t n8)
-{
-    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n8) return;
-    const float4 a = __ldg((const float4 *)(x + 8 * (size_t)i)), b = __ldg((const float4 *)(x + 8 * (size_t)i + 4));
-    sx8[i] = mv_hsum4(a) + mv_hsum4(b);
-}
-
-static inline void mv_sum8_launch(cudaStream_t st, const float *x, float *sx8, uint32_t n)
-{
-    mv_sum8<<<(n / 8 + 255) / 256, 256, 0, st>>>(x, sx8, n / 8);
-}
-
 /* Q8_0 planes: 2 lanes per 32-block, 16 int8 each. w = d·q. */
 template <int R>
 __device__ __forceinline__ void mv_dot_q80(const mv_mat &m, const uint32_t row[R], const float *x,
@@ -451,9 +300,9 @@ __host__ __device__ inline size_t mv_row_bytes(uint32_t type, uint32_t cols)
 }
 
 /* R dot products: slot k is row[k] of matrix *mk[k] (all slots share type and cols). */
-template <int R, int T = -1, int V = 5>
+template <int R, int T = -1>
 __device__ __forceinline__ void mv_dot_rows(const mv_mat *const mk[R], const uint32_t row[R],
-                                            const float *x, int lane, float acc[R], const float *sx8 = nullptr)
+                                            const float *x, int lane, float acc[R])
 {
     const uint32_t type = T >= 0 ? (uint32_t)T : mk[0]->type, cols = mk[0]->cols;
     const uint8_t *rowp[R];
@@ -463,22 +312,17 @@ __device__ __forceinline__ void mv_dot_rows(const mv_mat *const mk[R], const uin
         rowp[r] = mk[r]->data + (size_t)row[r] * mv_row_bytes(type, cols);
     }
     switch (type) {
-    case MV_T_Q4_K:
-        if (V == 6) mv_dot_q4k_v6<R>(rowp, x, sx8, cols / 256, lane, acc);
-        else mv_dot_q4k<R>(rowp, x, cols / 256, lane, acc);
-        break;
+    case MV_T_Q4_K: mv_dot_q4k<R>(rowp, x, cols / 256, lane, acc); break;
     case MV_T_Q6_K:
         if (R == 1 || mk[0] == mk[R - 1]) {
-            if (V == 6) mv_dot_q6k_v6<R>(*mk[0], row, x, sx8, cols / 256, lane, acc);
-            else mv_dot_q6k<R>(*mk[0], row, x, cols / 256, lane, acc);
+            mv_dot_q6k<R>(*mk[0], row, x, cols / 256, lane, acc);
         } else { /* pair of different matrices: one row at a time */
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 float a1[1];
                 a1[0] = 0.f;
                 const uint32_t rr[1] = {row[r]};
-                if (V == 6) mv_dot_q6k_v6<1>(*mk[r], rr, x, sx8, cols / 256, lane, a1);
-                else mv_dot_q6k<1>(*mk[r], rr, x, cols / 256, lane, a1);
+                mv_dot_q6k<1>(*mk[r], rr, x, cols / 256, lane, a1);
                 acc[r] = a1[0];
             }
         }
@@ -508,11 +352,9 @@ __device__ __forceinline__ void mv_dot_rows(const mv_mat *const mk[R], const uin
 
 /* The launch: warp w finds its segment, computes R rows (or one gate/up pair), lane 0 stores. */
 /* T: the weight format when every segment has it (a kernel per format: no switch, better code),
- * or -1 for the generic one. V: 5, or 6 for the mantissa-trick K-quant dots (sx8: Σx in groups of
- * 8, or null to sum x in registers). */
-template <int R, int T = -1, int V = 5>
-__global__ void __launch_bounds__(MV_WARPS * 32) mv_kernel(const mv_launch L, const float *__restrict__ x,
-                                                          const float *__restrict__ sx8 = nullptr)
+ * or -1 for the generic one. */
+template <int R, int T = -1>
+__global__ void __launch_bounds__(MV_WARPS * 32) mv_kernel(const mv_launch L, const float *__restrict__ x)
 {
     const uint32_t warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -525,7 +367,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) mv_kernel(const mv_launch L, co
         const mv_mat *mk[2] = {&g.a, &g.b};
         const uint32_t row[2] = {w, w};
         float acc[2];
-        mv_dot_rows<2, T, V>(mk, row, x, lane, acc, sx8);
+        mv_dot_rows<2, T>(mk, row, x, lane, acc);
         if (lane == 0) {
             const float gv = acc[0], uv = acc[1];
             g.out[w] = gv / (1.f + expf(-gv)) * uv;
@@ -541,7 +383,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) mv_kernel(const mv_launch L, co
         row[r] = rr < g.a.rows ? rr : g.a.rows - 1; /* tail: recompute the last row, store once */
     }
     float acc[R];
-    mv_dot_rows<R, T, V>(mk, row, x, lane, acc, sx8);
+    mv_dot_rows<R, T>(mk, row, x, lane, acc);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -611,15 +453,10 @@ static __device__ inline void mv_q4k_scale_min(const uint8_t *s, uint32_t j, uin
     }
 }
 
-static __device__ inline float mvq_elem_q4kd(const mv_mat &m, uint32_t r, uint32_t c);
-static __device__ inline float mvq_elem_q6kd(const mv_mat &m, uint32_t r, uint32_t c);
-
 /* Element c of row r, any device layout (slow; for embedding rows and checks). */
 static __device__ inline float mv_elem(const mv_mat &m, uint32_t r, uint32_t c)
 {
     switch (m.type) {
-    case MV_T_Q4_KD: return mvq_elem_q4kd(m, r, c);
-    case MV_T_Q6_KD: return mvq_elem_q6kd(m, r, c);
     case MV_T_F32: return ((const float *)m.data)[(size_t)r * m.cols + c];
     case MV_T_F16: return __half2float(((const __half *)m.data)[(size_t)r * m.cols + c]);
     case MV_T_BF16: {
@@ -665,10 +502,10 @@ static inline int mv_rows_per_warp(uint32_t type)
     return (type == MV_T_Q4_K || type == MV_T_Q6_K || type == MV_T_Q8_0) ? 4 : 2;
 }
 
-template <int R, int T, int V = 5>
-static inline void mv_launch_rt(cudaStream_t st, const mv_launch &L, const float *x, const float *sx8 = nullptr)
+template <int R, int T>
+static inline void mv_launch_rt(cudaStream_t st, const mv_launch &L, const float *x)
 {
-    mv_kernel<R, T, V><<<(L.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(L, x, sx8);
+    mv_kernel<R, T><<<(L.n_warps + MV_WARPS - 1) / MV_WARPS, MV_WARPS * 32, 0, st>>>(L, x);
 }
 
 /* Launch L (all segments of one format, warps counted with mv_rows_per_warp, or a SiLU pair
@@ -683,22 +520,6 @@ static inline void mv_launch_typed(cudaStream_t st, const mv_launch &L, const fl
     case MV_T_F16: mv_launch_rt<2, MV_T_F16>(st, L, x); break;
     case MV_T_BF16: mv_launch_rt<2, MV_T_BF16>(st, L, x); break;
     default: mv_launch_rt<2, MV_T_F32>(st, L, x); break;
-    }
-}
-
-/* The v6 choice for Q4_K/Q6_K (other formats: v5). sx8: Σx in groups of 8 for x (mv_sum8), or null
- * to let the kernel sum x in registers. */
-static inline void mv_launch_typed_v6(cudaStream_t st, const mv_launch &L, const float *x, const float *sx8)
-{
-    const bool pair = L.seg[0].op == MV_OP_SILU_MUL;
-    switch (L.seg[0].a.type) {
-    case MV_T_Q4_K:
-        pair ? mv_launch_rt<2, MV_T_Q4_K, 6>(st, L, x, sx8) : mv_launch_rt<4, MV_T_Q4_K, 6>(st, L, x, sx8);
-        break;
-    case MV_T_Q6_K:
-        pair ? mv_launch_rt<2, MV_T_Q6_K, 6>(st, L, x, sx8) : mv_launch_rt<4, MV_T_Q6_K, 6>(st, L, x, sx8);
-        break;
-    default: mv_launch_typed(st, L, x); break;
     }
 }
 

@@ -18,7 +18,36 @@
 #ifndef MUSER_CUDA_MMQ_CUH
 #define MUSER_CUDA_MMQ_CUH
 
-#include "cuda/mvq.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/matvec.cuh"
+
+/* ---- x as exact integers ---------------------------------------------------------------------- */
+/* The group's power-of-two scale *s and this lane's X = rint(v/s), 24-bit signed; all 32 lanes of
+ * the 32-group call it (mmq_prep_warp and mmq6_prep_warp share it: the same integers). With
+ * 2^(e−1) ≤ max|x| < 2^e over the group, s = 2^(e−23) and |x − s·X| ≤ s/2 = 2^−24·2^e: the
+ * rounding an f32 sum of magnitude max|x| makes anyway. Inf or NaN in the group makes s NaN, so
+ * every output that reads it is NaN (fail closed). */
+__device__ __forceinline__ int mmq_group_int(float v, float *s_out)
+{
+    const uint32_t mx = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v) & 0x7FFFFFFFu);
+    float s;
+    int X = 0;
+    if (mx >= 0x7F800000u) {
+        s = __int_as_float(0x7FC00000); /* Inf or NaN in the group: every dot reading it is NaN */
+    } else if (mx == 0) {
+        s = 1.f;
+    } else {
+        /* max|x| < 2^(eb-126) with eb its biased exponent; s = 2^(eb-126-23), at least 2^-126 */
+        int eb = (int)(mx >> 23);
+        if (eb < 23) eb = 23;
+        s = __int_as_float((eb - 22) << 23);
+        const float inv = __int_as_float((149 - eb + 127) << 23);
+        X = __float2int_rn(v * inv);
+        X = max(-8388607, min(8388607, X));
+    }
+    *s_out = s;
+    return X;
+}
 
 /* ---- layouts -------------------------------------------------------------------------------- */
 #define MMQ_UNIT 2304u   /* bytes of one (16-row tile, block) unit: 16 × 144 */
@@ -84,12 +113,12 @@ static __global__ void mmq_repack_q4k(const uint8_t *__restrict__ src, uint8_t *
 
 /* x → digits in B-fragment order, one 32-group (= one Q4_K sub-block): lane l holds v = x[p],
  * p = 32g + l; all 32 lanes call it. Kernels that produce a matvec input with a warp per 32
- * consecutive elements call it as they write x (as mvq_prep_warp for v7's layout). */
+ * consecutive elements call it as they write x. */
 __device__ __forceinline__ void mmq_prep_warp(float v, uint32_t p, uint8_t *__restrict__ buf)
 {
     const uint32_t sub = (p >> 5) & 7, lane = p & 31, b = p >> 8;
     float s;
-    const int X = mvq_group_int(v, &s); /* the same s and X as v7 */
+    const int X = mmq_group_int(v, &s);
     const int e[4] = {X & 127, (X >> 7) & 127, (X >> 14) & 127, X >> 21};
     uint8_t *blk = buf + (size_t)b * MMQ_XBLK;
     /* where this position's digits go: pair P, hi?, position pp in the pair */
@@ -124,56 +153,45 @@ __device__ __forceinline__ void mmq_prep_warp(float v, uint32_t p, uint8_t *__re
  * mmq_prep_q6 in mmq6.cuh), one CTA of MMQ_PREP_T threads per 256-block, a warp per 32-group in
  * turn. K a multiple of 256. 128 threads (~4K registers) fit beside the two CTAs of the persistent
  * gate·up on every SM, so as a programmatic dependent the prep is resident before gate·up ends (256
- * threads did not fit: it launched ~1.7 us after gate·up's end; timeline, H200). ILP: both of a
- * thread's elements are loaded before either is written, so their chains overlap (else one after
- * the other). */
+ * threads did not fit: it launched ~1.7 us after gate·up's end; timeline, H200). Both of a
+ * thread's elements are loaded before either is written, so their chains overlap (+0.3% per
+ * token against one after the other). */
 #define MMQ_PREP_T 128
-template <typename WR, bool ILP>
+template <typename WR>
 static __global__ void __launch_bounds__(MMQ_PREP_T) mmq_prep_kernel(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {
     CU_TL_SCOPE(WR::tag);
-    mvq_trigger();
-    mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
     const uint32_t p0 = 256 * blockIdx.x + threadIdx.x;
-    if (ILP) { /* K % 256 == 0: every element of the block exists */
-        float v[256 / MMQ_PREP_T];
+    (void)K; /* a multiple of 256: every element of the block exists */
+    float v[256 / MMQ_PREP_T];
 #pragma unroll
-        for (int k = 0; k < 256 / MMQ_PREP_T; k++) v[k] = x[p0 + k * MMQ_PREP_T];
+    for (int k = 0; k < 256 / MMQ_PREP_T; k++) v[k] = x[p0 + k * MMQ_PREP_T];
 #pragma unroll
-        for (int k = 0; k < 256 / MMQ_PREP_T; k++) WR::write(v[k], p0 + k * MMQ_PREP_T, buf);
-    } else {
-        for (uint32_t p = p0; p < 256 * blockIdx.x + 256 && p < K; p += MMQ_PREP_T) WR::write(x[p], p, buf);
-    }
+    for (int k = 0; k < 256 / MMQ_PREP_T; k++) WR::write(v[k], p0 + k * MMQ_PREP_T, buf);
 }
 
 /* pdl: as a programmatic dependent of the kernel before it (only where no kernel that may still
  * run then reads buf: see cu_ldx) */
 template <typename WR>
-static inline void mmq_prep_launch_t(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl, bool ilp)
+static inline void mmq_prep_launch_t(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl)
 {
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(K / 256), dim3(MMQ_PREP_T), st, pdl, at);
-    if (ilp) cudaLaunchKernelEx(&cfg, mmq_prep_kernel<WR, true>, x, buf, K);
-    else cudaLaunchKernelEx(&cfg, mmq_prep_kernel<WR, false>, x, buf, K);
+    cudaLaunchKernelEx(&cfg, mmq_prep_kernel<WR>, x, buf, K);
 }
 
 struct mmq_prep_q4 {
     static constexpr int tag = TL_MMQ_PREP;
     static __device__ __forceinline__ void write(float v, uint32_t p, uint8_t *buf) { mmq_prep_warp(v, p, buf); }
 };
-static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false,
-                                   bool ilp = true)
+static inline void mmq_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
 {
-    mmq_prep_launch_t<mmq_prep_q4>(st, x, buf, K, pdl, ilp);
+    mmq_prep_launch_t<mmq_prep_q4>(st, x, buf, K, pdl);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------ */
-__device__ __forceinline__ uint4 mmq_ldw(const void *p)
-{
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
 __device__ __forceinline__ void mmq_mma(int c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
 {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
@@ -191,7 +209,7 @@ struct mmq_w {
 __device__ __forceinline__ void mmq_load(const uint8_t *unit, uint32_t lane, mmq_w &W)
 {
 #pragma unroll
-    for (int u = 0; u < 4; u++) W.q[u] = mmq_ldw(unit + (u * 32 + lane) * 16);
+    for (int u = 0; u < 4; u++) W.q[u] = cu_ldw(unit + (u * 32 + lane) * 16);
     const uint8_t *hd = unit + 2048 + 32 * (lane >> 2);
     W.dd = __ldg((const uint2 *)hd);
     W.sc = __ldg((const uint32_t *)(hd + 8 + 4 * (lane & 3)));
@@ -284,7 +302,7 @@ __device__ __forceinline__ void mmq_rows_f64(double a0, double a1, double *dst, 
 /* A warp's walk over its blocks kw, kw + KW, … < nb (mmq_body, mmq6_body): load(W, ahead) loads the
  * weights of the current block (ahead 0) or of the next (ahead 1) into W[R]; block(W) adds one
  * block's products; step() moves the weight and x cursors one turn on. The first block's weights
- * are loaded before mvq_wait (x only after it); with PF the next block's are loaded before this
+ * are loaded before cu_pdl_wait (x only after it); with PF the next block's are loaded before this
  * block's arithmetic, else after it. */
 template <int R, int KW, bool PF, typename Wt, typename Load, typename Block, typename Step, typename Wait>
 __device__ __forceinline__ void mmq_walk(uint32_t kw, uint32_t nb, Load load, Block block, Step step, Wait wait)
@@ -320,12 +338,14 @@ struct mmq_args {
     uint32_t rows, K;     /* rows of a */
     const uint8_t *x;
     float *out;
+    uint32_t op;          /* MV_OP_STORE or MV_OP_SOFTCAP (not PAIR: that is MV_OP_SILU_MUL) */
+    float scale, cap;     /* MV_OP_SOFTCAP: out = cap·tanh(y·scale/cap), or y·scale if cap == 0 */
 };
 
-/* The wait of a kernel launched as a programmatic dependent (mvq_wait); a persistent grid passes
+/* The wait of a kernel launched as a programmatic dependent (cu_pdl_wait); a persistent grid passes
  * its own (bench/kernels/persist.cu). */
 struct mmq_pdl_wait {
-    __device__ __forceinline__ void operator()() const { mvq_wait(); }
+    __device__ __forceinline__ void operator()() const { cu_pdl_wait(); }
 };
 
 /* R tiles per warp, KW warps per tile set splitting the blocks, PF: next block's weights loaded
@@ -339,7 +359,7 @@ __device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta, Wait w
     constexpr bool PU = PAIR && R == 2;                         /* pair-units */
     constexpr int TPC = PU ? SETS : PAIR ? SETS / 2 : SETS * R; /* output tiles per CTA */
     static_assert(!PAIR || PU || (R == 1 && SETS >= 2), "pair: gate and up sets, or gate and up in each warp");
-    mvq_trigger(); /* programmatic dependent launch as v7: weights first, then wait for x */
+    cu_pdl_trigger(); /* programmatic dependent launch as v7: weights first, then wait for x */
     __shared__ double red[8][R][16];
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid % KW, set = wid / KW;
     const uint32_t nb = A.K / 256, ntile = A.rows / 16;
@@ -391,6 +411,10 @@ __device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta, Wait w
             const uint32_t st = ot / R, rt = ot % R;
             for (int k = 0; k < KW; k++) ys += red[st * KW + k][rt][row16];
             y = (float)ys;
+            if (A.op == MV_OP_SOFTCAP) { /* the LM head, as the general path and mmq6 */
+                y = y * A.scale;
+                if (A.cap > 0.f) y = A.cap * tanhf(y / A.cap);
+            }
         }
         A.out[(size_t)tile * 16 + row16] = y;
     }
@@ -413,16 +437,14 @@ static void mmq_launch(const mmq_args &A, cudaStream_t st = 0, bool pdl = true)
     cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, MINB>, A);
 }
 
-/* The engine's choice per launch (kbench_mma, kbench_stream and the engine, H200): the SiLU pair
- * as pair-units, KW 8 (sets: gate and up warp sets KW 4, MUSER_CUDA_GU=sets; the engine's default
- * is mmq_pair_persist below); the LM-head-sized
- * launches (≥ 65536 rows) R 1 KW 2; the per-layer shapes R 2 KW 8. Loading the next block first
- * (PF) lost 2-10% in the engine on the pair and the per-layer shapes (bench/kernels/NOTES.md). */
-static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st, bool pdl, bool pair_sets = false,
-                                   int n_sm = 0)
+/* The route's choice per launch (kbench_mma, kbench_stream and the engine, H200): the SiLU pair
+ * as pair-units, KW 8, one CTA per 8 tiles (where mmq_pair_persist below cannot take it); the
+ * LM-head-sized launches (≥ 65536 rows) R 1 KW 2; the per-layer shapes R 2 KW 8. Loading the next
+ * block first (PF) lost 2-10% in the engine on the pair and the per-layer shapes
+ * (bench/kernels/NOTES.md). */
+static inline void mmq_launch_auto(const mmq_args &A, bool pair, cudaStream_t st, bool pdl, int n_sm = 0)
 {
-    if (pair && !pair_sets) mmq_launch<2, 8, false, true>(A, st, pdl);
-    else if (pair) mmq_launch<1, 4, false, true>(A, st, pdl);
+    if (pair) mmq_launch<2, 8, false, true>(A, st, pdl);
     else if (A.rows >= 65536) mmq_launch<1, 2, false, false>(A, st, pdl);
     /* more CTAs than 2 per SM hold (the 8704-row stack with v: 272 for 264): the 80-register build
      * at 3 per SM runs them in one wave instead of a second of 8 (timeline, H200: 15.7 -> 12.2 us;
@@ -458,7 +480,7 @@ __device__ __forceinline__ void mpp_flush(double sum[2][2], double *dst, uint32_
 template <typename Wait = mmq_pdl_wait>
 __device__ __forceinline__ void mpp_body(const mmq_args &A, uint32_t cta, uint32_t grid, double *mpp_red, Wait wait = Wait())
 {
-    mvq_trigger();
+    cu_pdl_trigger();
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = A.K / 256, ntile = A.rows / 16;
     const uint32_t t0 = (uint32_t)((uint64_t)cta * ntile / grid);
     const uint32_t t1 = (uint32_t)((uint64_t)(cta + 1) * ntile / grid);

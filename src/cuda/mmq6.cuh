@@ -137,7 +137,7 @@ __device__ __forceinline__ void mmq6_prep_warp(float v, uint32_t p, uint8_t *__r
     const uint32_t e = p & 31, c = (p >> 5) & 7;
     uint8_t *blk = buf + (size_t)(p >> 8) * MMQ6_XBLK;
     float s;
-    const int X = mvq_group_int(v, &s);
+    const int X = mmq_group_int(v, &s);
     const uint32_t D = (uint32_t)(X & 127) | (uint32_t)((X >> 7) & 127) << 8 | (uint32_t)((X >> 14) & 127) << 16 |
                        (uint32_t)(X >> 21) << 24; /* byte d = digit d (e3 signed) */
     uint32_t Dj[4];
@@ -160,10 +160,9 @@ struct mmq_prep_q6 {
     static constexpr int tag = TL_MMQ6_PREP;
     static __device__ __forceinline__ void write(float v, uint32_t p, uint8_t *buf) { mmq6_prep_warp(v, p, buf); }
 };
-static inline void mmq6_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false,
-                                    bool ilp = true)
+static inline void mmq6_prep_launch(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl = false)
 {
-    mmq_prep_launch_t<mmq_prep_q6>(st, x, buf, K, pdl, ilp);
+    mmq_prep_launch_t<mmq_prep_q6>(st, x, buf, K, pdl);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------ */
@@ -205,9 +204,9 @@ __device__ __forceinline__ mmq6_off mmq6_lane_off(uint32_t lane)
 __device__ __forceinline__ void mmq6_load(const uint8_t *q, const mmq6_off &o, mmq6_w &W)
 {
 #pragma unroll
-    for (int u = 0; u < 6; u++) W.q[u] = mmq_ldw(q + u * 512);
-    W.sc = mmq_ldw(q + o.sc);
-    W.d = mvq_ldw32(q + o.d);
+    for (int u = 0; u < 6; u++) W.q[u] = cu_ldw(q + u * 512);
+    W.sc = cu_ldw(q + o.sc);
+    W.d = cu_ldw32(q + o.d);
 }
 
 /* int8 byte k of w as f32 */
@@ -222,7 +221,7 @@ __device__ __forceinline__ void mmq6_block(const mmq6_w W[R], const uint8_t *xq,
     float part[R][2];
 #pragma unroll
     for (int j = 0; j < 4; j++) { /* chunk pairs: x loaded as it is used (registers) */
-        const uint4 B = cu_ldx<uint4>(xq + j * 512); /* x after mvq_wait: see cu_ldx in mvq.cuh */
+        const uint4 B = cu_ldx<uint4>(xq + j * 512); /* x after cu_pdl_wait: see cu_ldx in launch.cuh */
         const float2 se = cu_ldx<float2>(xs + 8 * j);
 #pragma unroll
         for (int c2 = 0; c2 < 2; c2++) {
@@ -232,14 +231,14 @@ __device__ __forceinline__ void mmq6_block(const mmq6_w W[R], const uint8_t *xq,
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 uint32_t a[4];
-                mmq6_decode(mvq_w(W[r].q[c >> 2], c & 3), mvq_w(W[r].q[2 + (c >> 2)], c & 3), mvq_w(W[r].q[4 + (c >> 2)], c & 3),
+                mmq6_decode(cu_word(W[r].q[c >> 2], c & 3), cu_word(W[r].q[2 + (c >> 2)], c & 3), cu_word(W[r].q[4 + (c >> 2)], c & 3),
                             a);
                 int C[4];
                 mmq6_mma(C, a, b0, b1);
                 /* exact integers, exact f32 (multiple of 4 below 2^25, or below 2^20), exact × s_eff */
                 const float vg = s * (float)(C[0] + 128 * C[1]);
                 const float vg8 = s * (float)(C[2] + 128 * C[3]);
-                const uint32_t sw = mvq_w(W[r].sc, j);
+                const uint32_t sw = cu_word(W[r].sc, j);
                 const float sg = mmq6_s8f(sw, 2 * c2), sg8 = mmq6_s8f(sw, 2 * c2 + 1);
                 part[r][0] = c == 0 ? sg * vg : fmaf(sg, vg, part[r][0]);
                 part[r][1] = c == 0 ? sg8 * vg8 : fmaf(sg8, vg8, part[r][1]);
@@ -271,7 +270,7 @@ __device__ __forceinline__ void mmq6_body(const mmq6_args &A, uint32_t cta)
 {
     constexpr int SETS = NW / KW;
     constexpr int TPC = SETS * R; /* output tiles per CTA */
-    mvq_trigger(); /* weights first, then wait for x */
+    cu_pdl_trigger(); /* weights first, then wait for x */
     __shared__ double red[NW][R][16];
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid % KW, set = wid / KW;
     const uint32_t nb = A.K / 256, ntile = A.rows / 16;
@@ -313,7 +312,7 @@ __device__ __forceinline__ void mmq6_body(const mmq6_args &A, uint32_t cta)
         double ys = 0;
         for (int k = 0; k < KW; k++) ys += red[st * KW + k][rt][row16];
         float y = (float)ys;
-        if (A.op == MV_OP_SOFTCAP) { /* as mvq_kernel */
+        if (A.op == MV_OP_SOFTCAP) { /* the LM head, as the general path */
             y = y * A.scale;
             if (A.cap > 0.f) y = A.cap * tanhf(y / A.cap);
         }
@@ -328,7 +327,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) mmq6_kernel(const mmq6_args A)
 }
 
 /* MINB = 0: CTAs per SM for ~64 registers per thread (R 1), ~128 (R 2 or PF). pdl: programmatic
- * stream serialization (see mvq_wait). */
+ * stream serialization (see cu_pdl_wait). */
 template <int R, int KW, int NW, bool PF, int MINB_ = 0>
 static cudaError_t mmq6_launch(const mmq6_args &A, cudaStream_t st = 0, bool pdl = true)
 {
@@ -350,10 +349,9 @@ static inline cudaError_t mmq6_launch_auto(const mmq6_args &A, cudaStream_t st, 
 
 /* ffn_down (416 tiles on Glimmer): one tile per CTA of 4 warps at 4 CTAs per SM, so the tiles run
  * in one wave (528 slots on 132 SMs) instead of mmq6_launch_auto's two of 264 (H200, interleaved:
- * +0.5% per token; the same bits, the sums being f64); k8: mmq6_launch_auto's shape. */
-static inline cudaError_t mmq6_launch_down(const mmq6_args &A, cudaStream_t st, bool pdl, bool k8)
+ * +0.5% per token; the same bits, the sums being f64). */
+static inline cudaError_t mmq6_launch_down(const mmq6_args &A, cudaStream_t st, bool pdl)
 {
-    if (k8) return mmq6_launch_auto(A, st, pdl);
     return mmq6_launch<1, 4, 4, false, 4>(A, st, pdl);
 }
 

@@ -8,18 +8,6 @@
 
 #include <cooperative_groups.h>
 
-__device__ static double block_sum(double v, double *sh)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads(); /* sh reused across calls */
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    double t = 0;
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += sh[i];
-    return t;
-}
-
 /* The tail runs on a cluster of blocks (one per SM) sharing the two sums of squares
  * through distributed shared memory: a single block spent ~8.5 us per tail on load latency and
  * 32-warp reductions (ncu, H200), 104 tails a token. Block r owns the 32-aligned slice
@@ -37,23 +25,6 @@ __device__ static double block_sum(double v, double *sh)
 #define TAIL_CL_WIDE 16
 #define TAIL_T_WIDE 512
 /* E <= 8192 (checked at context creation): each thread at most PER = 8192 / (blocks · threads) */
-
-/* Sum of v over the cluster, v1: block partial into slot[0] of every block's shared memory, then
- * each block adds the CL slots in rank order; two cluster barriers (the second keeps the slot
- * alive until every block has read it). */
-template <int CL>
-__device__ static double cluster_sum(double v, double *sh, double *slot)
-{
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    const double b = block_sum(v, sh);
-    if (threadIdx.x == 0) *slot = b;
-    cl.sync();
-    double t = 0;
-    for (unsigned r = 0; r < CL; r++) t += *cl.map_shared_rank(slot, r);
-    cl.sync(); /* slots are reused by the next sum; no block leaves while others read its slot */
-    return t;
-}
 
 /* s[0] + … + s[n − 1] in index order, or (tree) pairwise over N >= n slots (the missing ones 0):
  * log2 N dependent adds instead of n */
@@ -83,7 +54,7 @@ __device__ __forceinline__ double sum_tree(const double *s, int n)
  * slots and sh are used once per kernel: nothing is overwritten, so no second barrier; a block may
  * leave after its last barrier, since every store into its shared memory precedes that barrier. */
 template <int CL>
-__device__ static double cluster_sum_push(double v, double *sh, double *slots, int tree)
+__device__ static double cluster_sum(double v, double *sh, double *slots, int tree)
 {
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
@@ -100,19 +71,23 @@ __device__ static double cluster_sum_push(double v, double *sh, double *slots, i
 }
 
 /* EMB: the embedding entry instead (cu_embed_norm): y = row *d_token of emb, h = 0 before, the
- * post weights ones (the entry norm is weightless): h = rmsnorm(y) (or y without the entry norm). */
-/* CL blocks of T threads, one cluster (its dimension given at launch: tail_cfg), each thread at
- * most PER elements. */
-template <bool PUSH, bool EMB, int CL = TAIL_CL, int T = TAIL_T, int PER = (8192 + CL * T - 1) / (CL * T)>
+ * post weights ones (the entry norm is weightless): h = rmsnorm(y) (or y without the entry norm).
+ * CL blocks of T threads, one cluster (its dimension given at launch: tail_cfg), each thread at
+ * most PER elements.
+ * The tails add the block and cluster partials pairwise and take each scale as the f64
+ * rsqrt(Σ·inv_e + eps), inv_e = 1/E divided once on the host (+0.3-0.4% per token against serial
+ * sums and 1/sqrt(Σ/E + eps)). The embedding entry keeps the serial sums and 1/sqrt: its bits
+ * are those every earlier release gave (the two forms differ in the last f32 bit of a scale
+ * where the f64 value sits within a few ulps of a rounding boundary), and it runs once a token. */
+template <bool EMB, int CL = TAIL_CL, int T = TAIL_T, int PER = (8192 + CL * T - 1) / (CL * T)>
 __global__ void __launch_bounds__(T)
     k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next,
            float eps_next, int sandwich, uint32_t E, cu_digits dg, int trigger, const mv_mat emb, const int32_t *d_token,
-           int fast, double inv_e)
+           double inv_e)
 {
-    /* fast: the pairwise cluster sums (PUSH) and each scale as rsqrt(Σ·inv_e + eps) in f64, inv_e =
-     * 1/E divided once on the host */
+    constexpr bool fast = !EMB;
     CU_TL_SCOPE(EMB ? TL_EMBED : TL_TAIL);
-    if (trigger) mvq_trigger(); /* the matvec after this tail may launch now (see cu_tail) */
+    if (trigger) cu_pdl_trigger(); /* the matvec after this tail may launch now (see cu_tail) */
     __shared__ double sh[2][32];
     __shared__ double slots[2][CL];
     const uint32_t S = ((E + CL * 32 - 1) / (CL * 32)) * 32; /* slice, a multiple of 32 */
@@ -126,7 +101,7 @@ __global__ void __launch_bounds__(T)
         wp[k] = EMB ? 1.f : in && sandwich ? w_post[i] : 0.f;
         wn[k] = in ? w_next[i] : 0.f;
     }
-    mvq_wait(); /* a no-op unless launched with programmatic stream serialization */
+    cu_pdl_wait(); /* a no-op unless launched with programmatic stream serialization */
 #pragma unroll
     for (int k = 0; k < PER; k++) {
         const uint32_t i = lo + threadIdx.x + k * T;
@@ -144,7 +119,7 @@ __global__ void __launch_bounds__(T)
         double ss = 0;
 #pragma unroll
         for (int k = 0; k < PER; k++) ss += (double)yv[k] * yv[k];
-        ss = PUSH ? cluster_sum_push<CL>(ss, sh[0], slots[0], fast) : cluster_sum<CL>(ss, sh[0], &slots[0][0]);
+        ss = cluster_sum<CL>(ss, sh[0], slots[0], fast);
         r1 = fast ? (float)rsqrt(fma(ss, inv_e, (double)eps_post)) : (float)(1.0 / sqrt(ss / E + eps_post));
     }
     double ss = 0;
@@ -158,7 +133,7 @@ __global__ void __launch_bounds__(T)
             ss += (double)hv[k] * hv[k];
         }
     }
-    ss = PUSH ? cluster_sum_push<CL>(ss, sh[1], slots[1], fast) : cluster_sum<CL>(ss, sh[1], &slots[1][0]);
+    ss = cluster_sum<CL>(ss, sh[1], slots[1], fast);
     const float r2 = fast ? (float)rsqrt(fma(ss, inv_e, (double)eps_next)) : (float)(1.0 / sqrt(ss / E + eps_next));
 #pragma unroll
     for (int k = 0; k < PER; k++) {
@@ -172,7 +147,7 @@ __global__ void __launch_bounds__(T)
 }
 
 typedef void (*tail_fn)(const float *, float *, float *, const float *, float, const float *, float, int, uint32_t, cu_digits,
-                        int, const mv_mat, const int32_t *, int, double);
+                        int, const mv_mat, const int32_t *, double);
 /* A tail's launch: TAIL_CL blocks of TAIL_T threads, or (wide) TAIL_CL_WIDE of TAIL_T_WIDE, as one
  * cluster; pdl as cu_pdl_cfg. at: 2 attributes. */
 static cudaLaunchConfig_t tail_cfg(bool wide, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
@@ -189,36 +164,32 @@ static cudaLaunchConfig_t tail_cfg(bool wide, cudaStream_t st, bool pdl, cudaLau
 }
 
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl, bool push,
-             bool trigger, bool wide, bool fast)
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool trigger, bool wide)
 {
-    /* E <= 8192 is checked at context creation. pdl: the blocks may
-     * start while the matvec before them runs (it triggers at its start); they read only the norm
-     * weights before griddepcontrol.wait, and write nothing before it. */
+    /* E <= 8192 is checked at context creation. The blocks may start while the matvec before them
+     * runs (it triggers at its start, and the tail is its programmatic dependent); they read only
+     * the norm weights before griddepcontrol.wait, and write nothing before it. */
     const mv_mat none = {NULL, 0, 0, 0};
-    const tail_fn k = wide ? (push ? k_tail<true, false, TAIL_CL_WIDE, TAIL_T_WIDE> : k_tail<false, false, TAIL_CL_WIDE, TAIL_T_WIDE>)
-                           : (push ? k_tail<true, false> : k_tail<false, false>);
+    const tail_fn k = wide ? k_tail<false, TAIL_CL_WIDE, TAIL_T_WIDE> : k_tail<false>;
     cudaLaunchAttribute at[2];
-    cudaLaunchConfig_t cfg = tail_cfg(wide, st, pdl, at);
+    cudaLaunchConfig_t cfg = tail_cfg(wide, st, true, at);
     cudaLaunchKernelEx(&cfg, k, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, dg, (int)trigger, none,
-                       (const int32_t *)NULL, (int)fast, 1.0 / E);
+                       (const int32_t *)NULL, 1.0 / E);
 }
 
 bool cu_tail_wide_ok(void)
 {
-    const tail_fn ks[2] = {k_tail<true, false, TAIL_CL_WIDE, TAIL_T_WIDE>, k_tail<false, false, TAIL_CL_WIDE, TAIL_T_WIDE>};
-    for (int i = 0; i < 2; i++) {
-        if (cudaFuncSetAttribute(ks[i], cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-            cudaGetLastError();
-            return false;
-        }
-        cudaLaunchAttribute at[2];
-        cudaLaunchConfig_t cfg = tail_cfg(true, 0, false, at);
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, ks[i], &cfg) != cudaSuccess || n < 1) {
-            cudaGetLastError();
-            return false;
-        }
+    const tail_fn k = k_tail<false, TAIL_CL_WIDE, TAIL_T_WIDE>;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    cudaLaunchAttribute at[2];
+    cudaLaunchConfig_t cfg = tail_cfg(true, 0, false, at);
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess || n < 1) {
+        cudaGetLastError();
+        return false;
     }
     return true;
 }
@@ -230,8 +201,8 @@ void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, f
 {
     cudaLaunchAttribute at[2];
     cudaLaunchConfig_t cfg = tail_cfg(false, st, false, at);
-    cudaLaunchKernelEx(&cfg, k_tail<true, true>, (const float *)NULL, h, a, (const float *)NULL, entry_eps, w_norm, eps,
-                       (int)entry_norm, E, dg, (int)trigger, *emb, d_token, 0, 1.0 / E);
+    cudaLaunchKernelEx(&cfg, k_tail<true>, (const float *)NULL, h, a, (const float *)NULL, entry_eps, w_norm, eps,
+                       (int)entry_norm, E, dg, (int)trigger, *emb, d_token, 1.0 / E);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)

@@ -2,7 +2,8 @@
  *
  * One file per family: norm.cu (embedding + entry norm, the dual-eps fused tails, argmax),
  * attention.cu (QK-norm + RoPE + KV store, flash-decoding split attention, split combine with the
- * sigmoid gate). matvec.cuh holds the bandwidth kernel. Every kernel reads the token position
+ * sigmoid gate). The matvecs: mmq.cuh (Q4_K) and mmq6.cuh (Q6_K) on tensor cores, matvec.cuh the
+ * general path for every other format and shape. Every kernel reads the token position
  * and the KV plane metadata from device memory (cu_step), so one recorded graph serves every
  * token. */
 #ifndef MUSER_CUDA_OPS_CUH
@@ -12,7 +13,9 @@
 #include <stdint.h>
 
 #include "cuda/attention.h" /* CU_ATTN_*, the C entry point for tests */
-#include "cuda/mmq.cuh"       /* and mvq.cuh, matvec.cuh */
+#include "cuda/launch.cuh"
+#include "cuda/matvec.cuh"
+#include "cuda/mmq.cuh"
 #include "cuda/mmq6.cuh"
 
 /* KV plane metadata as the kernels see it (SPEC §3; mirrors kv_plane after this token's append). */
@@ -35,23 +38,22 @@ typedef struct cu_attn_geom {
     bool ring;             /* SWA ring (token-major) or FULL plane (head-major) */
     uint32_t n_split;      /* blocks per KV head */
     float scale;
-    int impl;              /* CU_ATTN_TC or CU_ATTN_V1 (MUSER_CUDA_ATTN, cu_attn_impl_parse) */
+    int impl;              /* CU_ATTN_TC (the route: tc where the geometry allows, else v1) or CU_ATTN_V1 */
 } cu_attn_geom;
 
 /* Split-attention kernels: CU_ATTN_TC / CU_ATTN_V1 in cuda/attention.h. */
 
-/* The matvec input digits a kernel writes as it produces x, each layout nullable: v7's
- * (mvq_prep_warp), v8's Q4_K (mmq_prep_warp), v8's Q6_K (mmq6_prep_warp); whichever the
- * matrices reading x next take, so they need no prep launch. */
+/* The matvec input digits a kernel writes as it produces x, each layout nullable: the Q4_K
+ * tensor-core layout (mmq_prep_warp), the Q6_K one (mmq6_prep_warp); whichever the matrices
+ * reading x next take, so they need no prep launch. */
 typedef struct cu_digits {
-    uint8_t *v7, *q4, *q6;
+    uint8_t *q4, *q6;
 } cu_digits;
 
 /* One 32-group's digits: all 32 lanes of a warp call it, lane l with v = x[p], p = 32g + l
  * (the layouts with q4 or q6 need x's length a multiple of 256). */
 __device__ __forceinline__ void cu_digits_write(const cu_digits d, float v, uint32_t p)
 {
-    if (d.v7) mvq_prep_warp(v, p, d.v7);
     if (d.q4) mmq_prep_warp(v, p, d.q4);
     if (d.q6) mmq6_prep_warp(v, p, d.q6);
 }
@@ -61,18 +63,13 @@ __device__ __forceinline__ void cu_digits_write(const cu_digits d, float v, uint
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
                    const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg,
                    bool trigger);
-/* dg: also write a as matvec input digits (cu_digits).
- * pdl: launch with programmatic stream serialization (after a matvec, which triggers early);
- * push: the one-barrier cluster sums (false: v1's two barriers; the same bits); wide: 16 blocks
- * of 512 threads instead of 8 of 256 (only where cu_tail_wide_ok) */
-/* trigger: let the next kernel launch at this one's start (programmatic dependent launch); only
- * when that kernel's x (dg) is a buffer no kernel that may still run reads (backend.cu, XS_*).
- * fast: each norm's scale as the f64 rsqrt of Σ·(1/E) + eps instead of 1/sqrt(Σ/E + eps) (f64
- * either way, so its f32 scale differs only where the f64 value sits within a few ulps of an f32
- * rounding boundary) and, with push, the block and cluster partials added pairwise */
+/* h += rmsnorm(y, w_post, eps_post) (sandwich; else h += y), a = rmsnorm(h, w_next, eps_next).
+ * Launched as a programmatic dependent of the matvec before it. dg: also write a as matvec input
+ * digits (cu_digits). trigger: let the next kernel launch at this one's start; only when that
+ * kernel's x (dg) is a buffer no kernel that may still run reads (backend.cu, XS_*). wide: 16
+ * blocks of 512 threads instead of 8 of 256 (only where cu_tail_wide_ok). */
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool pdl, bool push,
-             bool trigger, bool wide, bool fast);
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool trigger, bool wide);
 /* Whether the device places the tails' wide cluster (16 blocks of 512: cu_tail's wide) */
 bool cu_tail_wide_ok(void);
 void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
@@ -107,8 +104,6 @@ int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_
 int cu_rope_inv_table(double *t, float theta, uint32_t D);
 /* Whether cu_attention can take a fuse for this geometry (the tc split kernel: GQA 16:1, D 128). */
 bool cu_attn_fusable(const cu_attn_geom *g);
-/* MUSER_CUDA_ATTN value -> CU_ATTN_*: NULL or "" -> the default, "tc", "v1"; -1 if unknown. */
-int cu_attn_impl_parse(const char *s);
 /* Fill rows [0, n) of a plane with random f16 (benchmarks at depth; never zeros). */
 void cu_fill_plane_random(cudaStream_t st, uint16_t *p, uint64_t n_elems, uint32_t seed);
 /* Streaming-read kernel: bytes/time is the read ceiling the bench reports against. */

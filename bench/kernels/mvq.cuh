@@ -1,4 +1,10 @@
-/* mvq.cuh — v7, the integer-digit K-quant matvec (MUSER_CUDA_MATVEC=v7, the default).
+/* mvq.cuh — workbench entry: v7, the integer-digit K-quant matvec (DP4A), the route's matvec before
+ * the tensor-core kernels (src/cuda/mmq.cuh, mmq6.cuh) took its numerics onto mma.sync. Measured
+ * (H200, kbench_mma, bench/kernels/NOTES.md "mma"): Q4_K 6656→4096 33%, 6656→19968 57%,
+ * 19968→6656 66%, the 6656→202048 head 82% of the streaming read, against the tensor-core kernel's
+ * 45 / 73 / 77 / 96% on the same data; in the engine (one run, bench/RESULTS.md history) v7
+ * everywhere decoded Glimmer at 145.4 tok/s where the first tensor-core route gave 160.0 (today's
+ * route: 191.7). kbench_matvec, kbench_mma and kbench_mma6 time it beside its successors.
  *
  * Why: the f32 kernels of matvec.cuh spend 4.4–5.7 instructions per Q4_K weight turning nibbles
  * into floats (PRMT + FADD/FFMA per weight), so they are issue-bound near 1.8 TB/s, while the
@@ -40,52 +46,11 @@
 #define MUSER_CUDA_MVQ_CUH
 
 #include "cuda/matvec.cuh"
-#include "cuda/timeline.cuh"
+#include "cuda/mmq.cuh" /* mmq_group_int, and launch.cuh */
 
-/* ---- programmatic dependent launch ---------------------------------------------------------- */
-/* The matvec is launched with programmatic stream serialization: its blocks may start while the
- * previous kernel (the prep of its x, a tail, or another matvec) is still running. Everything
- * before mvq_wait reads only weights, which no kernel writes; everything after it may read the
- * predecessor's output. The preps and the matvecs let their own dependents start early with
- * mvq_trigger, and so do the tails and the embedding entry where the route gives every matvec
- * input site its own digit buffers (see cu_ldx). */
-__device__ __forceinline__ void mvq_wait()
-{
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    CU_TL_WAITED();
-}
-__device__ __forceinline__ void mvq_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-/* A matvec's load of its prepared x, which the kernel before it wrote: the non-coherent path
- * (__ldg), 1.6% faster per token than a plain load (H200, interleaved). The invariant that makes it
- * safe: no kernel that may still be running when the matvec launches reads the matvec's x buffer.
- * Otherwise such a kernel, on the same SM, can pull the buffer's old contents into L1 through this
- * path after the matvec's launch, and a load after griddepcontrol.wait hits that stale line (the
- * two "PDL breaks v7" results in bench/kernels/NOTES.md). It holds when the producer of x does not
- * trigger early (every kernel older than it has finished at the matvec's launch), or when, as in
- * the v8 route (backend.cu, XS_*), each input site has its own buffer whose previous reader ran a
- * whole layer earlier, behind kernels that never trigger early. */
-template <typename T>
-__device__ __forceinline__ T cu_ldx(const void *p)
-{
-    return __ldg((const T *)p);
-}
-
-/* A launch configuration of grid × block on st, with programmatic stream serialization when pdl
- * (the kernel then may start while its predecessor runs; see mvq_wait). at: storage for the
- * attribute. Any kernel launched this way must call mvq_wait before it reads what its
- * predecessor writes, or writes what its predecessor reads. */
-static inline cudaLaunchConfig_t cu_pdl_cfg(dim3 grid, dim3 block, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.stream = st;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cfg;
-}
+/* Device-only layouts of v7: Q4_K and Q6_K repacked into planes, same bytes. */
+#define MV_T_Q4_KD 112u
+#define MV_T_Q6_KD 114u
 
 /* ---- prepared x --------------------------------------------------------------------------- */
 /* Records of 128 positions (a half block), MVQ_REC bytes each:
@@ -114,36 +79,13 @@ __host__ __device__ inline mvq_x mvq_x_at(const uint8_t *buf, uint32_t K)
 
 /* One 32-group of x into buf: lane l holds v = x[p], p = 32g + l; all 32 lanes call it. Kernels
  * that produce a matvec input with a warp per 32 consecutive elements (the tails, the embedding
- * norm, the attention combine) call it as they write x, so the matvec needs no prep launch. */
-/* The group's power-of-two scale *s and this lane's X = rint(v/s), 24-bit signed; all 32 lanes of
- * the group call it (v7's mvq_prep_warp and v8's mmq_prep_warp share it: the same integers). */
-__device__ __forceinline__ int mvq_group_int(float v, float *s_out)
-{
-    const uint32_t mx = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(v) & 0x7FFFFFFFu);
-    float s;
-    int X = 0;
-    if (mx >= 0x7F800000u) {
-        s = __int_as_float(0x7FC00000); /* Inf or NaN in the group: every dot reading it is NaN */
-    } else if (mx == 0) {
-        s = 1.f;
-    } else {
-        /* max|x| < 2^(eb-126) with eb its biased exponent; s = 2^(eb-126-23), at least 2^-126 */
-        int eb = (int)(mx >> 23);
-        if (eb < 23) eb = 23;
-        s = __int_as_float((eb - 22) << 23);
-        const float inv = __int_as_float((149 - eb + 127) << 23);
-        X = __float2int_rn(v * inv);
-        X = max(-8388607, min(8388607, X));
-    }
-    *s_out = s;
-    return X;
-}
-
+ * norm, the attention combine) called it as they wrote x, when v7 was the route's matvec. The
+ * group's s and X are mmq_group_int's (src/cuda/mmq.cuh): the same integers as v8. */
 __device__ __forceinline__ void mvq_prep_warp(float v, uint32_t p, uint8_t *__restrict__ buf)
 {
     const uint32_t lane = p & 31;
     float s;
-    const int X = mvq_group_int(v, &s);
+    const int X = mmq_group_int(v, &s);
     uint8_t *r = buf + (size_t)(p >> 7) * MVQ_REC;
     const uint32_t w = p & 127;
     r[w] = (uint8_t)(X & 255);
@@ -160,8 +102,8 @@ __device__ __forceinline__ void mvq_prep_warp(float v, uint32_t p, uint8_t *__re
 static __global__ void __launch_bounds__(256) mvq_prep(const float *x, uint8_t *__restrict__ buf, uint32_t K)
 {
     CU_TL_SCOPE(TL_MVQ_PREP);
-    mvq_trigger();
-    mvq_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
     const uint32_t g = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (g >= K / 32) return;
     const uint32_t p = 32 * g + (threadIdx.x & 31);
@@ -181,22 +123,6 @@ __device__ __forceinline__ int mvq_dp4a_us(uint32_t a, uint32_t b, int c)
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
-/* Weights are read once: keep them out of L1 (x lives there). */
-__device__ __forceinline__ uint4 mvq_ldw(const void *p)
-{
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-__device__ __forceinline__ uint32_t mvq_ldw32(const void *p)
-{
-    uint32_t v;
-    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ uint32_t mvq_w(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 /* Small non-negative int to float without I2F: 0x4B000000 | v is 2^23 + v. */
 __device__ __forceinline__ float mvq_small(uint32_t v) { return __int_as_float((int)(0x4B000000u | v)) - 8388608.f; }
@@ -239,9 +165,9 @@ struct mvq_acc {
 };
 __device__ __forceinline__ void mvq_acc4(mvq_acc &A, uint32_t qw, const uint4 D[3], int w)
 {
-    A.a0 = mvq_dp4a_uu(qw, mvq_w(D[0], w), A.a0);
-    A.a1 = mvq_dp4a_uu(qw, mvq_w(D[1], w), A.a1);
-    A.a2 = mvq_dp4a_us(qw, mvq_w(D[2], w), A.a2);
+    A.a0 = mvq_dp4a_uu(qw, cu_word(D[0], w), A.a0);
+    A.a1 = mvq_dp4a_uu(qw, cu_word(D[1], w), A.a1);
+    A.a2 = mvq_dp4a_us(qw, cu_word(D[2], w), A.a2);
 }
 /* s·Σ q·X as f32: the two converted parts add with one rounding. */
 __device__ __forceinline__ float mvq_val(const mvq_acc &A, float s)
@@ -263,9 +189,9 @@ struct mvq_q4p {
 };
 __device__ __forceinline__ void mvq_q4k_load(const mvq_q4p &P, mvq_q4w &W)
 {
-    W.hdr = mvq_ldw(P.hdr);
-    W.qa = mvq_ldw(P.qs);
-    W.qb = mvq_ldw(P.qs + 64);
+    W.hdr = cu_ldw(P.hdr);
+    W.qa = cu_ldw(P.qs);
+    W.qb = cu_ldw(P.qs + 64);
 }
 /* d·(sc0·Pl + sc1·Ph) − dmin·(m0·Σx_j0 + m1·Σx_j1) */
 __device__ __forceinline__ float mvq_q4k_finish(const uint4 &hdr, uint32_t c, float Pl, float Ph, float Sl, float Sh)
@@ -301,7 +227,7 @@ __device__ __forceinline__ void mvq_q4k_compute(const mvq_q4w W[R], const mvq_xp
             const uint4 &src = (k & 1) ? W[r].qb : W[r].qa;
             const uint32_t mask = k < 2 ? 0x0F0F0F0Fu : 0xF0F0F0F0u;
 #pragma unroll
-            for (int w = 0; w < 4; w++) mvq_acc4(A[r], mvq_w(src, w) & mask, D, w);
+            for (int w = 0; w < 4; w++) mvq_acc4(A[r], cu_word(src, w) & mask, D, w);
             if (k == 1) Pl[r] = mvq_val(A[r], s.x);
             if (k == 3) acc[r] += mvq_q4k_finish(W[r].hdr, c, Pl[r], mvq_val(A[r], s.y * 0.0625f), S.x + S.y, S.z + S.w);
         }
@@ -321,16 +247,16 @@ struct mvq_q6p {
 };
 __device__ __forceinline__ void mvq_q6k_load(const mvq_q6p &P, mvq_q6w &W)
 {
-    W.qa = mvq_ldw(P.ql);
-    W.qb = mvq_ldw(P.ql + 64);
-    W.h = mvq_ldw(P.qh);
-    W.s4 = mvq_ldw32(P.sc);
+    W.qa = cu_ldw(P.ql);
+    W.qb = cu_ldw(P.ql + 64);
+    W.h = cu_ldw(P.qh);
+    W.s4 = cu_ldw32(P.sc);
     W.d = __half2float(*P.d);
 }
 /* The 6-bit values of chunk k, word w: low nibble from ql, two high bits from qh at bits 4-5. */
 __device__ __forceinline__ uint32_t mvq_q6_word(const mvq_q6w &W, int k, int w)
 {
-    const uint32_t a = mvq_w(W.qa, w), bq = mvq_w(W.qb, w), hw = mvq_w(W.h, w);
+    const uint32_t a = cu_word(W.qa, w), bq = cu_word(W.qb, w), hw = cu_word(W.h, w);
     switch (k) {
     case 0: return (a & 0x0F0F0F0Fu) | ((hw << 4) & 0x30303030u);
     case 1: return (bq & 0x0F0F0F0Fu) | ((hw << 2) & 0x30303030u);
@@ -376,7 +302,7 @@ __device__ __forceinline__ void mvq_dot_rows(const mv_mat *const mk[R], const ui
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
     if (b0 >= nb) { /* no block for this lane (K < 2048): nothing to read */
-        mvq_wait();
+        cu_pdl_wait();
         return;
     }
     mvq_xp X = mvq_xp_at(q, b0, c);
@@ -401,7 +327,7 @@ __device__ __forceinline__ void mvq_dot_rows(const mv_mat *const mk[R], const ui
                 P[r].sc += 8 * 16;
                 P[r].d += 8;
             }
-            if (b == b0) mvq_wait(); /* x is the previous kernel's output */
+            if (b == b0) cu_pdl_wait(); /* x is the previous kernel's output */
             mvq_q6k_compute<R>(W, X, acc);
             mvq_xp_next(X);
             if ((b += 8) >= nb) break;
@@ -422,7 +348,7 @@ __device__ __forceinline__ void mvq_dot_rows(const mv_mat *const mk[R], const ui
                 P[r].qs += 8 * 128;
                 P[r].hdr += 8 * 16;
             }
-            if (b == b0) mvq_wait(); /* x is the previous kernel's output */
+            if (b == b0) cu_pdl_wait(); /* x is the previous kernel's output */
             mvq_q4k_compute<R>(W, X, c, acc);
             mvq_xp_next(X);
             if ((b += 8) >= nb) break;
@@ -446,7 +372,7 @@ template <int R, uint32_t T>
 __global__ void __launch_bounds__(MV_WARPS * 32, 2) mvq_kernel(const mv_launch L, const uint8_t *xbuf, uint32_t K)
 {
     CU_TL_SCOPE(TL_MVQ);
-    mvq_trigger();
+    cu_pdl_trigger();
     const uint32_t warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (warp >= L.n_warps) return;
