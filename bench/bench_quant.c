@@ -1,10 +1,14 @@
-/* bench_quant.c — the CPU decode hot loop in isolation: a row-by-row matvec (quant_dot per row,
- * and quant_dot_rows) over a ~64 MB Q4_K / Q6_K / Q8_0 / F16 matrix, scalar vs AVX2, reported as
- * GB/s of weight bytes read; plus quant_dot_rows_multi (one weight row against m activation rows,
- * the prefill shape) and quantizer throughput. Single thread; best of --reps runs.
+/* bench_quant.c — the CPU engine's dot kernels (src/cpu/kernels.c) per weight type, one thread:
+ * the decode matvec (dot_row per row, x's sums computed once per vector, as the decode route
+ * does) over a ~64 MB Q4_K / Q6_K / Q8_0 / F16 matrix on the scalar table (quant_dot) and the
+ * AVX2 one, reported as GB/s of weight bytes read; the batch shape (panels of CPU_PANEL rows
+ * unpacked once and multiplied against m activation rows packed by pack_x) as GB/s and GFLOP/s;
+ * and quantizer throughput. Best of --reps runs. bench_cpu_matvec takes the decode dot to two
+ * threads and through the pool.
  *
  *   bench_quant [--mb 64] [--reps 5] [--n 6656] [--m 16]
  */
+#include "cpu/kernels.h"
 #include "quant.h"
 #include "util.h"
 
@@ -72,12 +76,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_quant: --n must be a multiple of 256\n");
         return 2;
     }
-    printf("bench_quant: n=%llu, ~%llu MB per matrix, best of %llu, simd available: %s\n",
+    cpu_kernels tables[2];
+    cpu_kernels_init(&tables[0], true);
+    cpu_kernels_init(&tables[1], false);
+    const int n_tables = tables[1].simd ? 2 : 1;
+    printf("bench_quant: n=%llu, ~%llu MB per matrix, best of %llu, kernel tables: %s\n",
            (unsigned long long)n, (unsigned long long)mb, (unsigned long long)reps,
-           quant_simd_available() ? "avx2" : "no");
+           n_tables == 2 ? "scalar, avx2" : "scalar");
     float *x = malloc(n * 4 * m), *y = NULL;
     for (uint64_t i = 0; i < n * m; i++)
         x[i] = rng_f();
+    cpu_xsums xs = {malloc(n / 16 * 4), malloc(n / 32 * 4), malloc(n * 4)};
+    float *Xp = malloc(n * 4 * m), *C = malloc(m * CPU_PANEL * 4);
+    float *tmp = muser_alloc_aligned(CPU_PANEL * n * 4), *panel = muser_alloc_aligned(n * CPU_PANEL * 4);
+    if (!x || !xs.s16 || !xs.s32 || !xs.xp || !Xp || !C || !tmp || !panel) {
+        fprintf(stderr, "bench_quant: out of memory\n");
+        return 1;
+    }
 
     uint32_t types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_F16};
     printf("%-6s %-22s %10s %10s\n", "type", "path", "GB/s", "ms/matvec");
@@ -91,47 +106,45 @@ int main(int argc, char **argv)
             return 1;
         }
         fill_matrix(type, W, rows, n);
-        struct { const char *name; bool simd; bool rows_call; } paths[] = {
-            {"quant_dot scalar", false, false}, {"quant_dot avx2", true, false},
-            {"quant_dot_rows avx2", true, true}};
-        for (int p = 0; p < 3; p++) {
-            if (paths[p].simd && !quant_simd_available())
-                continue;
-            quant_simd_enable(paths[p].simd);
+        for (int k = 0; k < n_tables; k++) {
+            const cpu_kernels *kn = &tables[k];
             double best = 1e30;
             for (uint64_t r = 0; r < reps; r++) {
                 double t0 = muser_now_s();
-                if (paths[p].rows_call)
-                    quant_dot_rows(type, W, rb, rows, x, n, y);
-                else
-                    for (uint64_t i = 0; i < rows; i++)
-                        y[i] = quant_dot(type, W + i * rb, x, n);
+                kn->xsums(x, n, &xs);
+                for (uint64_t i = 0; i < rows; i++)
+                    y[i] = kn->dot_row(type, W + i * rb, x, &xs, n);
                 double dt = muser_now_s() - t0;
                 best = dt < best ? dt : best;
                 sink = y[rows / 2];
             }
-            printf("%-6s %-22s %10.2f %10.2f\n", quant_info(type)->name, paths[p].name,
-                   (double)(rows * rb) / best / 1e9, best * 1e3);
+            printf("%-6s %-22s %10.2f %10.2f\n", quant_info(type)->name,
+                   kn->simd ? "dot_row avx2" : "dot_row scalar", (double)(rows * rb) / best / 1e9,
+                   best * 1e3);
         }
-        /* prefill shape: every weight row against m activation rows; a fraction of the matrix */
-        if (quant_simd_available()) {
-            quant_simd_enable(true);
-            uint64_t mrows = rows / 8;
-            float *o = malloc(m * 4);
-            double best = 1e30;
-            for (uint64_t r = 0; r < reps; r++) {
-                double t0 = muser_now_s();
-                for (uint64_t i = 0; i < mrows; i++)
-                    quant_dot_rows_multi(type, W + i * rb, n, x, n, m, o, 1);
-                double dt = muser_now_s() - t0;
-                best = dt < best ? dt : best;
-                sink = o[0];
+        /* batch shape: every panel of rows against m activation rows; an eighth of the matrix
+         * (at least one panel) */
+        const cpu_kernels *kn = &tables[n_tables - 1];
+        uint64_t prows = rows / 8 / CPU_PANEL * CPU_PANEL;
+        if (prows == 0)
+            prows = rows / CPU_PANEL * CPU_PANEL;
+        double best = 1e30;
+        for (uint64_t r = 0; r < reps; r++) {
+            double t0 = muser_now_s();
+            kn->pack_x(x, n, m, n, Xp);
+            for (uint64_t r0 = 0; r0 < prows; r0 += CPU_PANEL) {
+                (void)kn->unpack_panel(type, W + r0 * rb, rb, CPU_PANEL, n, tmp, panel);
+                kn->gemm_panel(Xp, m, panel, n, C, CPU_PANEL, CPU_PANEL);
             }
-            printf("%-6s multi m=%-3llu avx2       %10.2f  (%.1f GFLOP/s)\n", quant_info(type)->name,
-                   (unsigned long long)m, (double)(mrows * rb) / best / 1e9,
-                   2.0 * (double)(mrows * n * m) / best / 1e9);
-            free(o);
+            double dt = muser_now_s() - t0;
+            best = dt < best ? dt : best;
+            sink = C[0];
         }
+        char path[48];
+        snprintf(path, sizeof path, "panels m=%llu %s", (unsigned long long)m,
+                 kn->simd ? "avx2" : "scalar");
+        printf("%-6s %-22s %10.2f  (%.1f GFLOP/s)\n", quant_info(type)->name, path,
+               (double)(prows * rb) / best / 1e9, 2.0 * (double)(prows * n * m) / best / 1e9);
         muser_free_aligned(W);
     }
 
@@ -158,5 +171,12 @@ int main(int argc, char **argv)
     free(dst);
     free(x);
     free(y);
+    free(xs.s16);
+    free(xs.s32);
+    free(xs.xp);
+    free(Xp);
+    free(C);
+    muser_free_aligned(tmp);
+    muser_free_aligned(panel);
     return 0;
 }

@@ -55,12 +55,12 @@ TARGETS=("$@")
 
 S=$ROOT/src
 TOK_SOURCES=("$S/tokenizer.c" "$S/vocab_o200k.c" "$S/gguf.c" "$S/util.c")
-ENGINE_SOURCES=("$S/model.c" "$S/kv.c" "$S/session.c" "$S/reference.c" "$S/quant.c" "$S/cpu/"*.c
+ENGINE_SOURCES=("$S/model.c" "$S/kv.c" "$S/session.c" "$S/reference.c" "$S/forward.c" "$S/quant.c" "$S/cpu/"*.c
                 "$S/gguf.c" "$S/util.c")
 
 # build TARGET: compile fuzz/fuzz_TARGET.c and what it drives into $dir/fuzz_TARGET.
 build() {
-  # clang 14 does not know __builtin_cpu_supports("f16c") (src/quant.c asks): every source is
+  # clang 14 does not know __builtin_cpu_supports("f16c") (src/cpu/kernels.c asks): every source is
   # built with the builtin renamed to fuzz_model.c's muser_fuzz_cpu_supports (the same flags for
   # all targets, so they share the objects of src/).
   local target=$1 dir=$2 srcs=() libs=(-lcrypto -lm)

@@ -1,5 +1,5 @@
 /* forward.h — the backend op interface: the muse / llama / qwen3 forward pass is written once
- * (src/cpu/forward.c, fwd_run) against these operations, and every fast backend implements them.
+ * (src/forward.c, fwd_run) against these operations, and every fast backend implements them.
  *
  * A pass runs n rows (tokens at logical positions pos[0..n)) through the model. Activations live
  * in backend-owned buffers named by fwd_buf, each [n][width] f32 row-major; weights are passed

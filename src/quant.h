@@ -8,8 +8,9 @@
  *         (one per 16), f16 d.                                          w = d*sc*(q-32)
  *
  * Every format has: dequantize a row, quantize a row (searching scales to minimise squared
- * error), and a dot product of a row with an f32 vector. Dots have a scalar reference and an
- * AVX2/FMA path chosen at run time (quant_simd_enable). */
+ * error), and a dot product of a row with an f32 vector. The dots here are the references:
+ * quant_dot is plain scalar f32 (the CPU engine's scalar kernel table runs it), quant_dot_f64 the
+ * test oracle. The engine's fast dots are its kernels (src/cpu/kernels.h). */
 #ifndef MUSER_QUANT_H
 #define MUSER_QUANT_H
 
@@ -77,33 +78,11 @@ uint64_t quant_row_bytes(uint32_t type, uint64_t n);
 int quant_dequantize_row(uint32_t type, const void *src, float *dst, uint64_t n);
 int quant_quantize_row(uint32_t type, const float *src, void *dst, uint64_t n);
 
-/* Dot of a quantized row with f32 x (n elements). Uses AVX2/FMA when enabled and available.
- * The three dots return NaN for an unsupported type or an n that is not a multiple of the block. */
+/* Dot of a quantized row with f32 x (n elements), accumulated in f32 in plain scalar code.
+ * Both dots return NaN for an unsupported type or an n that is not a multiple of the block. */
 float quant_dot(uint32_t type, const void *row, const float *x, uint64_t n);
-/* The plain scalar path (the reference for the SIMD one). */
-float quant_dot_scalar(uint32_t type, const void *row, const float *x, uint64_t n);
 /* f64 dequantize-then-dot: the test oracle. */
 double quant_dot_f64(uint32_t type, const void *row, const float *x, uint64_t n);
-
-/* f32 dot product, AVX2 when enabled. */
-float quant_dot_f32(const float *a, const float *b, uint64_t n);
-
-/* ---- batched dots (additions; the single-row calls above stay the reference) ----
- *
- * quant_dot_rows: out[r] = dot(row r of W, x) for n_rows rows of row_bytes each (row r starts at
- * W + r*row_bytes). Work that depends only on x is done once per call, not once per row: for
- * Q4_K the sum of x over every 32-element sub-block (the dmin*m term of each sub-block is
- * dmin*m*sum(x), so rows never touch x for it). Call it on a range of rows per thread.
- *
- * quant_dot_rows_multi: out[i*ldo] = dot(row, x + i*ldx) for i < m. The weight row is unpacked
- * once per 256-element block into f32 and that block is reused against all m activation rows
- * (the prefill shape: one weight tile, many token rows). x rows are f32; nothing is quantized.
- *
- * Both return MUSER_E_ARG / MUSER_E_UNSUPPORTED like the row calls, and allocate nothing. */
-int quant_dot_rows(uint32_t type, const void *w, uint64_t row_bytes, uint64_t n_rows,
-                   const float *x, uint64_t n, float *out);
-int quant_dot_rows_multi(uint32_t type, const void *row, uint64_t n, const float *x, uint64_t ldx,
-                         uint64_t m, float *out, uint64_t ldo);
 
 /* ---- the release mix (docs/quant.md) ----
  * Type for a tensor under the release mix: Q6_K for output.weight, and for blk.N.ffn_down.weight
@@ -114,10 +93,5 @@ int quant_dot_rows_multi(uint32_t type, const void *row, uint64_t n, const float
 uint32_t quant_mix_type(const char *tensor_name, uint32_t n_layer, uint32_t default_type);
 /* type itself when ne0 is a multiple of its block; else Q8_0 when ne0 % 32 == 0; else F16. */
 uint32_t quant_fallback_type(uint32_t type, uint64_t ne0);
-
-/* Run-time SIMD selection: on by default when the CPU has AVX2+FMA; MUSER_SIMD=0 disables. */
-bool quant_simd_available(void);
-void quant_simd_enable(bool on);
-const char *quant_simd_name(void); /* "avx2" or "scalar" */
 
 #endif

@@ -1,7 +1,8 @@
 /* test_quant.c — the block formats: type table, hand-built blocks with known dequantized values
  * (pinning the ggml bit layouts), quantize -> dequantize error bounds per type, the scale search
  * beating plain max-abs quantization, degenerate inputs, the release-mix rule, and the f16/bf16
- * converters' edge cases. Dot products are in test_quant_dot.c. */
+ * converters' edge cases. Dot products (quant_dot and the CPU engine's kernels against
+ * quant_dot_f64) are in test_cpu_dots.c. */
 #include "check.h"
 #include "quant.h"
 #include "util.h"
@@ -364,7 +365,7 @@ static void test_bad_args(void)
     CHECK(quant_quantize_row(GGML_TYPE_Q5_K, x, q, 256) == MUSER_E_UNSUPPORTED);
     CHECK(quant_dequantize_row(77, q, x, 256) == MUSER_E_UNSUPPORTED);
     CHECK(isnan(quant_dot(GGML_TYPE_Q4_K, q, x, 100)));
-    CHECK(isnan(quant_dot_scalar(GGML_TYPE_Q2_K, q, x, 256)));
+    CHECK(isnan(quant_dot(GGML_TYPE_Q2_K, q, x, 256)));
     CHECK(isnan(quant_dot_f64(GGML_TYPE_Q6_K, q, x, 255)));
 }
 

@@ -59,7 +59,7 @@ static float dot_row_scalar(uint32_t type, const void *row, const float *x, cons
                             uint64_t n)
 {
     (void)xs;
-    return quant_dot_scalar(type, row, x, n);
+    return quant_dot(type, row, x, n);
 }
 
 /* src rows r < CPU_PANEL, lds floats apart, K elements -> panel [K][CPU_PANEL]. */

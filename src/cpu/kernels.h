@@ -40,7 +40,8 @@ typedef struct cpu_kernels {
     /* sums and lane order of x (n a multiple of 32, or else only whole groups are filled) */
     void (*xsums)(const float *x, uint64_t n, cpu_xsums *out);
     /* Dot of one weight row (type, n elements) with f32 x; xs are x's sums (Q4_K / Q6_K use
-     * them). Types without a kernel here go through quant_dot. */
+     * them). The scalar table's is quant_dot itself; the AVX2 one sends a type it has no kernel
+     * for to quant_dot (NaN: muser computes with no other). */
     float (*dot_row)(uint32_t type, const void *row, const float *x, const cpu_xsums *xs,
                      uint64_t n);
     /* Dequantize one row to f32 (n elements). Returns 0 or a muser_status. */
