@@ -12,8 +12,12 @@
  * tensor-core attention is checked by test_cuda_attn.
  * SKIP (77) when built without CUDA or when no GPU is present. */
 #include "check.h"
+#include "quant.h"
 #include "session.h"
 #include "synth.h"
+#ifdef MUSER_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -147,6 +151,68 @@ static int parity_one(muser_arch arch, int type, uint32_t n, bool extra)
     return 0;
 }
 
+#ifdef MUSER_HAVE_CUDA
+/* One matvec per (format, shape, layout) through the route's dispatch (muser_cuda_matvec_check)
+ * against the f64 dot of the same bytes: |y − ref| ≤ 1e-5·Σ|w·x| per row (f32 arithmetic over
+ * cols terms). 48 rows take the tensor-core layouts for the K-quants, 40 rows (not whole 16-row
+ * tiles) and tc = 0 the general path; every format with the LM head's scale and soft cap too. */
+static void matvec_checks(void)
+{
+    const uint32_t types[] = {12 /* Q4_K */, 14 /* Q6_K */, 8 /* Q8_0 */, 1 /* F16 */, 30 /* BF16 */, 0 /* F32 */};
+    const uint32_t cols = 768, rows_of[2] = {48, 40};
+    float *wf = malloc((size_t)48 * cols * sizeof(float)), *x = malloc(cols * sizeof(float));
+    float *deq = malloc(cols * sizeof(float)), *y = malloc(48 * sizeof(float));
+    uint8_t *w = malloc((size_t)48 * quant_row_bytes(0, cols));
+    uint64_t st = 12345;
+    for (uint32_t i = 0; i < 48 * cols; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        wf[i] = (float)((double)(st >> 11) / 9007199254740992.0 * 2 - 1);
+    }
+    for (uint32_t i = 0; i < cols; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(st >> 11) / 9007199254740992.0 * 4 - 2);
+    }
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const uint32_t type = types[ti];
+        const uint64_t rb = quant_row_bytes(type, cols);
+        for (uint32_t r = 0; r < 48; r++) CHECK(quant_quantize_row(type, wf + (size_t)r * cols, w + r * rb, cols) == 0);
+        for (int si = 0; si < 2; si++)
+            for (int tc = 1; tc >= 0; tc--)
+                for (int cap = 0; cap < 2; cap++) {
+                    const uint32_t rows = rows_of[si];
+                    const float scale = cap ? 0.25f : 1.f, capv = cap ? 3.f : 0.f;
+                    uint32_t layout = 0;
+                    muser_error err = {0};
+                    CHECK_OK(muser_cuda_matvec_check(type, rows, cols, w, x, tc, cap, scale, capv, y, &layout, &err), &err);
+                    const bool kq = type == 12 || type == 14;
+                    const uint32_t want = kq && tc && rows % 16 == 0 ? (type == 12 ? 116u : 117u) : type;
+                    CHECKF(layout == want, "type %u rows %u tc %d: layout %u, want %u", type, rows, tc, layout, want);
+                    double worst = 0;
+                    for (uint32_t r = 0; r < rows; r++) {
+                        CHECK(quant_dequantize_row(type, w + r * rb, deq, cols) == 0);
+                        double mag = 0;
+                        for (uint32_t i = 0; i < cols; i++) mag += fabs((double)deq[i] * x[i]);
+                        double ref = quant_dot_f64(type, w + r * rb, x, cols), tol = 1e-5 * mag;
+                        if (cap) {
+                            ref = capv * tanh(ref * scale / capv);
+                            tol *= scale;
+                        }
+                        const double d = fabs((double)y[r] - ref) / tol;
+                        if (!(d <= worst)) worst = d; /* NaN (an unwritten row) sticks */
+                    }
+                    CHECKF(worst <= 1.0, "matvec type %u rows %u tc %d cap %d: error %.3g of the bound", type, rows, tc,
+                           cap, worst);
+                }
+    }
+    printf("matvec checks: %zu formats x 2 shapes x 2 layouts x 2 epilogues\n", sizeof types / sizeof types[0]);
+    free(wf);
+    free(x);
+    free(deq);
+    free(y);
+    free(w);
+}
+#endif
+
 int main(void)
 {
     if (!cuda_present()) {
@@ -162,6 +228,9 @@ int main(void)
     const int types[] = {12 /* Q4_K */, 14 /* Q6_K */, 8 /* Q8_0 */, 1 /* F16 */, 30 /* BF16 */, 0 /* F32 */};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) parity_one(MUSER_ARCH_MUSE, types[i], 20, false);
     parity_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 20, false);
+#ifdef MUSER_HAVE_CUDA
+    matvec_checks();
+#endif
     printf("test_cuda: %d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;
 }

@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
 /* ---- the combine -----------------------------------------------------------------------------
  *
  * Merges the used splits of each query head, divides by the softmax sum, applies sigmoid(gate),
- * and writes out (and the v7 matvec digits of out). Block = (query head, 32 dimensions), 8 warps:
+ * and writes out (and the tensor-core digits of out for o_proj). Block = (query head, 32 dimensions), 8 warps:
  * warp w takes splits w, w + 8, w + 16, … and lane = dimension, so each load is one coalesced 128 B
  * row piece, and a warp's 16 loads of a batch are all issued before the first is used (the
  * serial walk over 128 splits of the old combine waited one L2 latency per 8 splits: ~37 µs cold at

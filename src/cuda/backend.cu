@@ -130,6 +130,30 @@ typedef struct uploader {
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* The pinned double buffer (up_close frees whatever up_open made, also after a failure). */
+static int up_open(uploader *u, cu_ctx *c, muser_error *err)
+{
+    memset(u, 0, sizeof *u);
+    u->c = c;
+    for (int i = 0; i < 2; i++) {
+        CU_TRY(cudaMallocHost((void **)&u->pinned[i], CU_STAGE_BYTES), "pinned staging");
+        CU_TRY(cudaMalloc((void **)&u->dev_stage[i], CU_STAGE_BYTES), "device staging");
+        CU_TRY(cudaEventCreate(&u->done[i]), "event");
+        CU_TRY(cudaEventRecord(u->done[i], c->st), "event");
+    }
+    return MUSER_OK;
+}
+
+static void up_close(uploader *u)
+{
+    for (int i = 0; i < 2; i++) {
+        if (u->pinned[i]) cudaFreeHost(u->pinned[i]);
+        if (u->dev_stage[i]) cudaFree(u->dev_stage[i]);
+        if (u->done[i]) cudaEventDestroy(u->done[i]);
+    }
+    memset(u, 0, sizeof *u);
+}
+
 /* Copy n bytes at src (host) to dst (device) through the pinned double buffer; repack `type`
  * blocks when dst is a repacked layout (rows [r0..) of a matrix of total_blk blocks). */
 static int up_chunk(uploader *u, const uint8_t *src, size_t n, uint8_t *dst, uint32_t type, size_t first_blk,
@@ -265,17 +289,14 @@ static int upload_weights(cu_ctx *c, muser_error *err)
     c->weights_bytes = total;
     CU_TRY(cudaMalloc((void **)&c->weights, total), "weights allocation");
     uploader u;
-    memset(&u, 0, sizeof u);
-    u.c = c;
-    for (int i = 0; i < 2; i++) {
-        CU_TRY(cudaMallocHost((void **)&u.pinned[i], CU_STAGE_BYTES), "pinned staging");
-        CU_TRY(cudaMalloc((void **)&u.dev_stage[i], CU_STAGE_BYTES), "device staging");
-        CU_TRY(cudaEventCreate(&u.done[i]), "event");
-        CU_TRY(cudaEventRecord(u.done[i], c->st), "event");
+    int rc = up_open(&u, c, err);
+    if (rc) {
+        up_close(&u);
+        return rc;
     }
     const double t0 = muser_now_s();
     muser_progress_begin(&u.prog, "cuda upload", total);
-    int rc = up_matrix(&u, &m->tok_embd, &c->emb, false, err);
+    rc = up_matrix(&u, &m->tok_embd, &c->emb, false, err);
     if (!rc) rc = up_vector(&u, &m->output_norm, &c->out_norm, err);
     if (!rc) rc = up_matrix(&u, &m->output, &c->out, true, err);
     c->read_bytes = (uint64_t)m->output.row_bytes * m->output.rows + m->output_norm.cols * 4;
@@ -307,11 +328,7 @@ static int upload_weights(cu_ctx *c, muser_error *err)
     }
     cudaError_t e = cudaStreamSynchronize(c->st);
     muser_progress_finish(&u.prog);
-    for (int i = 0; i < 2; i++) {
-        cudaFreeHost(u.pinned[i]);
-        cudaFree(u.dev_stage[i]);
-        cudaEventDestroy(u.done[i]);
-    }
+    up_close(&u);
     if (!rc && e != cudaSuccess) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: upload: %s", cudaGetErrorString(e));
     c->upload_s = muser_now_s() - t0;
     return rc;
@@ -1201,5 +1218,72 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
     cudaEventDestroy(b);
     cudaFree(tl_buf);
     ctx_free(c);
+    return rc;
+}
+
+/* ---- one matvec, for tests ------------------------------------------------------------------- */
+extern "C" int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, const float *x,
+                                       int tc, int softcap, float scale, float cap, float *y, uint32_t *layout,
+                                       muser_error *err)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) return muser_errorf(err, MUSER_E_BACKEND, "cuda: no CUDA device");
+    CU_TRY(cudaSetDevice(0), "set device");
+    cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
+    if (!c) return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory");
+    cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, 0);
+    muser_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = w;
+    t.type = ggml_type;
+    t.rows = rows;
+    t.cols = cols;
+    t.row_bytes = quant_row_bytes(ggml_type, cols);
+    t.name = "check";
+    float *dx = NULL, *dy = NULL;
+    uploader u;
+    memset(&u, 0, sizeof u);
+    mv_mat mat;
+    memset(&mat, 0, sizeof mat);
+    int rc = MUSER_OK;
+    cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
+    if (!e) e = cudaMalloc((void **)&c->weights, align256((size_t)t.row_bytes * rows));
+    if (!e) e = cudaMalloc((void **)&c->xm_site[0], XS_N * (mmq_x_bytes(cols) + mmq6_x_bytes(cols)) + 512);
+    if (!e) e = cudaMalloc((void **)&dx, (size_t)cols * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&dy, (size_t)rows * sizeof(float));
+    if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: matvec check: %s", cudaGetErrorString(e));
+    if (!rc) {
+        for (int s = 0; s < XS_N; s++) {
+            c->xm_site[s] = c->xm_site[0];
+            c->x6_site[s] = c->xm_site[0] + align256(mmq_x_bytes(cols));
+        }
+        set_site(c, XS_STACK);
+        rc = up_open(&u, c, err);
+    }
+    if (!rc) rc = up_matrix(&u, &t, &mat, tc != 0, err);
+    if (!rc) {
+        if (layout) *layout = mat.type;
+        mv_launch L;
+        memset(&L, 0, sizeof L);
+        seg_set(&L, &mat, dy, softcap ? MV_OP_SOFTCAP : MV_OP_STORE, (uint32_t)mv_rows_per_warp(mat.type));
+        L.seg[0].scale = scale;
+        L.seg[0].cap = cap;
+        e = cudaMemcpyAsync(dx, x, (size_t)cols * sizeof(float), cudaMemcpyHostToDevice, c->st);
+        if (!e) e = cudaMemsetAsync(dy, 0xFF, (size_t)rows * sizeof(float), c->st); /* NaN: rows never written show */
+        if (!e) {
+            mv_go(c, c->st, &L, dx, 0);
+            e = cudaGetLastError();
+        }
+        if (!e) e = cudaMemcpyAsync(y, dy, (size_t)rows * sizeof(float), cudaMemcpyDeviceToHost, c->st);
+        if (!e) e = cudaStreamSynchronize(c->st);
+        if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: matvec check: %s", cudaGetErrorString(e));
+    }
+    up_close(&u);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(c->xm_site[0]);
+    cudaFree(c->weights);
+    if (c->st) cudaStreamDestroy(c->st);
+    free(c);
     return rc;
 }

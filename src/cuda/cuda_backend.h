@@ -1,6 +1,7 @@
 /* cuda_backend.h — the CUDA backend's extra entry points beyond the session vtable
  * (muser_backend_cuda() in session.h): the decode benchmark lane used by `muser bench --backend
- * cuda`. Plain C; exists only in builds with CUDA (MUSER_HAVE_CUDA). */
+ * cuda`, and one matvec through the route's dispatch for tests. Plain C; exists only in builds
+ * with CUDA (MUSER_HAVE_CUDA). */
 #ifndef MUSER_CUDA_BACKEND_H
 #define MUSER_CUDA_BACKEND_H
 
@@ -34,6 +35,14 @@ typedef struct muser_cuda_bench_result {
  * stderr. */
 int muser_cuda_bench(const muser_model *m, int device, const uint64_t *ctxs, uint32_t n_ctx, uint32_t gen,
                      muser_cuda_bench_result *res, muser_cuda_bench_row *rows, muser_error *err);
+
+/* One matvec y = W·x (rows × cols, W in GGUF bytes of ggml_type) through the route's dispatch, for
+ * tests: uploaded as the route would (tc: the tensor-core layout where the format and shape allow
+ * it, else the general path's), with the LM head's epilogue when softcap (y·scale, then
+ * cap·tanh(y/cap) when cap > 0). *layout (may be NULL): the device layout it took (MV_T_*: 116
+ * Q4_K tiles, 117 Q6_K tiles, else the ggml type). Allocates and frees per call. */
+int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, const float *x, int tc,
+                            int softcap, float scale, float cap, float *y, uint32_t *layout, muser_error *err);
 
 #ifdef __cplusplus
 }

@@ -1,24 +1,26 @@
-/* matvec.cuh — quantized matrix × f32 vector on the GPU, the decode route's bandwidth kernel.
+/* matvec.cuh — the general matvec path, and the types every matvec shares.
  *
- * y[r] = Σ_c W[r][c] · x[c] for W in Q4_K, Q6_K, Q8_0, F16, BF16 or F32, x f32. Every weight byte
- * is read once per token, so this kernel is a streaming read: 16- or 8-byte loads, coalesced per
- * block of lanes, dequantized in registers, x read as float4 through L1 and shared by the R rows
- * one warp works on (x traffic / weight traffic would otherwise exceed L1 bandwidth on Q4_K).
+ * y[r] = Σ_c W[r][c] · x[c] for W in Q4_K, Q6_K, Q8_0, F16, BF16 or F32, x f32, in f32 arithmetic.
+ * The route runs it for what the tensor-core kernels (mmq.cuh, mmq6.cuh) do not take: Q8_0 and the
+ * float formats, and K-quant matrices whose rows are not whole 16-row tiles. 16- or 8-byte weight
+ * loads, coalesced per block of lanes, dequantized in registers; x read as float4 through L1 and
+ * shared by the R rows one warp works on.
  *
  * Layouts on the device. Q4_K stays as in GGUF (144-byte blocks, header = first 16 bytes, so every
  * block is 16-byte aligned). Q6_K (210-byte blocks) and Q8_0 (34-byte blocks) are only 2-byte
  * aligned, so at upload they are repacked into planes of the same total size:
  *   Q6_K: ql [rows*nb][128] | qh [rows*nb][64] | scales [rows*nb][16] | d [rows*nb] f16
  *   Q8_0: qs [rows*nb][32]  | d [rows*nb] f16
- * (nb = blocks per row). Bytes read per token are exactly the GGUF bytes.
+ * (nb = blocks per row). Bytes read per token are exactly the GGUF bytes. The embedding keeps these
+ * layouts too: mv_elem reads one element of any of them.
  *
  * Byte -> float uses the exponent trick: bits 0x4B0000qq are the float 2^23 + q exactly, and one
  * FADD removes 2^23 (plus the format's offset) — a PRMT and a FADD instead of a quarter-rate I2F.
  *
- * One launch covers up to MV_MAX_SEG segments (the four attention projections are one launch).
- * A segment is either R consecutive rows of one matrix per warp, or a "pair" (ffn gate row r and
- * ffn up row r in one warp, writing silu(g)·u: the unfused f32 values, one dispatch fewer).
- * Epilogues: store, or the LM head's scale + soft cap. */
+ * One launch covers up to MV_MAX_SEG segments (several matrices over one x). A segment is either R
+ * consecutive rows of one matrix per warp, or a "pair" (ffn gate row r and ffn up row r in one
+ * warp, writing silu(g)·u). Epilogues: store, or the LM head's scale + soft cap. The workbench
+ * (bench/kernels/matvec.cu) times this kernel beside its predecessors. */
 #ifndef MUSER_CUDA_MATVEC_CUH
 #define MUSER_CUDA_MATVEC_CUH
 
@@ -402,7 +404,7 @@ __global__ void __launch_bounds__(MV_WARPS * 32) mv_kernel(const mv_launch L, co
 /* ---- repacking at upload -------------------------------------------------------------------- */
 /* The scale and d planes of a Q6_K block s (GGUF bytes 192..209) into block o of a planar matrix
  * of total_blk blocks: sc [total_blk][16] at 192·total_blk, d [total_blk] (f16) at 208·total_blk.
- * Both planar Q6_K layouts share them (MV_T_Q6_K here, MV_T_Q6_KD in mvq.cuh). */
+ * Both planar Q6_K layouts share them (MV_T_Q6_K here, MV_T_Q6_KD in bench/kernels/mvq.cuh). */
 static __device__ inline void mv_q6k_sc_d(const uint8_t *s, uint8_t *dst, size_t o, size_t total_blk)
 {
     uint8_t *sc = dst + total_blk * 192 + o * 16;

@@ -1,20 +1,20 @@
-/* mmq.cuh — v8: v7's exact-integer Q4_K matvec with the digit products on tensor cores
- * (mma.sync m16n8k32 u8 × s8 → s32) instead of DP4A (MUSER_CUDA_MATVEC=v8).
+/* mmq.cuh — the Q4_K matvec on tensor cores (mma.sync m16n8k32 u8 × s8 → s32).
  *
- * Numerics are v7's (mvq.cuh, docs/numerics.md): per 32-group of x a power of two s and
- * X = rint(x/s), a 24-bit integer, here split into four signed-byte digits
- * X = e0 + 2^7·e1 + 2^14·e2 + 2^21·e3 (e0..e2 in [0,127], e3 in [-4,3]) so that every digit is an
- * s8. Σ q·X over a (row, sub-block) is exact in int32 per digit and combined in f32 with one
- * rounding; then the block's d·Σ sc·s·P − dmin·Σ m·S in f32 as v7 does. The design, the layouts
- * and the workbench numbers are in bench/kernels/mma.cu (the prototype this came from) and
+ * Numerics (docs/numerics.md): per 32-group of x a power of two s and X = rint(x/s), a 24-bit
+ * integer (mmq_group_int), split into four signed-byte digits X = e0 + 2^7·e1 + 2^14·e2 + 2^21·e3
+ * (e0..e2 in [0,127], e3 in [-4,3]) so that every digit is an s8. Σ q·X over a (row, sub-block) is
+ * exact in int32 per digit and combined in f32 with one rounding; then the block's
+ * d·Σ sc·s·P − dmin·Σ m·S in f32, and the sums over blocks, lanes and warps in f64 in a fixed
+ * order, one rounding per output. The prototype, its layouts and numbers: bench/kernels/mma.cu and
  * bench/kernels/NOTES.md ("mma").
  *
  * Weights: MV_T_Q4_KT, repacked at upload into units of (16-row tile, block), 2304 bytes (the
  * GGUF 144 bytes per block). x: mmq_prep / mmq_prep_warp, 2240 bytes per 256 elements.
- * Launch: CTAs of 8 warps; KW warps split the blocks of the same tiles and sum in fixed order
- * (replays are bit-identical); R tiles of 16 rows per warp; the SiLU pair alternates gate and up
- * warp sets over the same tiles. Only single-matrix launches and the gate·up pair: the
- * attention projections (one launch over four matrices, sometimes of two formats) stay on v7. */
+ * Launches: CTAs of 8 warps; KW warps split the blocks of the same tiles and sum in fixed order
+ * (replays are bit-identical); R tiles of 16 rows per warp. One matrix (the stacked attention
+ * projections, o_proj, a Q4_K down, a Q4_K LM head with scale and soft cap), or the gate·up pair
+ * writing silu(g)·u: on a persistent grid (mmq_pair_persist) where its tiles fit, else as
+ * pair-units one CTA per 8 tiles. */
 #ifndef MUSER_CUDA_MMQ_CUH
 #define MUSER_CUDA_MMQ_CUH
 
@@ -279,7 +279,7 @@ __device__ __forceinline__ void mmq_block(const mmq_w W[R], const uint8_t *xb, u
         const float vg8 = fmaf(sc3 * 0x1p-18f, Psc[r][1][1], sc2 * 0x1p-12f * Psc[r][0][1]);
         const float ng = fmaf(m1, sS.w, m0 * 0x1p-24f * sS.z);
         const float ng8 = fmaf(m3, sS.w, m2 * 0x1p-6f * sS.z);
-        acc[r][0] += d.x * vg - dm.x * ng; /* as v7: the block's scale and min terms meet first */
+        acc[r][0] += d.x * vg - dm.x * ng; /* the block's scale and min terms meet first */
         acc[r][1] += d.y * vg8 - dm.y * ng8;
     }
 }
@@ -359,7 +359,7 @@ __device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta, Wait w
     constexpr bool PU = PAIR && R == 2;                         /* pair-units */
     constexpr int TPC = PU ? SETS : PAIR ? SETS / 2 : SETS * R; /* output tiles per CTA */
     static_assert(!PAIR || PU || (R == 1 && SETS >= 2), "pair: gate and up sets, or gate and up in each warp");
-    cu_pdl_trigger(); /* programmatic dependent launch as v7: weights first, then wait for x */
+    cu_pdl_trigger(); /* weights first, then wait for x */
     __shared__ double red[8][R][16];
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid % KW, set = wid / KW;
     const uint32_t nb = A.K / 256, ntile = A.rows / 16;
@@ -389,8 +389,8 @@ __device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta, Wait w
         },
         wait);
     /* sum the 4 lanes of each row (t = 0..3), then the KW warps of the set, in f64 and in a fixed
-     * order: one rounding to f32 per output (in f32 this serial sum made v8's error 3–15% above
-     * v7's 32-lane tree; in f64 it is below it) */
+     * order: one rounding to f32 per output (in f32 this serial sum's error was 3–15% above a
+     * 32-lane f32 tree's; in f64 it is below it) */
 #pragma unroll
     for (int r = 0; r < R; r++) mmq_rows_f64(acc[r][0], acc[r][1], red[wid][r], lane);
     __syncthreads();
@@ -406,7 +406,7 @@ __device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta, Wait w
             }
             y = (float)ys;
             const float u = (float)us;
-            y = y / (1.f + expf(-y)) * u; /* SiLU·up on the f32 matvec results, as v7 */
+            y = y / (1.f + expf(-y)) * u; /* SiLU·up on the f32 matvec results */
         } else {
             const uint32_t st = ot / R, rt = ot % R;
             for (int k = 0; k < KW; k++) ys += red[st * KW + k][rt][row16];

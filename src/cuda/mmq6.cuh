@@ -1,9 +1,9 @@
-/* mmq6.cuh — the Q6_K matvec on tensor cores ("mmq6"): v7's exact-integer products as
- * mma.sync m16n8k32 s8 × s8 → s32, the Q6_K counterpart of v8 (mmq.cuh). Workbench, design story
+/* mmq6.cuh — the Q6_K matvec on tensor cores ("mmq6"): the exact-integer products as
+ * mma.sync m16n8k32 s8 × s8 → s32, the Q6_K counterpart of mmq.cuh. Workbench, design story
  * and numbers: bench/kernels/mma6.cu and bench/kernels/NOTES.md ("mma6").
  *
- * Numerics. x is v7's (mvq.cuh): per 32-group a power of two s and X = rint(x/s), 24-bit, the
- * same s and X (mvq_group_int), split as in v8 into four s8 digits X = e0 + 2^7·e1 + 2^14·e2 +
+ * Numerics. x as for mmq.cuh: per 32-group a power of two s and X = rint(x/s), 24-bit, the
+ * same s and X (mmq_group_int), split into four s8 digits X = e0 + 2^7·e1 + 2^14·e2 +
  * 2^21·e3 (e0..e2 ∈ [0,127], e3 ∈ [−4,3]). A Q6_K weight is d·sc·(q − 32) (d f16 per row and
  * block, sc int8 per 16 elements, q 6-bit). The A operand is 4·(q − 32) ∈ [−128, 124] as an s8:
  * the −32 is inside the product, so no Σx term is needed. Per (row, 16-group) the mma gives, in
@@ -12,10 +12,10 @@
  * exactly (s/4 and s·2^12 are powers of two), multiplies by sc and chains its 8 chunks in f32
  * (one rounding per 16 weights, at the magnitude of sc·Σ(q−32)·x: the −32 has cancelled before
  * any rounding); then d·part and the running sum over blocks in f64, and the 4 lanes of a row and
- * the KW warps of a tile in f64 in a fixed order: one rounding to f32 per output. v7 rounds P
- * twice, S16 and its −32·S16 difference once more and sums in f32, so mmq6's error is below v7's
- * (the workbench reports both on the same data). A non-finite x makes its group's s NaN, so
- * every output reading it is NaN (fail closed), as in v7.
+ * the KW warps of a tile in f64 in a fixed order: one rounding to f32 per output (below the error
+ * of the DP4A kernel with separately rounded Σx terms, bench/kernels/mvq.cuh; the workbench
+ * reports both on the same data). A non-finite x makes its group's s NaN, so every output
+ * reading it is NaN (fail closed).
  *
  * mma fragments (PTX ISA, m16n8k32 .s8): lane (g, t) = (lane >> 2, lane & 3) holds A rows g, g+8
  * at k = 4t..4t+3 (a0: row g, a1: row g+8) and k = 16+4t..16+4t+3 (a2: row g, a3: row g+8); B
@@ -51,15 +51,15 @@
  *
  * Launch: CTAs of NW warps; KW warps split the blocks of the same tiles, R tiles per warp;
  * fixed-order f64 reduction in the epilogue (replays are bit-identical); programmatic dependent
- * launch as v7/v8 (mvq_trigger at the top, the first weights loaded before mvq_wait, x only
+ * launch (cu_pdl_trigger at the top, the first weights loaded before cu_pdl_wait, x only
  * after it, through cu_ldx). mmq6_launch_auto: the LM head (≥ 4096 tiles) R 2 KW 2, every
  * other shape R 1 KW 8 with the next block's weights prefetched into registers (kbench_mma6,
  * H200: 19968→6656 at 85% of the streaming read, the LM head at 97%). Output ops: MV_OP_STORE
- * and MV_OP_SOFTCAP (y·scale, then cap·tanh(y/cap) when cap > 0, exactly as mvq_kernel does).
+ * and MV_OP_SOFTCAP (y·scale, then cap·tanh(y/cap) when cap > 0, as the general path does).
  *
  * For the integrator: the input must be in mmq6's x layout (mmq6_prep_launch, or a producer
  * calling mmq6_prep_warp per 32-group), a buffer of mmq6_x_bytes(K), 16-byte aligned; it is not
- * v7's (mvq) nor v8's (mmq) layout. */
+ * mmq's layout. */
 #ifndef MUSER_CUDA_MMQ6_CUH
 #define MUSER_CUDA_MMQ6_CUH
 
@@ -128,8 +128,8 @@ static __global__ void mmq6_repack_q6k(const uint8_t *__restrict__ src, uint8_t 
 
 /* ---- x ---------------------------------------------------------------------------------------- */
 /* One 32-group of x into buf in the B-fragment layout: lane l holds v = x[p], p = 32G + l; all 32
- * lanes call it (the same s and X as v7 and v8). Kernels that produce a matvec input with a warp
- * per 32 consecutive elements can call it as they write x, as mmq_prep_warp for v8. Each lane
+ * lanes call it (the same s and X as mmq). Kernels that produce a matvec input with a warp
+ * per 32 consecutive elements can call it as they write x, as mmq_prep_warp for mmq. Each lane
  * writes one 8-byte (b0, b1) pair: the 4 lanes of a 4-element group trade their packed digits,
  * and lane i of the group writes digit i of all four. */
 __device__ __forceinline__ void mmq6_prep_warp(float v, uint32_t p, uint8_t *__restrict__ buf)
