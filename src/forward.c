@@ -43,6 +43,10 @@ int fwd_run(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *
         const muser_tensor *next =
             l + 1 < hp->n_layer ? &m->layers[l + 1].attn_norm : &m->output_norm;
         ops->tail(be, r, hp->sandwich ? &L->post_ffw_norm : NULL, post_eps, next, eps, FWD_X);
+        if (r->tap) /* the residual after layer l, where it is tapped */
+            for (uint32_t k = 0; k < r->tap->n_layers; k++)
+                if (r->tap->layers[k] == l)
+                    ops->tap(be, r, k);
     }
     /* The last row's logits are computed even when nobody reads them (want_logits 0): they are
      * the NaN/Inf check, so a prefill pass with a poisoned row fails closed like any other. */

@@ -14,9 +14,11 @@
  * logits) leaves the cache as it was. This also solves the sliding-window ring: a pass longer
  * than the ring's free rows would otherwise overwrite rows its own earlier queries still need.
  *
- * The route (decode: one row; batch: GEMM-shaped, weights unpacked once per pass) is chosen by
- * the caller and passed in fwd_rows; results of both routes satisfy SPEC §4, and a backend keeps
- * each route's arithmetic independent of how rows are split into passes and across threads. */
+ * The route (decode: the small-batch route, rows from any sequences, each row's arithmetic its
+ * own; batch: GEMM-shaped, weights unpacked once per pass) is chosen by the caller and passed in
+ * fwd_rows; results of both routes satisfy SPEC §4, and a backend keeps each route's arithmetic
+ * independent of how rows are split into passes and across threads. Rows carry their sequence:
+ * attention, staging and the commit act on that sequence's cache. */
 #ifndef MUSER_FORWARD_H
 #define MUSER_FORWARD_H
 
@@ -36,14 +38,34 @@ typedef enum fwd_buf {
     FWD_BUF_COUNT
 } fwd_buf;
 
+/* DECODE: the small-batch route (one row, or up to a pass's capacity of rows from any
+ * sequences: packed decode, speculative verify); each row's arithmetic is independent of the
+ * other rows of its pass (SPEC §4, row invariance). BATCH: the prefill route, GEMM-shaped, one
+ * sequence's consecutive rows; its results meet the contract but may depend on the chunking. */
 typedef enum fwd_route { FWD_ROUTE_DECODE = 0, FWD_ROUTE_BATCH = 1 } fwd_route;
+
+/* The hidden-state tap: the residual stream after each listed layer, copied out per row (the
+ * DFlash drafter of SPEC §5 reads it). */
+typedef struct fwd_tap {
+    uint32_t n_layers;
+    const uint32_t *layers;  /* [n_layers] ascending layer ids */
+    float *out;              /* [n rows][n_layers][E] f32 */
+} fwd_tap;
 
 typedef struct fwd_rows {
     uint32_t n;              /* rows in this pass (<= the backend's pass capacity) */
     const int32_t *tokens;   /* [n] */
-    const uint64_t *pos;     /* [n] logical positions (consecutive for one sequence) */
+    const uint64_t *pos;     /* [n] logical positions (consecutive within a sequence's rows) */
+    const uint32_t *seq;     /* [n] the row's sequence, an index into the backend's table of the
+                              * pass's sequences; NULL: every row is sequence 0 */
+    const uint32_t *first;   /* [n] pass index of the first row of the row's sequence (a
+                              * sequence's rows are one contiguous run); NULL: 0 */
     fwd_route route;
+    const fwd_tap *tap;      /* NULL: no tap */
 } fwd_rows;
+
+static inline uint32_t fwd_seq(const fwd_rows *r, uint32_t i) { return r->seq ? r->seq[i] : 0; }
+static inline uint32_t fwd_first(const fwd_rows *r, uint32_t i) { return r->first ? r->first[i] : 0; }
 
 /* A matrix applied to one input buffer, writing one output buffer. */
 typedef struct fwd_matmul {
@@ -86,6 +108,8 @@ typedef struct fwd_ops {
                    float cap, bool all_rows, muser_error *err);
     /* Append every layer's staged K/V rows to the cache (positions were validated up front). */
     int (*kv_append_staged)(void *be, const fwd_rows *r, muser_error *err);
+    /* r->tap->out[i][slot] = FWD_H of row i (called after the tapped layer's last tail). */
+    void (*tap)(void *be, const fwd_rows *r, uint32_t slot);
 } fwd_ops;
 
 /* The forward pass of SPEC §1 (muse) and its llama / qwen3 variants over ops. want_logits:

@@ -512,6 +512,25 @@ static int lm_head(muser_session *s, oracle_state *st, uint64_t pos, float *out,
     return MUSER_OK;
 }
 
+/* tokens[0..n) at positions s->n_past.. (the caller saved the undo copy) */
+static int oracle_run(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
+                      bool all_logits, muser_error *err)
+{
+    oracle_state *st = s->be_state;
+    const muser_hparams *hp = &s->model->hp;
+    int rc = MUSER_OK;
+    for (uint32_t t = 0; t < n && !rc; t++) {
+        const uint64_t pos = s->n_past + t;
+        rc = forward_token(s, st, tokens[t], pos, err);
+        if (!rc && (all_logits || t == n - 1))
+            rc = lm_head(s, st, pos, logits ? logits + (all_logits ? (uint64_t)t * hp->n_vocab
+                                                                    : 0)
+                                            : NULL,
+                         err);
+    }
+    return rc;
+}
+
 static int oracle_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                           bool all_logits, muser_error *err)
 {
@@ -526,19 +545,57 @@ static int oracle_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
                             "oracle: %u tokens at position %llu exceed the context of %llu", n,
                             (unsigned long long)s->n_past, (unsigned long long)s->opts.n_ctx);
     kv_undo_save(&st->undo, &st->kv, n);
-    int rc = MUSER_OK;
-    for (uint32_t t = 0; t < n && !rc; t++) {
-        const uint64_t pos = s->n_past + t;
-        rc = forward_token(s, st, tokens[t], pos, err);
-        if (!rc && (all_logits || t == n - 1))
-            rc = lm_head(s, st, pos, logits ? logits + (all_logits ? (uint64_t)t * hp->n_vocab
-                                                                    : 0)
-                                            : NULL,
-                         err);
-    }
+    int rc = oracle_run(s, tokens, n, logits, all_logits, err);
     if (rc)
         kv_undo_restore(&st->undo, &st->kv);
     return rc;
+}
+
+/* The oracle has no pass: a step is each session's run of rows, one token at a time (the
+ * definition every fast route's rows are judged by). */
+static int oracle_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
+{
+    const uint64_t V = d->model->hp.n_vocab;
+    for (uint32_t i = 0; i < rows->n; i++)
+        if (i == 0 || rows->seq[i] != rows->seq[i - 1]) {
+            oracle_state *st = rows->seq[i]->be_state;
+            uint32_t k = i;
+            while (k < rows->n && rows->seq[k] == rows->seq[i])
+                k++;
+            kv_undo_save(&st->undo, &st->kv, k - i);
+        }
+    int rc = MUSER_OK;
+    uint32_t done = 0; /* rows whose runs ran */
+    for (uint32_t i = 0; i < rows->n && !rc;) {
+        uint32_t k = i;
+        while (k < rows->n && rows->seq[k] == rows->seq[i])
+            k++;
+        rc = oracle_run(rows->seq[i], rows->tokens + i, k - i, logits ? logits + i * V : NULL, true, err);
+        if (!rc && rows->tap) /* the oracle keeps no residual per row: a tap is not its job */
+            rc = muser_errorf(err, MUSER_E_UNSUPPORTED, "oracle: the hidden-state tap is not implemented");
+        done = k;
+        i = k;
+    }
+    if (rc)
+        for (uint32_t i = 0; i < done; i++)
+            if (i == 0 || rows->seq[i] != rows->seq[i - 1]) {
+                oracle_state *st = rows->seq[i]->be_state;
+                kv_undo_restore(&st->undo, &st->kv);
+            }
+    return rc;
+}
+
+static int oracle_dev_init(muser_device *d, muser_error *err)
+{
+    (void)err;
+    d->be_state = NULL; /* every session keeps its own pool and activations */
+    d->max_rows = MUSER_STEP_MAX_ROWS;
+    return MUSER_OK;
+}
+
+static void oracle_dev_free(muser_device *d)
+{
+    (void)d;
 }
 
 static int oracle_checkpoint(muser_session *s, muser_error *err)
@@ -567,9 +624,12 @@ static void oracle_reset(muser_session *s)
 
 static const muser_backend oracle_backend = {
     .name = "oracle",
+    .dev_init = oracle_dev_init,
+    .dev_free = oracle_dev_free,
     .init = oracle_init,
     .free = oracle_free,
     .forward = oracle_forward,
+    .step = oracle_step,
     .checkpoint = oracle_checkpoint,
     .rollback = oracle_rollback,
     .commit = oracle_commit,

@@ -1,9 +1,10 @@
-/* session.c — one sequence over a shared model: picks the backend, resolves options, checks
- * every call's arguments once (so backends can trust them) and keeps n_past.
+/* session.c — devices (backend instances) and the sessions on them: picks the backend, resolves
+ * options, checks every call's arguments once (so backends can trust them) and keeps n_past.
  *
- * The session owns only n_past; the KV cache and activations live in the backend's state
- * (s->be_state). Every check happens before the backend runs, and n_past moves only when the
- * backend succeeded, so a refused or failed call leaves the session as it was. */
+ * The session owns only n_past; the KV cache lives in the backend's session state
+ * (s->be_state), weights, threads and activations in its device state (d->be_state). Every
+ * check happens before the backend runs, and n_past moves only when the backend succeeded, so a
+ * refused or failed call leaves every session as it was. */
 #include "session.h"
 
 #include <stdlib.h>
@@ -53,11 +54,11 @@ static const muser_backend *backend_for(muser_backend_kind k)
     return NULL;
 }
 
-int muser_session_new(muser_session **out, const muser_model *m, const muser_session_opts *o,
-                      muser_error *err)
+int muser_device_new(muser_device **out, const muser_model *m, const muser_session_opts *o,
+                     muser_error *err)
 {
     if (!out || !m)
-        return muser_errorf(err, MUSER_E_ARG, "muser_session_new: NULL argument");
+        return muser_errorf(err, MUSER_E_ARG, "muser_device_new: NULL argument");
     *out = NULL;
     muser_session_opts opts;
     if (o)
@@ -81,20 +82,80 @@ int muser_session_new(muser_session **out, const muser_model *m, const muser_ses
     if (opts.n_threads > SESSION_MAX_THREADS) /* each thread gets per-thread scratch */
         return muser_errorf(err, MUSER_E_ARG, "session: %u threads requested, at most %u",
                             opts.n_threads, SESSION_MAX_THREADS);
+    muser_device *d = calloc(1, sizeof *d);
+    if (!d)
+        return muser_errorf(err, MUSER_E_NOMEM, "device: out of memory");
+    d->model = m;
+    d->opts = opts;
+    d->be = be;
+    d->max_rows = MUSER_STEP_MAX_ROWS;
+    int rc = be->dev_init(d, err);
+    if (rc) {
+        free(d);
+        return rc;
+    }
+    if (d->max_rows > MUSER_STEP_MAX_ROWS)
+        d->max_rows = MUSER_STEP_MAX_ROWS;
+    *out = d;
+    return MUSER_OK;
+}
 
+void muser_device_free(muser_device *d)
+{
+    if (!d)
+        return;
+    if (d->be && d->be->dev_free)
+        d->be->dev_free(d);
+    free(d);
+}
+
+int muser_session_open(muser_session **out, muser_device *d, uint64_t n_ctx, muser_error *err)
+{
+    if (!out || !d)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_open: NULL argument");
+    *out = NULL;
+    if (n_ctx == 0)
+        n_ctx = d->opts.n_ctx;
+    if (n_ctx > d->opts.n_ctx)
+        return muser_errorf(err, MUSER_E_ARG,
+                            "session: a context of %llu exceeds the device's %llu (its workspace "
+                            "is sized for that)",
+                            (unsigned long long)n_ctx, (unsigned long long)d->opts.n_ctx);
     muser_session *s = calloc(1, sizeof *s);
     if (!s)
         return muser_errorf(err, MUSER_E_NOMEM, "session: out of memory");
-    s->model = m;
-    s->opts = opts;
-    s->be = be;
+    s->model = d->model;
+    s->opts = d->opts;
+    s->opts.n_ctx = n_ctx;
+    s->be = d->be;
+    s->dev = d;
     s->n_past = 0;
-    int rc = be->init(s, err);
+    int rc = d->be->init(s, err);
     if (rc) {
         free(s);
         return rc;
     }
+    d->n_sessions++;
     *out = s;
+    return MUSER_OK;
+}
+
+int muser_session_new(muser_session **out, const muser_model *m, const muser_session_opts *o,
+                      muser_error *err)
+{
+    if (!out || !m)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_new: NULL argument");
+    *out = NULL;
+    muser_device *d = NULL;
+    int rc = muser_device_new(&d, m, o, err);
+    if (rc)
+        return rc;
+    rc = muser_session_open(out, d, 0, err);
+    if (rc) {
+        muser_device_free(d);
+        return rc;
+    }
+    (*out)->owns_dev = true;
     return MUSER_OK;
 }
 
@@ -104,7 +165,24 @@ void muser_session_free(muser_session *s)
         return;
     if (s->be && s->be->free)
         s->be->free(s);
+    muser_device *d = s->dev;
+    const bool owns = s->owns_dev;
     free(s);
+    if (d) {
+        d->n_sessions--;
+        if (owns)
+            muser_device_free(d);
+    }
+}
+
+static int check_tokens(const muser_model *m, const int32_t *tokens, uint32_t n, muser_error *err)
+{
+    const uint32_t V = m->hp.n_vocab;
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= V)
+            return muser_errorf(err, MUSER_E_ARG, "token %d at index %u is not in [0, %u)",
+                                tokens[i], i, V);
+    return MUSER_OK;
 }
 
 int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
@@ -114,19 +192,76 @@ int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
         return muser_errorf(err, MUSER_E_ARG, "muser_session_forward: NULL argument");
     if (n == 0)
         return muser_errorf(err, MUSER_E_ARG, "muser_session_forward: no tokens");
-    const uint32_t V = s->model->hp.n_vocab;
-    for (uint32_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || (uint32_t)tokens[i] >= V)
-            return muser_errorf(err, MUSER_E_ARG, "token %d at index %u is not in [0, %u)",
-                                tokens[i], i, V);
+    if (n == 1) /* the small-batch route with one row: decode */
+        return muser_step(s->dev, &s, tokens, 1, logits, NULL, err);
+    int rc = check_tokens(s->model, tokens, n, err);
+    if (rc)
+        return rc;
     if (s->n_past + n > s->opts.n_ctx)
         return muser_errorf(err, MUSER_E_CONTEXT_FULL,
                             "context full: %llu tokens held + %u new > context of %llu",
                             (unsigned long long)s->n_past, n, (unsigned long long)s->opts.n_ctx);
-    int rc = s->be->forward(s, tokens, n, logits, all_logits, err);
+    rc = s->be->forward(s, tokens, n, logits, all_logits, err);
     if (rc)
         return rc;
     s->n_past += n;
+    return MUSER_OK;
+}
+
+int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
+               float *logits, const muser_tap *tap, muser_error *err)
+{
+    if (!d || !seq || !tokens)
+        return muser_errorf(err, MUSER_E_ARG, "muser_step: NULL argument");
+    if (n == 0)
+        return muser_errorf(err, MUSER_E_ARG, "muser_step: no rows");
+    if (n > d->max_rows)
+        return muser_errorf(err, MUSER_E_ARG, "step: %u rows, but one pass takes at most %u", n,
+                            d->max_rows);
+    int rc = check_tokens(d->model, tokens, n, err);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!seq[i] || seq[i]->dev != d)
+            return muser_errorf(err, MUSER_E_ARG, "step: row %u's session is %s", i,
+                                seq[i] ? "on another device" : "NULL");
+        if (i > 0 && seq[i] != seq[i - 1])
+            for (uint32_t j = 0; j + 1 < i; j++)
+                if (seq[j] == seq[i])
+                    return muser_errorf(err, MUSER_E_ARG,
+                                        "step: row %u continues the session of row %u after "
+                                        "another session's rows (a session's rows must be one "
+                                        "run, in order)",
+                                        i, j);
+    }
+    for (uint32_t i = 0; i < n;) {
+        uint32_t k = i;
+        while (k < n && seq[k] == seq[i])
+            k++;
+        const muser_session *s = seq[i];
+        if (s->n_past + (k - i) > s->opts.n_ctx)
+            return muser_errorf(err, MUSER_E_CONTEXT_FULL,
+                                "step: row %u is at position %llu, past its session's context of "
+                                "%llu",
+                                i + (uint32_t)(s->opts.n_ctx - s->n_past),
+                                (unsigned long long)s->opts.n_ctx, (unsigned long long)s->opts.n_ctx);
+        i = k;
+    }
+    if (tap) {
+        if (!tap->out || tap->n_layers == 0)
+            return muser_errorf(err, MUSER_E_ARG, "step: a tap needs layers and an output buffer");
+        for (uint32_t k = 0; k < tap->n_layers; k++)
+            if (tap->layers[k] >= d->model->hp.n_layer || (k > 0 && tap->layers[k] <= tap->layers[k - 1]))
+                return muser_errorf(err, MUSER_E_ARG,
+                                    "step: tap layer %u (entry %u): layers must ascend below %u",
+                                    tap->layers[k], k, d->model->hp.n_layer);
+    }
+    const muser_step_rows rows = {.n = n, .seq = seq, .tokens = tokens, .tap = tap};
+    rc = d->be->step(d, &rows, logits, err);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        seq[i]->n_past++;
     return MUSER_OK;
 }
 

@@ -1,12 +1,22 @@
-/* session.h — one sequence over a shared model: its KV cache, activations and backend.
+/* session.h — backend instances (devices) and the sequences (sessions) on them.
  *
- * muser_session_forward runs n tokens at positions n_past .. n_past+n-1 through the route that
- * fits: n == 1 is the decode route, n > 1 the batch route (prefill chunks, speculative verify).
- * Every backend implements the same contract (SPEC §4); the oracle is a backend too, so tools can
- * compare any two. Nothing is allocated per token: sessions size everything at creation. */
+ * A device is one backend instance over a shared model: the weights where the backend keeps them
+ * (on a GPU: uploaded once), its threads and its pass workspace. A session is one sequence on a
+ * device: its KV cache and position. muser_session_new makes a private device for one session
+ * (the simple case); muser_device_new + muser_session_open put many sessions on one device, so
+ * their decode steps can share a pass (muser_step).
+ *
+ * Routes. muser_step is the small-batch route: up to d->max_rows rows per pass, each from any
+ * session on the device (packed decode), or several consecutive rows of one session (speculative
+ * verify); a row's logits and the K/V it writes are bit-identical whatever else shares its pass
+ * (SPEC §4, row invariance). muser_session_forward with n == 1 is that route with one row;
+ * n > 1 is the prefill route (chunks of max_batch rows), which meets the contract.
+ * Every backend implements the same contract; the oracle is a backend too, so tools can compare
+ * any two. Nothing is allocated per token: sessions and devices size everything at creation. */
 #ifndef MUSER_SESSION_H
 #define MUSER_SESSION_H
 
+#include "forward.h"
 #include "kv.h"
 #include "model.h"
 
@@ -16,44 +26,93 @@ typedef enum {
     MUSER_BACKEND_CUDA = 2,
 } muser_backend_kind;
 
+/* Rows one small-batch pass takes at most (a device may take fewer: d->max_rows). */
+#define MUSER_STEP_MAX_ROWS 64u
+
 typedef struct muser_session_opts {
     muser_backend_kind backend;
-    uint64_t n_ctx;          /* 0 = the model's context_length */
+    uint64_t n_ctx;          /* 0 = the model's context_length; on a device: the largest
+                              * context a session may open with (its default) */
     uint32_t n_threads;      /* CPU; 0 = all cores */
-    uint32_t max_batch;      /* rows per batch-route call; 0 = 512 */
+    uint32_t max_batch;      /* rows per prefill-route call; 0 = 512 */
     int device;              /* CUDA device ordinal */
 } muser_session_opts;
 
 typedef struct muser_session muser_session;
+typedef struct muser_device muser_device;
 
-/* Backend vtable. Each backend's session_new allocates its state and stores it in s->be_state. */
+/* The hidden-state tap of a step (forward.h): the residual after each listed layer, per row. */
+typedef fwd_tap muser_tap;
+
+/* One small-batch pass as the backend receives it, checked by muser_step: rows of the same
+ * session are one contiguous run at that session's next positions. */
+typedef struct muser_step_rows {
+    uint32_t n;
+    muser_session *const *seq; /* [n] */
+    const int32_t *tokens;     /* [n] */
+    const muser_tap *tap;      /* NULL: none */
+} muser_step_rows;
+
+/* Backend vtable. dev_init allocates the device state (d->be_state); init a session's state on
+ * s->dev (s->be_state). */
 typedef struct muser_backend {
     const char *name;
+    int (*dev_init)(muser_device *d, muser_error *err);
+    void (*dev_free)(muser_device *d);
     int (*init)(muser_session *s, muser_error *err);
     void (*free)(muser_session *s);
-    /* Run tokens[0..n) at s->n_past; logits [n][V] if all_logits else [V] for the last row
-     * (logits may be NULL). Must leave the session unchanged on error. */
+    /* The prefill route: tokens[0..n) at s->n_past; logits [n][V] if all_logits else [V] for the
+     * last row (logits may be NULL). Must leave the session unchanged on error. */
     int (*forward)(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                    bool all_logits, muser_error *err);
+    /* The small-batch route: logits [n][V] (may be NULL). Must leave every session unchanged on
+     * error. */
+    int (*step)(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err);
     int (*checkpoint)(muser_session *s, muser_error *err);
     int (*rollback)(muser_session *s, uint64_t n_keep, muser_error *err);
     void (*commit)(muser_session *s);
     void (*reset)(muser_session *s);
 } muser_backend;
 
+struct muser_device {
+    const muser_model *model;
+    muser_session_opts opts;  /* resolved */
+    const muser_backend *be;
+    void *be_state;
+    uint32_t max_rows;        /* rows one muser_step may carry */
+    uint32_t n_sessions;      /* sessions open on it */
+};
+
 struct muser_session {
     const muser_model *model;
-    muser_session_opts opts;  /* n_ctx resolved */
+    muser_session_opts opts;  /* the device's, n_ctx this session's */
     const muser_backend *be;
+    muser_device *dev;
+    bool owns_dev;            /* made by muser_session_new: freed with the session */
     void *be_state;
     uint64_t n_past;
 };
 
+int muser_device_new(muser_device **out, const muser_model *m, const muser_session_opts *o,
+                     muser_error *err);
+/* Sessions still open on the device are an error the caller made; they must be freed first. */
+void muser_device_free(muser_device *d);
+/* A session on d with context n_ctx (0: the device's; at most the device's). */
+int muser_session_open(muser_session **out, muser_device *d, uint64_t n_ctx, muser_error *err);
+
+/* A private device and one session on it. */
 int muser_session_new(muser_session **out, const muser_model *m, const muser_session_opts *o,
                       muser_error *err);
 void muser_session_free(muser_session *s);
 int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                           bool all_logits, muser_error *err);
+/* The small-batch route over n rows (seq[i], tokens[i]) of sessions on d: logits [n][V] (may be
+ * NULL), tap as muser_tap (may be NULL). Refused before anything runs, with an error naming the
+ * row: more rows than d->max_rows, a session of another device, a token out of range, a
+ * session's rows not one contiguous run, a row past its session's context. Each session's
+ * n_past advances by its rows on success; on any error no session changes. */
+int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
+               float *logits, const muser_tap *tap, muser_error *err);
 int muser_session_checkpoint(muser_session *s, muser_error *err);
 int muser_session_rollback(muser_session *s, uint64_t n_keep, muser_error *err);
 void muser_session_commit(muser_session *s);

@@ -46,9 +46,16 @@ typedef struct cpu_thread_scratch {
     float *o;      /* [group][D] attention accumulators */
 } cpu_thread_scratch;
 
+/* A session on the CPU: its cache, and the undo copy a call of several passes saves. */
+typedef struct cpu_seq {
+    muser_kv kv;
+    kv_undo undo;                 /* the cache before a call of several passes (kv.h) */
+} cpu_seq;
+
+/* The device: threads, kernels and one pass's workspace, shared by its sessions. */
 typedef struct cpu_state {
     const muser_model *m;
-    muser_kv kv;
+    muser_kv **pass_kv;           /* [pass_rows] the caches of the pass in flight (fwd_rows.seq) */
     cpu_pool *pool;
     cpu_kernels kn;
     uint32_t pass_rows, n_threads;
@@ -60,15 +67,14 @@ typedef struct cpu_state {
     uint16_t *stage_k, *stage_v;  /* [n_layer][pass_rows][KVD] f16: this pass's K/V */
     float *rope_cos, *rope_sin;   /* [pass_rows][D/2] */
     double *inv_freq;             /* [D/2] theta^(-2i/D) */
-    cpu_xsums xs;                 /* a decode row's input: sums [kmax/16], [kmax/32], xp [kmax] */
+    cpu_xsums *xs;                /* [pass_rows] decode rows' inputs: sums [kmax/16], [kmax/32], xp [kmax] */
     float *xpack;                 /* [pass_rows * kmax] a batch GEMM's input in pack_x's groups */
     cpu_thread_scratch *ts;       /* [n_threads] */
-    float *logits;                /* [V] last-row logits of the call in flight */
+    float *logits;                /* [pass_rows][V] the logits of a pass nobody reads (NaN check) */
     float *out_logits;            /* where lm_head writes this pass: logits or the caller's */
     float *commit_k, *commit_v;   /* [KVD] f32 rows for kv_plane_append */
     uint64_t *pos;                /* [pass_rows] */
-
-    kv_undo undo;                 /* the cache before a call of several passes (kv.h) */
+    uint32_t *seq, *first;        /* [pass_rows] fwd_rows.seq / .first of a step */
 } cpu_state;
 
 static float *row_of(cpu_state *st, fwd_buf b, uint32_t i)
@@ -296,8 +302,11 @@ static void attend_item(attn_job *j, uint32_t t, uint64_t item)
     const cpu_kernels *kn = &st->kn;
     const uint32_t i = (uint32_t)(item / st->HKV), g = (uint32_t)(item % st->HKV);
     const uint32_t D = st->D, G = st->group, KVD = st->KVD;
-    const kv_plane *pl = &st->kv.planes[j->layer];
-    const uint64_t p = r->pos[i], p0 = r->pos[0];
+    const kv_plane *pl = &st->pass_kv[fwd_seq(r, i)]->planes[j->layer];
+    /* this row's sequence: its first row of the pass (pass index i0) is at position p0, so
+     * position p0 + k of it is staged at pass row i0 + k */
+    const uint32_t i0 = fwd_first(r, i);
+    const uint64_t p = r->pos[i], p0 = r->pos[i0];
     uint64_t lo = 0;
     if (j->window && p + 1 > j->window)
         lo = p + 1 - j->window;
@@ -319,7 +328,7 @@ static void attend_item(attn_job *j, uint32_t t, uint64_t item)
             kp = kv_cursor_at(&ck);
             kv_cursor_next(&ck);
         } else {
-            kp = sk + (lo + x - p0) * KVD + (uint64_t)g * D;
+            kp = sk + (i0 + lo + x - p0) * KVD + (uint64_t)g * D;
         }
         for (uint32_t h = 0; h < G; h++)
             sc[h * span + x] = kn->dot_f16(q + h * D, kp, D) * j->scale;
@@ -345,7 +354,7 @@ static void attend_item(attn_job *j, uint32_t t, uint64_t item)
             vp = kv_cursor_at(&cv);
             kv_cursor_next(&cv);
         } else {
-            vp = sv + (lo + x - p0) * KVD + (uint64_t)g * D;
+            vp = sv + (i0 + lo + x - p0) * KVD + (uint64_t)g * D;
         }
         for (uint32_t h = 0; h < G; h++)
             kn->axpy_f16(o + h * D, sc[h * span + x], vp, D);
@@ -388,10 +397,13 @@ typedef struct mm_job {
     uint64_t ldd[FWD_MAX_GROUP];
     uint64_t start[FWD_MAX_GROUP + 1]; /* cumulative rows (decode) or panels (batch) */
     const float *x;
+    uint64_t ldx;
     uint64_t cols, block, share; /* decode: the smallest block of rows, 1/share of those left */
     atomic_uint_fast64_t next;
 } mm_job;
 
+/* The small-batch route's matrices: each weight row against every activation row of the pass
+ * (kernels.h dot_rows: bit for bit one dot_row per input). */
 static void matvec_main(void *arg, uint32_t t, uint32_t nt)
 {
     (void)t;
@@ -406,7 +418,8 @@ static void matvec_main(void *arg, uint32_t t, uint32_t nt)
                 a++;
             const muser_tensor *w = j->w[a];
             const uint64_t row = g - j->start[a];
-            j->dst[a][row] = kn->dot_row(w->type, muser_tensor_row(w, row), j->x, &j->st->xs, j->cols);
+            kn->dot_rows(w->type, muser_tensor_row(w, row), j->x, j->ldx, j->st->xs, j->m, j->cols,
+                         j->dst[a] + row, j->ldd[a]);
         }
     }
 }
@@ -438,7 +451,7 @@ static void run_matmul(cpu_state *st, fwd_route route, const float *x, uint64_t 
                        const muser_tensor *const *w, float *const *dst, const uint64_t *ldd,
                        uint32_t n_mm)
 {
-    mm_job j = {.st = st, .n_mm = n_mm, .m = m, .x = x, .cols = w[0]->cols};
+    mm_job j = {.st = st, .n_mm = n_mm, .m = m, .x = x, .ldx = ldx, .cols = w[0]->cols};
     j.start[0] = 0;
     for (uint32_t a = 0; a < n_mm; a++) {
         j.w[a] = w[a];
@@ -454,7 +467,8 @@ static void run_matmul(cpu_state *st, fwd_route route, const float *x, uint64_t 
         weights += w[a]->rows * w[a]->cols;
     const bool alone = weights * m < CPU_PAR_MIN_WEIGHTS;
     if (route == FWD_ROUTE_DECODE) {
-        st->kn.xsums(x, j.cols, &st->xs);
+        for (uint32_t i = 0; i < m; i++)
+            st->kn.xsums(x + i * ldx, j.cols, &st->xs[i]);
         /* guided: a thread takes 1/(2 nt) of the rows left, at least CPU_MV_MIN_ROWS */
         j.block = CPU_MV_MIN_ROWS;
         j.share = 2 * (uint64_t)cpu_pool_threads(st->pool);
@@ -506,16 +520,26 @@ static int op_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_tens
 static int op_kv_append_staged(void *be, const fwd_rows *r, muser_error *err)
 {
     cpu_state *st = be;
-    for (uint32_t l = 0; l < st->kv.n_layer; l++)
+    for (uint32_t l = 0; l < st->m->hp.n_layer; l++)
         for (uint32_t i = 0; i < r->n; i++) {
             const uint64_t off = ((uint64_t)l * st->pass_rows + i) * st->KVD;
             st->kn.f16_to_f32(st->stage_k + off, st->commit_k, st->KVD);
             st->kn.f16_to_f32(st->stage_v + off, st->commit_v, st->KVD);
-            int rc = kv_plane_append(&st->kv.planes[l], r->pos[i], st->commit_k, st->commit_v, err);
+            int rc = kv_plane_append(&st->pass_kv[fwd_seq(r, i)]->planes[l], r->pos[i], st->commit_k,
+                                     st->commit_v, err);
             if (rc)
                 return rc;
         }
     return MUSER_OK;
+}
+
+static void op_tap(void *be, const fwd_rows *r, uint32_t slot)
+{
+    cpu_state *st = be;
+    const fwd_tap *tp = r->tap;
+    for (uint32_t i = 0; i < r->n; i++)
+        memcpy(tp->out + ((uint64_t)i * tp->n_layers + slot) * st->E, row_of(st, FWD_H, i),
+               (uint64_t)st->E * sizeof(float));
 }
 
 static const fwd_ops cpu_ops = {
@@ -529,17 +553,17 @@ static const fwd_ops cpu_ops = {
     .tail = op_tail,
     .lm_head = op_lm_head,
     .kv_append_staged = op_kv_append_staged,
+    .tap = op_tap,
 };
 
 /* ---- the vtable ---- */
 
-static void cpu_free(muser_session *s)
+static void cpu_dev_free(muser_device *d)
 {
-    cpu_state *st = s->be_state;
+    cpu_state *st = d->be_state;
     if (!st)
         return;
     cpu_pool_free(st->pool);
-    kv_free(&st->kv);
     for (int b = 0; b < FWD_BUF_COUNT; b++)
         muser_free_aligned(st->buf[b]);
     muser_free_aligned(st->stage_k);
@@ -547,9 +571,12 @@ static void cpu_free(muser_session *s)
     free(st->rope_cos);
     free(st->rope_sin);
     free(st->inv_freq);
-    free(st->xs.s16);
-    free(st->xs.s32);
-    muser_free_aligned(st->xs.xp);
+    for (uint32_t i = 0; st->xs && i < st->pass_rows; i++) {
+        free(st->xs[i].s16);
+        free(st->xs[i].s32);
+        muser_free_aligned(st->xs[i].xp);
+    }
+    free(st->xs);
     muser_free_aligned(st->xpack);
     for (uint32_t t = 0; st->ts && t < st->n_threads; t++) {
         muser_free_aligned(st->ts[t].tmp);
@@ -562,21 +589,23 @@ static void cpu_free(muser_session *s)
     free(st->commit_k);
     free(st->commit_v);
     free(st->pos);
-    kv_undo_free(&st->undo);
+    free(st->seq);
+    free(st->first);
+    free(st->pass_kv);
     free(st);
-    s->be_state = NULL;
+    d->be_state = NULL;
 }
 
-static int cpu_init(muser_session *s, muser_error *err)
+static int cpu_dev_init(muser_device *d, muser_error *err)
 {
-    const muser_model *m = s->model;
+    const muser_model *m = d->model;
     const muser_hparams *hp = &m->hp;
     cpu_state *st = calloc(1, sizeof *st);
     if (!st)
-        return muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for the session state");
-    s->be_state = st;
+        return muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for the device state");
+    d->be_state = st;
     st->m = m;
-    st->n_ctx = s->opts.n_ctx;
+    st->n_ctx = d->opts.n_ctx;
     st->E = hp->n_embd;
     st->F = hp->n_ff;
     st->H = hp->n_head;
@@ -589,20 +618,22 @@ static int cpu_init(muser_session *s, muser_error *err)
     st->kmax = st->E > st->F ? st->E : st->F;
     if (st->QD > st->kmax)
         st->kmax = st->QD;
-    st->pass_rows = s->opts.max_batch < CPU_PASS_ROWS ? s->opts.max_batch : CPU_PASS_ROWS;
+    /* a pass holds a prefill chunk (max_batch rows, at most CPU_PASS_ROWS) or a step (up to
+     * MUSER_STEP_MAX_ROWS rows) */
+    st->pass_rows = d->opts.max_batch < CPU_PASS_ROWS ? d->opts.max_batch : CPU_PASS_ROWS;
     if (st->pass_rows == 0)
         st->pass_rows = CPU_PASS_ROWS;
+    if (st->pass_rows < MUSER_STEP_MAX_ROWS)
+        st->pass_rows = MUSER_STEP_MAX_ROWS;
     cpu_kernels_init(&st->kn, false);
 
-    uint32_t nt = s->opts.n_threads;
+    uint32_t nt = d->opts.n_threads;
     if (nt == 0) {
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         nt = online > 0 ? (uint32_t)online : 1;
     }
-    int rc = kv_init(&st->kv, hp, st->n_ctx, true, err);
+    int rc = cpu_pool_new(&st->pool, nt, err);
     if (rc)
-        goto fail;
-    if ((rc = cpu_pool_new(&st->pool, nt, err)))
         goto fail;
 
     const uint32_t widths[FWD_BUF_COUNT] = {
@@ -622,15 +653,21 @@ static int cpu_init(muser_session *s, muser_error *err)
     ok &= (st->rope_cos = calloc(R * (st->D / 2 + 1), sizeof(float))) != NULL;
     ok &= (st->rope_sin = calloc(R * (st->D / 2 + 1), sizeof(float))) != NULL;
     ok &= (st->inv_freq = calloc(st->D / 2 + 1, sizeof(double))) != NULL;
-    ok &= (st->xs.s16 = calloc(st->kmax / 16 + 1, sizeof(float))) != NULL;
-    ok &= (st->xs.s32 = calloc(st->kmax / 32 + 1, sizeof(float))) != NULL;
-    ok &= (st->xs.xp = muser_alloc_aligned(((uint64_t)st->kmax + 32) * sizeof(float))) != NULL;
+    ok &= (st->xs = calloc(R, sizeof *st->xs)) != NULL;
+    for (uint64_t i = 0; ok && i < R; i++) {
+        ok &= (st->xs[i].s16 = calloc(st->kmax / 16 + 1, sizeof(float))) != NULL;
+        ok &= (st->xs[i].s32 = calloc(st->kmax / 32 + 1, sizeof(float))) != NULL;
+        ok &= (st->xs[i].xp = muser_alloc_aligned(((uint64_t)st->kmax + 32) * sizeof(float))) != NULL;
+    }
     ok &= (st->xpack = muser_alloc_aligned((uint64_t)st->pass_rows * st->kmax * sizeof(float))) !=
           NULL;
-    ok &= (st->logits = calloc(st->V, sizeof(float))) != NULL;
+    ok &= (st->logits = calloc((uint64_t)MUSER_STEP_MAX_ROWS * st->V, sizeof(float))) != NULL;
     ok &= (st->commit_k = calloc(st->KVD, sizeof(float))) != NULL;
     ok &= (st->commit_v = calloc(st->KVD, sizeof(float))) != NULL;
     ok &= (st->pos = calloc(R, sizeof(uint64_t))) != NULL;
+    ok &= (st->seq = calloc(R, sizeof(uint32_t))) != NULL;
+    ok &= (st->first = calloc(R, sizeof(uint32_t))) != NULL;
+    ok &= (st->pass_kv = calloc(R, sizeof *st->pass_kv)) != NULL;
     ok &= (st->ts = calloc(nt, sizeof *st->ts)) != NULL;
     st->n_threads = st->ts ? nt : 0;
     for (uint32_t t = 0; ok && t < nt; t++) {
@@ -640,7 +677,6 @@ static int cpu_init(muser_session *s, muser_error *err)
         ok &= (ts->scores = muser_alloc_aligned((uint64_t)st->group * st->n_ctx * sizeof(float))) != NULL;
         ok &= (ts->o = muser_alloc_aligned((uint64_t)st->group * st->D * sizeof(float))) != NULL;
     }
-    ok &= kv_undo_init(&st->undo, &st->kv, NULL) == MUSER_OK;
     if (!ok) {
         rc = muser_errorf(err, MUSER_E_NOMEM,
                           "cpu: out of memory for a pass of %u rows (E %u, F %u, context %llu)",
@@ -649,10 +685,50 @@ static int cpu_init(muser_session *s, muser_error *err)
     }
     for (uint32_t i = 0; i < st->D / 2; i++)
         st->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * (double)i / (double)st->D);
+    d->max_rows = MUSER_STEP_MAX_ROWS;
     return MUSER_OK;
 fail:
-    cpu_free(s);
+    cpu_dev_free(d);
     return rc;
+}
+
+static void cpu_free(muser_session *s)
+{
+    cpu_seq *q = s->be_state;
+    if (!q)
+        return;
+    kv_undo_free(&q->undo);
+    kv_free(&q->kv);
+    free(q);
+    s->be_state = NULL;
+}
+
+static int cpu_init(muser_session *s, muser_error *err)
+{
+    cpu_seq *q = calloc(1, sizeof *q);
+    if (!q)
+        return muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for the session state");
+    s->be_state = q;
+    int rc = kv_init(&q->kv, &s->model->hp, s->opts.n_ctx, true, err);
+    if (!rc && kv_undo_init(&q->undo, &q->kv, NULL) != MUSER_OK)
+        rc = muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for a context of %llu",
+                          (unsigned long long)s->opts.n_ctx);
+    if (rc)
+        cpu_free(s);
+    return rc;
+}
+
+/* The cache must accept exactly p0 next on every layer (a backend that was used wrongly). */
+static int check_next(const muser_kv *kv, uint64_t p0, muser_error *err)
+{
+    for (uint32_t l = 0; l < kv->n_layer; l++)
+        if (kv->planes[l].next_pos != p0)
+            return muser_errorf(err, MUSER_E_CACHE_DISCONTINUITY,
+                                "cpu: forward at position %llu, but layer %u's cache accepts "
+                                "only position %llu",
+                                (unsigned long long)p0, l,
+                                (unsigned long long)kv->planes[l].next_pos);
+    return MUSER_OK;
 }
 
 static void set_rope(cpu_state *st, uint32_t n)
@@ -666,28 +742,28 @@ static void set_rope(cpu_state *st, uint32_t n)
         }
 }
 
+/* The prefill route: chunks of max_batch rows of one session. */
 static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                        bool all_logits, muser_error *err)
 {
-    cpu_state *st = s->be_state;
+    cpu_state *st = s->dev->be_state;
+    cpu_seq *q = s->be_state;
     const uint64_t p0 = s->n_past;
-    for (uint32_t l = 0; l < st->kv.n_layer; l++)
-        if (st->kv.planes[l].next_pos != p0)
-            return muser_errorf(err, MUSER_E_CACHE_DISCONTINUITY,
-                                "cpu: forward at position %llu, but layer %u's cache accepts "
-                                "only position %llu",
-                                (unsigned long long)p0, l,
-                                (unsigned long long)st->kv.planes[l].next_pos);
-    if (p0 + n > st->n_ctx)
+    int rc = check_next(&q->kv, p0, err);
+    if (rc)
+        return rc;
+    if (p0 + n > s->opts.n_ctx)
         return muser_errorf(err, MUSER_E_CONTEXT_FULL,
                             "cpu: %llu tokens held + %u new exceed the context of %llu",
-                            (unsigned long long)p0, n, (unsigned long long)st->n_ctx);
+                            (unsigned long long)p0, n, (unsigned long long)s->opts.n_ctx);
     const fwd_route route = n == 1 ? FWD_ROUTE_DECODE : FWD_ROUTE_BATCH;
-    const bool several = n > st->pass_rows;
+    const uint32_t chunk = s->opts.max_batch < st->pass_rows ? s->opts.max_batch : st->pass_rows;
+    const bool several = n > chunk;
+    st->pass_kv[0] = &q->kv;
     if (several)
-        kv_undo_save(&st->undo, &st->kv, n);
-    for (uint32_t off = 0; off < n; off += st->pass_rows) {
-        const uint32_t c = n - off < st->pass_rows ? n - off : st->pass_rows;
+        kv_undo_save(&q->undo, &q->kv, n);
+    for (uint32_t off = 0; off < n; off += chunk) {
+        const uint32_t c = n - off < chunk ? n - off : chunk;
         for (uint32_t i = 0; i < c; i++)
             st->pos[i] = p0 + off + i;
         set_rope(st, c);
@@ -698,10 +774,10 @@ static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, floa
         else if (logits && off + c == n)
             want = 1;
         st->out_logits = all_logits && logits ? logits + (uint64_t)off * st->V : st->logits;
-        int rc = fwd_run(&cpu_ops, st, st->m, &rows, want, err);
+        rc = fwd_run(&cpu_ops, st, st->m, &rows, want, err);
         if (rc) {
             if (several && off > 0)
-                kv_undo_restore(&st->undo, &st->kv);
+                kv_undo_restore(&q->undo, &q->kv);
             return rc;
         }
     }
@@ -710,35 +786,70 @@ static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, floa
     return MUSER_OK;
 }
 
+/* The small-batch route: one pass over rows of any sessions (session.c checked the runs). */
+static int cpu_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
+{
+    cpu_state *st = d->be_state;
+    const uint32_t n = rows->n;
+    uint32_t n_seq = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (i == 0 || rows->seq[i] != rows->seq[i - 1]) {
+            cpu_seq *q = rows->seq[i]->be_state;
+            int rc = check_next(&q->kv, rows->seq[i]->n_past, err);
+            if (rc)
+                return rc;
+            st->pass_kv[n_seq++] = &q->kv;
+            st->first[i] = i;
+        } else {
+            st->first[i] = st->first[i - 1];
+        }
+        st->seq[i] = n_seq - 1;
+        st->pos[i] = rows->seq[i]->n_past + (i - st->first[i]);
+    }
+    set_rope(st, n);
+    const fwd_rows r = {.n = n, .tokens = rows->tokens, .pos = st->pos, .seq = st->seq,
+                        .first = st->first, .route = FWD_ROUTE_DECODE, .tap = rows->tap};
+    /* every row's logits are computed and checked (a step's rows are all read), into scratch:
+     * the caller's buffer is written only when the pass succeeded */
+    st->out_logits = st->logits;
+    int rc = fwd_run(&cpu_ops, st, st->m, &r, 2, err);
+    if (!rc && logits)
+        memcpy(logits, st->logits, (uint64_t)n * st->V * sizeof(float));
+    return rc;
+}
+
 static int cpu_checkpoint(muser_session *s, muser_error *err)
 {
-    cpu_state *st = s->be_state;
-    return kv_checkpoint(&st->kv, err);
+    cpu_seq *q = s->be_state;
+    return kv_checkpoint(&q->kv, err);
 }
 
 static int cpu_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
 {
-    cpu_state *st = s->be_state;
-    return kv_rollback(&st->kv, n_keep, err);
+    cpu_seq *q = s->be_state;
+    return kv_rollback(&q->kv, n_keep, err);
 }
 
 static void cpu_commit(muser_session *s)
 {
-    cpu_state *st = s->be_state;
-    kv_commit(&st->kv);
+    cpu_seq *q = s->be_state;
+    kv_commit(&q->kv);
 }
 
 static void cpu_reset(muser_session *s)
 {
-    cpu_state *st = s->be_state;
-    kv_reset(&st->kv);
+    cpu_seq *q = s->be_state;
+    kv_reset(&q->kv);
 }
 
 static const muser_backend cpu_backend = {
     .name = "cpu",
+    .dev_init = cpu_dev_init,
+    .dev_free = cpu_dev_free,
     .init = cpu_init,
     .free = cpu_free,
     .forward = cpu_forward,
+    .step = cpu_step,
     .checkpoint = cpu_checkpoint,
     .rollback = cpu_rollback,
     .commit = cpu_commit,

@@ -62,6 +62,13 @@ static float dot_row_scalar(uint32_t type, const void *row, const float *x, cons
     return quant_dot(type, row, x, n);
 }
 
+static void dot_rows_scalar(uint32_t type, const void *row, const float *x, uint64_t ldx, const cpu_xsums *xs,
+                            uint32_t m, uint64_t n, float *out, uint64_t ldo)
+{
+    for (uint32_t i = 0; i < m; i++)
+        out[i * ldo] = dot_row_scalar(type, row, x + i * ldx, xs + i, n);
+}
+
 /* src rows r < CPU_PANEL, lds floats apart, K elements -> panel [K][CPU_PANEL]. */
 static void transpose_scalar(const float *src, uint64_t lds, float *panel, uint64_t K)
 {
@@ -314,47 +321,6 @@ static TGT_INLINE void q4k_scales_vec(const uint8_t *blk, __m256 *dsc, __m256 *d
     *dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(mn), _mm256_set1_ps(f16_at(blk + 2)));
 }
 
-/* Q4_K against xp. Each 32-byte group is one load; lane i holds bytes 4i..4i+3, i.e. the low
- * nibbles of elements 4i+t (t = 0..3, sub-block 2j) and, after one 4-bit shift, the high
- * nibbles (sub-block 2j+1). Masking nibble t in place gives q·2^8t as an exact integer; the
- * 2^-8t folded into xp cancels it exactly in the product, so each product equals q·x. */
-static TGT float dot_q4k_avx2(const uint8_t *row, const float *xp, const float *s32, uint64_t nb)
-{
-    const __m256i m0 = _mm256_set1_epi32(0xF), m1 = _mm256_set1_epi32(0xF00),
-                  m2 = _mm256_set1_epi32(0xF0000), m3 = _mm256_set1_epi32(0xF000000);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
-    float dsc_s[8] __attribute__((aligned(32)));
-    for (uint64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
-        _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
-        __m256 dsc, dmn;
-        q4k_scales_vec(blk, &dsc, &dmn);
-        mins = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(s32 + b * 8), mins);
-        _mm256_store_ps(dsc_s, dsc);
-        const uint8_t *qs = blk + 16;
-        const float *xb = xp + b * QK_K;
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j));
-            const __m256i h = _mm256_srli_epi32(v, 4);
-            const float *xl = xb + 64 * j, *xh = xl + 32;
-            __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m0)), _mm256_loadu_ps(xl));
-            __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(h, m0)), _mm256_loadu_ps(xh));
-            lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m1)), _mm256_loadu_ps(xl + 8), lo);
-            hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(h, m1)), _mm256_loadu_ps(xh + 8), hi);
-            lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m2)), _mm256_loadu_ps(xl + 16), lo);
-            hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(h, m2)), _mm256_loadu_ps(xh + 16), hi);
-            lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, m3)), _mm256_loadu_ps(xl + 24), lo);
-            hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(h, m3)), _mm256_loadu_ps(xh + 24), hi);
-            acc0 = _mm256_fmadd_ps(lo, _mm256_broadcast_ss(dsc_s + 2 * j), acc0);
-            acc1 = _mm256_fmadd_ps(hi, _mm256_broadcast_ss(dsc_s + 2 * j + 1), acc1);
-        }
-    }
-    return hsum256(_mm256_add_ps(acc0, acc1)) - hsum256(mins);
-}
-
 /* The four 6-bit quants of Q6_K lanes l..l+7 of one 128-element half (see the header). */
 #define Q6K_UNPACK(QL, QH, l, q1, q2, q3, q4)                                                  \
     do {                                                                                       \
@@ -369,12 +335,74 @@ static TGT float dot_q4k_avx2(const uint8_t *row, const float *xp, const float *
                              _mm256_and_si256(_mm256_srli_epi32(H_, 2), m30));                 \
     } while (0)
 
+/* ---- one weight row against several inputs (the small-batch route) ----
+ * dot_q4k_avx2 / dot_q6k_avx2 with the weight unpacking done once for R inputs: each input's
+ * products, accumulators and final sums are the single dot's, in its order (no reassociation: the
+ * engine builds with -std=c11, so nothing is contracted), so out[i] is bit for bit what dot_row
+ * gives for x_i alone, whatever R and whichever inputs share the call. */
+/* Q4_K against xp. Each 32-byte group is one load; lane i holds bytes 4i..4i+3, i.e. the low
+ * nibbles of elements 4i+t (t = 0..3, sub-block 2j) and, after one 4-bit shift, the high
+ * nibbles (sub-block 2j+1). Masking nibble t in place gives q·2^8t as an exact integer; the
+ * 2^-8t folded into xp cancels it exactly in the product, so each product equals q·x. */
+static TGT_INLINE void dot_q4k_multi(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
+                                     uint64_t ldo)
+{
+    const __m256i m0 = _mm256_set1_epi32(0xF), m1 = _mm256_set1_epi32(0xF00),
+                  m2 = _mm256_set1_epi32(0xF0000), m3 = _mm256_set1_epi32(0xF000000);
+    __m256 acc0[4], acc1[4], mins[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        acc0[r] = acc1[r] = mins[r] = _mm256_setzero_ps();
+    float dsc_s[8] __attribute__((aligned(32)));
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
+        _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
+        __m256 dsc, dmn;
+        q4k_scales_vec(blk, &dsc, &dmn);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            mins[r] = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xs[r].s32 + b * 8), mins[r]);
+        _mm256_store_ps(dsc_s, dsc);
+        const uint8_t *qs = blk + 16;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j));
+            const __m256i h = _mm256_srli_epi32(v, 4);
+            const __m256 wl0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, m0)), wh0 = _mm256_cvtepi32_ps(_mm256_and_si256(h, m0));
+            const __m256 wl1 = _mm256_cvtepi32_ps(_mm256_and_si256(v, m1)), wh1 = _mm256_cvtepi32_ps(_mm256_and_si256(h, m1));
+            const __m256 wl2 = _mm256_cvtepi32_ps(_mm256_and_si256(v, m2)), wh2 = _mm256_cvtepi32_ps(_mm256_and_si256(h, m2));
+            const __m256 wl3 = _mm256_cvtepi32_ps(_mm256_and_si256(v, m3)), wh3 = _mm256_cvtepi32_ps(_mm256_and_si256(h, m3));
+            const __m256 d0 = _mm256_broadcast_ss(dsc_s + 2 * j), d1 = _mm256_broadcast_ss(dsc_s + 2 * j + 1);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const float *xl = xs[r].xp + b * QK_K + 64 * j, *xh = xl + 32;
+                __m256 lo = _mm256_mul_ps(wl0, _mm256_loadu_ps(xl));
+                __m256 hi = _mm256_mul_ps(wh0, _mm256_loadu_ps(xh));
+                lo = _mm256_fmadd_ps(wl1, _mm256_loadu_ps(xl + 8), lo);
+                hi = _mm256_fmadd_ps(wh1, _mm256_loadu_ps(xh + 8), hi);
+                lo = _mm256_fmadd_ps(wl2, _mm256_loadu_ps(xl + 16), lo);
+                hi = _mm256_fmadd_ps(wh2, _mm256_loadu_ps(xh + 16), hi);
+                lo = _mm256_fmadd_ps(wl3, _mm256_loadu_ps(xl + 24), lo);
+                hi = _mm256_fmadd_ps(wh3, _mm256_loadu_ps(xh + 24), hi);
+                acc0[r] = _mm256_fmadd_ps(lo, d0, acc0[r]);
+                acc1[r] = _mm256_fmadd_ps(hi, d1, acc1[r]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        out[r * ldo] = hsum256(_mm256_add_ps(acc0[r], acc1[r])) - hsum256(mins[r]);
+}
+
 /* Q6_K against xp. Per 128-element half, ql[0..32), ql[32..64) and qh[0..32) are one load each
  * (A, B, H); lane i holds l = 4i..4i+3. The four quarters' 6-bit quants are assembled for all
  * four bytes of a lane at once (see the header for which bits), then byte t is masked in place:
  * q·2^8t, cancelled exactly by xp's 2^-8t. Scales are per 16 elements = lanes 0-3 / 4-7, so a
  * quarter's scale vector is two scales spread by one lane permute. */
-static TGT float dot_q6k_avx2(const uint8_t *row, const float *xp, const float *s16, uint64_t nb)
+static TGT_INLINE void dot_q6k_multi(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
+                                     uint64_t ldo)
 {
     const __m256i m4 = _mm256_set1_epi32(0x0F0F0F0F), m30 = _mm256_set1_epi32(0x30303030);
     const __m256i k0 = _mm256_set1_epi32(0x3F), k1 = _mm256_set1_epi32(0x3F00),
@@ -383,9 +411,12 @@ static TGT float dot_q6k_avx2(const uint8_t *row, const float *xp, const float *
                             _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
                             _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
                             _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    __m256 offs = _mm256_setzero_ps();
+    __m256 acc[4][4], offs[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm256_setzero_ps();
+        offs[r] = _mm256_setzero_ps();
+    }
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
         _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
@@ -397,13 +428,14 @@ static TGT float dot_q6k_avx2(const uint8_t *row, const float *xp, const float *
         __m256 ds[2];
         ds[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
         ds[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), d);
-        /* the -32 of every quant: 32 * d*sc * (sum of x over the scale's 16 elements) */
-        offs = _mm256_fmadd_ps(ds[0], _mm256_loadu_ps(s16 + b * 16), offs);
-        offs = _mm256_fmadd_ps(ds[1], _mm256_loadu_ps(s16 + b * 16 + 8), offs);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            offs[r] = _mm256_fmadd_ps(ds[0], _mm256_loadu_ps(xs[r].s16 + b * 16), offs[r]);
+            offs[r] = _mm256_fmadd_ps(ds[1], _mm256_loadu_ps(xs[r].s16 + b * 16 + 8), offs[r]);
+        }
 #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             const uint8_t *QL = blk + 64 * n, *QH = blk + 128 + 32 * n;
-            const float *y = xp + b * QK_K + 128 * n;
             const __m256i A = _mm256_loadu_si256((const __m256i *)(const void *)QL);
             const __m256i B = _mm256_loadu_si256((const __m256i *)(const void *)(QL + 32));
             const __m256i H = _mm256_loadu_si256((const __m256i *)(const void *)QH);
@@ -415,19 +447,41 @@ static TGT float dot_q6k_avx2(const uint8_t *row, const float *xp, const float *
                                    _mm256_and_si256(_mm256_srli_epi32(H, 2), m30));
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
-                const float *yt = y + 32 * t;
-                __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q[t], k0)), _mm256_loadu_ps(yt));
-                __m256 c = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q[t], k1)), _mm256_loadu_ps(yt + 8));
-                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q[t], k2)), _mm256_loadu_ps(yt + 16), a);
-                c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q[t], k3)), _mm256_loadu_ps(yt + 24), c);
-                acc[t] = _mm256_fmadd_ps(_mm256_add_ps(a, c), _mm256_permutevar8x32_ps(ds[n], sel[t]),
-                                         acc[t]);
+                const __m256 w0 = _mm256_cvtepi32_ps(_mm256_and_si256(q[t], k0)), w1 = _mm256_cvtepi32_ps(_mm256_and_si256(q[t], k1));
+                const __m256 w2 = _mm256_cvtepi32_ps(_mm256_and_si256(q[t], k2)), w3 = _mm256_cvtepi32_ps(_mm256_and_si256(q[t], k3));
+                const __m256 sc = _mm256_permutevar8x32_ps(ds[n], sel[t]);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const float *yt = xs[r].xp + b * QK_K + 128 * n + 32 * t;
+                    __m256 a = _mm256_mul_ps(w0, _mm256_loadu_ps(yt));
+                    __m256 c = _mm256_mul_ps(w1, _mm256_loadu_ps(yt + 8));
+                    a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(yt + 16), a);
+                    c = _mm256_fmadd_ps(w3, _mm256_loadu_ps(yt + 24), c);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_add_ps(a, c), sc, acc[r][t]);
+                }
             }
         }
     }
-    return hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) -
-           32.0f * hsum256(offs);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        out[r * ldo] = hsum256(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]))) -
+                       32.0f * hsum256(offs[r]);
 }
+
+/* The R-input instances the route calls (4 inputs share one pass over the weight row; more
+ * inputs take several passes over it, from L1). */
+#define CPU_DOT_GROUP 4
+static TGT void dot_q4k_m1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi(w, xs, 1, nb, o, ldo); }
+static TGT void dot_q4k_m2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi(w, xs, 2, nb, o, ldo); }
+static TGT void dot_q4k_m3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi(w, xs, 3, nb, o, ldo); }
+static TGT void dot_q4k_m4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi(w, xs, 4, nb, o, ldo); }
+static TGT void dot_q6k_m1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi(w, xs, 1, nb, o, ldo); }
+static TGT void dot_q6k_m2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi(w, xs, 2, nb, o, ldo); }
+static TGT void dot_q6k_m3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi(w, xs, 3, nb, o, ldo); }
+static TGT void dot_q6k_m4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi(w, xs, 4, nb, o, ldo); }
+typedef void (*dot_multi_fn)(const uint8_t *, const cpu_xsums *, uint64_t, float *, uint64_t);
+static const dot_multi_fn dot_q4k_m[CPU_DOT_GROUP] = {dot_q4k_m1, dot_q4k_m2, dot_q4k_m3, dot_q4k_m4};
+static const dot_multi_fn dot_q6k_m[CPU_DOT_GROUP] = {dot_q6k_m1, dot_q6k_m2, dot_q6k_m3, dot_q6k_m4};
 
 static TGT float dot_q8_0_avx2(const uint8_t *row, const float *x, uint64_t nb)
 {
@@ -499,13 +553,33 @@ static TGT float dot_row_avx2(uint32_t type, const void *row, const float *x, co
                               uint64_t n)
 {
     switch (type) {
-    case GGML_TYPE_Q4_K: return dot_q4k_avx2(row, xs->xp, xs->s32, n / QK_K);
-    case GGML_TYPE_Q6_K: return dot_q6k_avx2(row, xs->xp, xs->s16, n / QK_K);
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q6_K: {
+        float o;
+        (type == GGML_TYPE_Q4_K ? dot_q4k_m1 : dot_q6k_m1)(row, xs, n / QK_K, &o, 1);
+        return o;
+    }
     case GGML_TYPE_Q8_0: return dot_q8_0_avx2(row, x, n / QK8_0);
     case GGML_TYPE_F32: return dot_f32_avx2(row, x, n);
     case GGML_TYPE_F16: return dot_f16_avx2(x, row, (uint32_t)n);
     case GGML_TYPE_BF16: return dot_bf16_avx2(row, x, n);
     default: return quant_dot(type, row, x, n);
+    }
+}
+
+static TGT void dot_rows_avx2(uint32_t type, const void *row, const float *x, uint64_t ldx, const cpu_xsums *xs,
+                              uint32_t m, uint64_t n, float *out, uint64_t ldo)
+{
+    const dot_multi_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_m : type == GGML_TYPE_Q6_K ? dot_q6k_m : NULL;
+    for (uint32_t i = 0; i < m;) {
+        const uint32_t g = m - i < CPU_DOT_GROUP ? m - i : CPU_DOT_GROUP;
+        if (f) {
+            f[g - 1](row, xs + i, n / QK_K, out + i * ldo, ldo);
+            i += g;
+        } else { /* the other formats: dot_row per input (the weight row stays in L1) */
+            out[i * ldo] = dot_row_avx2(type, row, x + i * ldx, xs + i, n);
+            i++;
+        }
     }
 }
 
@@ -831,6 +905,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         .simd = false,
         .xsums = xsums_scalar,
         .dot_row = dot_row_scalar,
+        .dot_rows = dot_rows_scalar,
         .dequant_row = quant_dequantize_row,
         .unpack_panel = unpack_panel_scalar,
         .pack_x = pack_x,
@@ -856,6 +931,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         .simd = true,
         .xsums = xsums_avx2,
         .dot_row = dot_row_avx2,
+        .dot_rows = dot_rows_avx2,
         .dequant_row = dequant_row_avx2,
         .unpack_panel = unpack_panel_avx2,
         .pack_x = pack_x,

@@ -44,6 +44,11 @@ typedef struct cpu_kernels {
      * for to quant_dot (NaN: muser computes with no other). */
     float (*dot_row)(uint32_t type, const void *row, const float *x, const cpu_xsums *xs,
                      uint64_t n);
+    /* The small-batch route's matvec: out[i·ldo] = dot_row(type, row, x + i·ldx, xs + i, n) for
+     * i < m, bit for bit, whatever m (the K-quants unpack each weight block once for up to 4
+     * inputs). */
+    void (*dot_rows)(uint32_t type, const void *row, const float *x, uint64_t ldx, const cpu_xsums *xs,
+                     uint32_t m, uint64_t n, float *out, uint64_t ldo);
     /* Dequantize one row to f32 (n elements). Returns 0 or a muser_status. */
     int (*dequant_row)(uint32_t type, const void *row, float *dst, uint64_t n);
     /* Weight rows row0, row0 + row_bytes, ... (nc <= CPU_PANEL of them, K elements each) ->

@@ -42,10 +42,14 @@ typedef struct cu_layer {
     mv_mat qkg;                /* q | k | gate [| v] as one stacked Q4_KT matrix (data NULL: none) */
     bool qkg_v;                /* v is the stack's last part */
     float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffw_norm;
+} cu_layer;
+
+/* One layer's KV plane of a session. */
+typedef struct cu_plane {
     uint16_t *kp, *vp;         /* KV plane storage (f16), layout per kv.h */
     uint16_t *save_k, *save_v; /* ring rows saved at a checkpoint */
     cu_attn_geom geom;
-} cu_layer;
+} cu_plane;
 
 /* The matvec input sites of a layer. Each has its own tensor-core digit buffers (xm, x6), so the
  * buffer a matvec reads was last read a whole layer earlier, across kernels that do not trigger early
@@ -63,23 +67,14 @@ typedef struct cu_ctx {
     cu_layer *layers;
     mv_mat emb, out;
     float *out_norm;
-    uint8_t *kv_mem;
+    uint64_t n_ctx;            /* the largest context a session may have (the attention partials' size) */
     /* activations */
     float *h, *a, *qkvg, *attn_o, *y, *ffn, *ffn_g, *ffn_u, *logits, *part_ml, *part_acc, *am_v;
     double *rope_inv;          /* head_dim/2 RoPE angle rates for the fused split kernel (NULL: it computes them) */
     int32_t *am_i, *d_token, *d_nonfinite;
-    void *d_step;              /* cu_step + meta[n_layer] */
-    void *h_step;              /* pinned mirror */
-    size_t step_bytes;
     float *h_logits;           /* pinned */
+    float *step_logits;        /* [MUSER_STEP_MAX_ROWS][V] a step's rows, copied out when all succeeded */
     int32_t *h_flags;          /* pinned: [0] argmax token, [1] non-finite count */
-    muser_kv kv;               /* host metadata (no storage) */
-    kv_plane *meta_step;       /* [n_layer] plane metadata before the current token (decode_one undo) */
-    kv_plane *meta_call;       /* [n_layer] before the current forward call (be_forward undo) */
-    uint16_t *ring_undo;       /* a copy of every SWA ring (K then V, layer order), taken before a
-                                * multi-row call that wraps a ring over stored rows */
-    size_t ring_bytes;         /* bytes of all rings (= of ring_undo) */
-    cudaGraphExec_t g_fwd, g_bench;
     bool gate_up_paired;       /* gate and up in one launch writing silu(g)·u (both Q4_KT, or both general) */
     uint8_t *xm;               /* mmq_prep output of the current matvec input (the Q4_KT matrices) */
     uint8_t *x6;               /* mmq6_prep output of the current matvec input (the Q6_KT matrices) */
@@ -93,6 +88,25 @@ typedef struct cu_ctx {
                                 * logits are then meaningless), a mask of 1 << SK_* */
     double upload_s;
 } cu_ctx;
+
+/* A session on the device: its KV planes, their host metadata, its per-token device state and
+ * the graph recorded over the device's weights and activations and this session's planes. */
+typedef struct cu_seq {
+    cu_ctx *c;
+    cu_plane *pl;              /* [n_layer] */
+    uint8_t *kv_mem;           /* every plane, one allocation, zero-filled */
+    size_t kv_bytes;
+    void *d_step;              /* cu_step + meta[n_layer] */
+    void *h_step;              /* pinned mirror */
+    size_t step_bytes;
+    muser_kv kv;               /* host metadata (no storage) */
+    kv_plane *meta_step;       /* [n_layer] plane metadata before the current token (decode_one undo) */
+    kv_plane *meta_call;       /* [n_layer] before the current call (forward / step undo) */
+    uint16_t *ring_undo;       /* a copy of every SWA ring (K then V, layer order), taken before a
+                                * multi-row call that wraps a ring over stored rows */
+    size_t ring_bytes;         /* bytes of all rings (= of ring_undo) */
+    cudaGraphExec_t g_fwd, g_bench; /* g_bench: recorded by the bench lane only */
+} cu_seq;
 
 /* Op families MUSER_CUDA_SKIP can leave out, to time each one inside the graph by difference. */
 enum { SK_QKVG, SK_ROPE, SK_ATTN, SK_OPROJ, SK_TAIL, SK_GU, SK_PREP, SK_DOWN, SK_HEAD, SK_N };
@@ -539,20 +553,20 @@ static void enqueue_qkvg(cu_ctx *c, cudaStream_t st, const cu_layer *L, cu_digit
     }
 }
 
-static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *pf)
+static int route_enqueue(cu_ctx *c, cu_seq *sq, bool readback, bool bench_token, profiler *pf)
 {
     const muser_hparams *hp = &c->m->hp;
     cudaStream_t st = c->st;
     const uint32_t E = hp->n_embd, H = hp->n_head, HKV = hp->n_head_kv, D = hp->head_dim;
-    cu_step *dstep = (cu_step *)c->d_step;
+    cu_step *dstep = (cu_step *)sq->d_step;
     const cu_plane_meta *dmeta = (const cu_plane_meta *)(dstep + 1);
     if (!bench_token)
-        cudaMemcpyAsync(c->d_step, c->h_step, c->step_bytes, cudaMemcpyHostToDevice, st);
+        cudaMemcpyAsync(sq->d_step, sq->h_step, sq->step_bytes, cudaMemcpyHostToDevice, st);
     else /* position and metadata only: the token is the previous step's argmax */
-        cudaMemcpyAsync(&dstep->pos, &((cu_step *)c->h_step)->pos, sizeof(uint64_t), cudaMemcpyHostToDevice, st);
+        cudaMemcpyAsync(&dstep->pos, &((cu_step *)sq->h_step)->pos, sizeof(uint64_t), cudaMemcpyHostToDevice, st);
     if (bench_token) {
-        cudaMemcpyAsync((uint8_t *)c->d_step + sizeof(cu_step), (uint8_t *)c->h_step + sizeof(cu_step),
-                        c->step_bytes - sizeof(cu_step), cudaMemcpyHostToDevice, st);
+        cudaMemcpyAsync((uint8_t *)sq->d_step + sizeof(cu_step), (uint8_t *)sq->h_step + sizeof(cu_step),
+                        sq->step_bytes - sizeof(cu_step), cudaMemcpyHostToDevice, st);
         cudaMemcpyAsync(&dstep->token, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToDevice, st);
     }
     pf_mark(pf, st, PF_EMBED);
@@ -565,11 +579,12 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     float *v = hp->attn_gate ? g + (size_t)H * D : g;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         cu_layer *L = &c->layers[l];
+        cu_plane *P = &sq->pl[l];
         pf_mark(pf, st, PF_QKVG);
         if (!SKIP(c, SK_QKVG)) enqueue_qkvg(c, st, L, dg, q, k, g, v);
         pf_mark(pf, st, PF_ROPE);
         /* QK-norm/RoPE/store inside the split attention kernel where it can (cu_attn_fusable) */
-        const bool fuse = !SKIP(c, SK_ROPE) && hp->arch != MUSER_ARCH_QWEN3 && cu_attn_fusable(&L->geom);
+        const bool fuse = !SKIP(c, SK_ROPE) && hp->arch != MUSER_ARCH_QWEN3 && cu_attn_fusable(&P->geom);
         cu_attn_fuse F;
         memset(&F, 0, sizeof F);
         F.k = k;
@@ -579,19 +594,19 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
         F.eps = hp->rms_eps;
         F.rope = muser_layer_has_rope(hp, l);
         F.theta = hp->rope_theta;
-        F.kw = L->kp;
-        F.vw = L->vp;
+        F.kw = P->kp;
+        F.vw = P->vp;
         F.inv_freq = c->rope_inv;
         if (!SKIP(c, SK_ROPE) && !fuse)
             cu_qk_rope_store(st, c->qkvg, v, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
-                             hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, L->kp, L->vp,
-                             &L->geom, true);
+                             hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, P->kp, P->vp,
+                             &P->geom, true);
         pf_mark(pf, st, PF_ATTN);
         /* the combine writes o_proj's digits, in the layout o_proj's matvec reads */
         set_site(c, XS_OPROJ);
         const cu_digits od = digits_for(c, L->o.type);
-        if (!SKIP(c, SK_ATTN) && cu_attention(st, q, dstep, dmeta + l, L->kp, L->vp, c->part_ml, c->part_acc,
-                                              hp->attn_gate ? g : NULL, c->attn_o, &L->geom, od, fuse ? &F : NULL))
+        if (!SKIP(c, SK_ATTN) && cu_attention(st, q, dstep, dmeta + l, P->kp, P->vp, c->part_ml, c->part_acc,
+                                              hp->attn_gate ? g : NULL, c->attn_o, &P->geom, od, fuse ? &F : NULL))
             return -1;
         pf_mark(pf, st, PF_OPROJ);
         const mv_mat *om[1] = {&L->o};
@@ -648,11 +663,11 @@ static int route_enqueue(cu_ctx *c, bool readback, bool bench_token, profiler *p
     return 0;
 }
 
-static int record_graph(cu_ctx *c, bool readback, bool bench_token, cudaGraphExec_t *out, muser_error *err)
+static int record_graph(cu_ctx *c, cu_seq *sq, bool readback, bool bench_token, cudaGraphExec_t *out, muser_error *err)
 {
     cudaGraph_t g;
     CU_TRY(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal), "graph capture begin");
-    const int rc = route_enqueue(c, readback, bench_token, NULL);
+    const int rc = route_enqueue(c, sq, readback, bench_token, NULL);
     cudaError_t e = cudaStreamEndCapture(c->st, &g);
     if (rc) {
         if (e == cudaSuccess) cudaGraphDestroy(g);
@@ -684,19 +699,37 @@ static int name_mask(const char *s, const char *const *names, int n, uint32_t *m
 static void ctx_free(cu_ctx *c)
 {
     if (!c) return;
-    if (c->g_fwd) cudaGraphExecDestroy(c->g_fwd);
-    if (c->g_bench) cudaGraphExecDestroy(c->g_bench);
-    void *dev[] = {c->weights, c->kv_mem, c->h, c->d_step, c->part_ml, c->part_acc, c->ring_undo, c->xm_site[0], c->rope_inv};
+    void *dev[] = {c->weights, c->h, c->part_ml, c->part_acc, c->xm_site[0], c->rope_inv};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
-    if (c->h_step) cudaFreeHost(c->h_step);
     if (c->h_logits) cudaFreeHost(c->h_logits);
     if (c->h_flags) cudaFreeHost(c->h_flags);
     if (c->st) cudaStreamDestroy(c->st);
-    kv_free(&c->kv);
-    free(c->meta_step);
-    free(c->meta_call);
+    free(c->step_logits);
     free(c->layers);
     free(c);
+}
+
+static void seq_free(cu_seq *sq)
+{
+    if (!sq) return;
+    if (sq->g_fwd) cudaGraphExecDestroy(sq->g_fwd);
+    if (sq->g_bench) cudaGraphExecDestroy(sq->g_bench);
+    cudaFree(sq->kv_mem);
+    cudaFree(sq->d_step);
+    cudaFree(sq->ring_undo);
+    if (sq->h_step) cudaFreeHost(sq->h_step);
+    kv_free(&sq->kv);
+    free(sq->meta_step);
+    free(sq->meta_call);
+    free(sq->pl);
+    free(sq);
+}
+
+/* Blocks per KV head of a plane of `capacity` rows (at least 64 positions each). */
+static uint32_t split_for(uint64_t capacity)
+{
+    const uint64_t want = (capacity + 63) / 64;
+    return (uint32_t)(want < 1 ? 1 : (want > CU_ATT_MAX_SPLIT ? CU_ATT_MAX_SPLIT : want));
 }
 
 static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int device, muser_error *err)
@@ -722,10 +755,9 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     if (!c) return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory");
     c->m = m;
     c->device = device;
+    c->n_ctx = n_ctx;
     cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device);
     c->layers = (cu_layer *)calloc(hp->n_layer, sizeof *c->layers);
-    c->meta_step = (kv_plane *)calloc(hp->n_layer, sizeof(kv_plane));
-    c->meta_call = (kv_plane *)calloc(hp->n_layer, sizeof(kv_plane));
     int rc = MUSER_OK;
 #define FAIL(call)                   \
     do {                             \
@@ -734,7 +766,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
             return rc;               \
         }                            \
     } while (0)
-    if (!c->layers || !c->meta_step || !c->meta_call) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
+    if (!c->layers) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
     {
         c->tail_wide = cu_tail_wide_ok();
         const char *sk = getenv("MUSER_CUDA_SKIP");
@@ -743,52 +775,11 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
                                                 "oproj, tail, gu, prep, down, head", sk));
         if (c->skip) fprintf(stderr, "muser: MUSER_CUDA_SKIP=%s: those ops are left out; timing only, the logits are wrong\n", sk);
     }
-    FAIL(kv_init(&c->kv, hp, n_ctx, false, err));
     cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
     if (e) FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: stream: %s", cudaGetErrorString(e)));
     FAIL(upload_weights(c, err));
-    /* KV planes: one allocation, zero-filled (SPEC §3). */
-    size_t kv_bytes = 0;
-    uint32_t max_split = 1;
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const kv_plane *pl = &c->kv.planes[l];
-        kv_bytes += 2 * align256(pl->capacity * hp->n_head_kv * hp->head_dim * 2);
-        if (pl->ring) kv_bytes += 2 * align256((size_t)KV_MAX_SPEC_ROWS * hp->n_head_kv * hp->head_dim * 2);
-        cu_attn_geom *g = &c->layers[l].geom;
-        g->n_head = hp->n_head;
-        g->n_head_kv = hp->n_head_kv;
-        g->head_dim = hp->head_dim;
-        g->ring = pl->ring;
-        g->scale = hp->attn_scale;
-        g->impl = CU_ATTN_TC; /* where the geometry allows; v1 elsewhere (att_plan_for) */
-        const uint64_t want = (pl->capacity + 63) / 64;
-        g->n_split = (uint32_t)(want < 1 ? 1 : (want > CU_ATT_MAX_SPLIT ? CU_ATT_MAX_SPLIT : want));
-        if (g->n_split > max_split) max_split = g->n_split;
-    }
-    for (uint32_t l = 0; l < hp->n_layer; l++)
-        if (c->kv.planes[l].ring)
-            c->ring_bytes += 2 * c->kv.planes[l].capacity * hp->n_head_kv * hp->head_dim * 2;
-    if (c->ring_bytes) {
-        e = cudaMalloc((void **)&c->ring_undo, c->ring_bytes);
-        if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: ring undo copy (%zu bytes): %s", c->ring_bytes, cudaGetErrorString(e)));
-    }
-    e = cudaMalloc((void **)&c->kv_mem, kv_bytes);
-    if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: KV planes (%zu bytes): %s", kv_bytes, cudaGetErrorString(e)));
-    cudaMemset(c->kv_mem, 0, kv_bytes);
-    size_t off = 0;
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const kv_plane *pl = &c->kv.planes[l];
-        const size_t pb = align256(pl->capacity * hp->n_head_kv * hp->head_dim * 2);
-        c->layers[l].kp = (uint16_t *)(c->kv_mem + off);
-        c->layers[l].vp = (uint16_t *)(c->kv_mem + off + pb);
-        off += 2 * pb;
-        if (pl->ring) {
-            const size_t sb = align256((size_t)KV_MAX_SPEC_ROWS * hp->n_head_kv * hp->head_dim * 2);
-            c->layers[l].save_k = (uint16_t *)(c->kv_mem + off);
-            c->layers[l].save_v = (uint16_t *)(c->kv_mem + off + sb);
-            off += 2 * sb;
-        }
-    }
+    /* the attention partials, for the most splits a plane of the device's context takes */
+    const uint32_t max_split = split_for(n_ctx > hp->swa_window ? n_ctx : hp->swa_window);
     /* activations, one allocation */
     const size_t E = hp->n_embd, F = hp->n_ff, V = hp->n_vocab, QD = (size_t)hp->n_head * hp->head_dim,
                  KD = (size_t)hp->n_head_kv * hp->head_dim;
@@ -828,13 +819,10 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: RoPE table: %s", cudaGetErrorString(e)));
     if (cu_rope_inv_table(c->rope_inv, hp->rope_theta, hp->head_dim))
         FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: RoPE table for head_dim %u", hp->head_dim));
-    c->step_bytes = sizeof(cu_step) + hp->n_layer * sizeof(cu_plane_meta);
-    e = cudaMalloc(&c->d_step, c->step_bytes);
-    if (!e) e = cudaMallocHost(&c->h_step, c->step_bytes);
+    e = cudaSuccess;
     if (!e) e = cudaMallocHost((void **)&c->h_logits, V * sizeof(float));
     if (!e) e = cudaMallocHost((void **)&c->h_flags, 4 * sizeof(int32_t));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: step buffers: %s", cudaGetErrorString(e)));
-    memset(c->h_step, 0, c->step_bytes);
     cudaMemsetAsync(c->d_token, 0, 2 * sizeof(int32_t), c->st);
     c->gate_up_paired = c->layers[0].ffn_gate.type == c->layers[0].ffn_up.type;
     for (uint32_t l = 1; l < hp->n_layer; l++)
@@ -844,8 +832,6 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     /* early triggers (tails, embedding entry) and dependent preps only where every matvec input is
      * a per-site tensor-core digit buffer: what makes an early launch safe (see cu_ldx) */
     c->tail_trigger = c->prep_pdl = tc_inputs_only(c);
-    FAIL(record_graph(c, true, false, &c->g_fwd, err));
-    FAIL(record_graph(c, false, true, &c->g_bench, err));
     e = cudaStreamSynchronize(c->st);
     if (e) FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: init: %s", cudaGetErrorString(e)));
 #undef FAIL
@@ -853,16 +839,87 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     return MUSER_OK;
 }
 
-/* Fill the pinned step from the host metadata (after this token's append). */
-static void step_fill(cu_ctx *c, uint64_t pos, int32_t token)
+/* A session of context n_ctx on c: its planes (zero-filled), metadata, step buffers and graph. */
+static int seq_new(cu_seq **out, cu_ctx *c, uint64_t n_ctx, muser_error *err)
 {
-    cu_step *s = (cu_step *)c->h_step;
+    *out = NULL;
+    const muser_hparams *hp = &c->m->hp;
+    cu_seq *sq = (cu_seq *)calloc(1, sizeof *sq);
+    if (!sq) return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory");
+    sq->c = c;
+    sq->pl = (cu_plane *)calloc(hp->n_layer, sizeof *sq->pl);
+    sq->meta_step = (kv_plane *)calloc(hp->n_layer, sizeof(kv_plane));
+    sq->meta_call = (kv_plane *)calloc(hp->n_layer, sizeof(kv_plane));
+    int rc = MUSER_OK;
+#define FAIL(call)                   \
+    do {                             \
+        if ((rc = (call)) != 0) {    \
+            seq_free(sq);            \
+            return rc;               \
+        }                            \
+    } while (0)
+    if (!sq->pl || !sq->meta_step || !sq->meta_call) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
+    FAIL(kv_init(&sq->kv, hp, n_ctx, false, err));
+    const size_t re2 = (size_t)hp->n_head_kv * hp->head_dim * 2; /* bytes of one row */
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const kv_plane *pl = &sq->kv.planes[l];
+        sq->kv_bytes += 2 * align256(pl->capacity * re2);
+        if (pl->ring) sq->kv_bytes += 2 * align256((size_t)KV_MAX_SPEC_ROWS * re2);
+        cu_attn_geom *g = &sq->pl[l].geom;
+        g->n_head = hp->n_head;
+        g->n_head_kv = hp->n_head_kv;
+        g->head_dim = hp->head_dim;
+        g->ring = pl->ring;
+        g->scale = hp->attn_scale;
+        g->impl = CU_ATTN_TC; /* where the geometry allows; v1 elsewhere (att_plan_for) */
+        g->n_split = split_for(pl->capacity);
+        if (pl->ring) sq->ring_bytes += 2 * pl->capacity * re2;
+    }
+    cudaError_t e = cudaSuccess;
+    if (sq->ring_bytes) {
+        e = cudaMalloc((void **)&sq->ring_undo, sq->ring_bytes);
+        if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: ring undo copy (%zu bytes): %s", sq->ring_bytes, cudaGetErrorString(e)));
+    }
+    e = cudaMalloc((void **)&sq->kv_mem, sq->kv_bytes);
+    if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: KV planes (%zu bytes): %s", sq->kv_bytes, cudaGetErrorString(e)));
+    e = cudaMemsetAsync(sq->kv_mem, 0, sq->kv_bytes, c->st);
+    size_t off = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const kv_plane *pl = &sq->kv.planes[l];
+        const size_t pb = align256(pl->capacity * re2);
+        sq->pl[l].kp = (uint16_t *)(sq->kv_mem + off);
+        sq->pl[l].vp = (uint16_t *)(sq->kv_mem + off + pb);
+        off += 2 * pb;
+        if (pl->ring) {
+            const size_t sb = align256((size_t)KV_MAX_SPEC_ROWS * re2);
+            sq->pl[l].save_k = (uint16_t *)(sq->kv_mem + off);
+            sq->pl[l].save_v = (uint16_t *)(sq->kv_mem + off + sb);
+            off += 2 * sb;
+        }
+    }
+    sq->step_bytes = sizeof(cu_step) + hp->n_layer * sizeof(cu_plane_meta);
+    if (!e) e = cudaMalloc(&sq->d_step, sq->step_bytes);
+    if (!e) e = cudaMallocHost(&sq->h_step, sq->step_bytes);
+    if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: session buffers: %s", cudaGetErrorString(e)));
+    memset(sq->h_step, 0, sq->step_bytes);
+    FAIL(record_graph(c, sq, true, false, &sq->g_fwd, err));
+    e = cudaStreamSynchronize(c->st);
+    if (e) FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: session init: %s", cudaGetErrorString(e)));
+#undef FAIL
+    *out = sq;
+    return MUSER_OK;
+}
+
+/* Fill the pinned step from the host metadata (after this token's append). */
+static void step_fill(cu_seq *sq, uint64_t pos, int32_t token)
+{
+    cu_step *s = (cu_step *)sq->h_step;
     s->pos = pos;
     s->token = token;
-    s->n_layer = c->kv.n_layer;
+    s->n_layer = sq->kv.n_layer;
     cu_plane_meta *m = cu_step_meta(s);
-    for (uint32_t l = 0; l < c->kv.n_layer; l++) {
-        const kv_plane *pl = &c->kv.planes[l];
+    for (uint32_t l = 0; l < sq->kv.n_layer; l++) {
+        const kv_plane *pl = &sq->kv.planes[l];
         m[l].origin_logical = pl->origin_logical;
         m[l].origin_physical = pl->origin_physical;
         m[l].len = pl->len;
@@ -870,29 +927,30 @@ static void step_fill(cu_ctx *c, uint64_t pos, int32_t token)
     }
 }
 
-/* One token at pos through the forward graph; logits (if non-NULL) copied out. */
-static int decode_one(cu_ctx *c, int32_t token, uint64_t pos, float *logits, muser_error *err)
+/* One token at pos through the session's graph; logits (if non-NULL) copied out. */
+static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, muser_error *err)
 {
-    kv_plane *saved_meta = c->meta_step;
-    const uint32_t nl = c->kv.n_layer;
-    memcpy(saved_meta, c->kv.planes, nl * sizeof(kv_plane));
-    for (uint32_t l = 0; l < c->kv.n_layer; l++) {
-        int rc = kv_plane_append(&c->kv.planes[l], pos, NULL, NULL, err);
+    cu_ctx *c = sq->c;
+    kv_plane *saved_meta = sq->meta_step;
+    const uint32_t nl = sq->kv.n_layer;
+    memcpy(saved_meta, sq->kv.planes, nl * sizeof(kv_plane));
+    for (uint32_t l = 0; l < nl; l++) {
+        int rc = kv_plane_append(&sq->kv.planes[l], pos, NULL, NULL, err);
         if (rc) {
-            memcpy(c->kv.planes, saved_meta, nl * sizeof(kv_plane));
+            memcpy(sq->kv.planes, saved_meta, nl * sizeof(kv_plane));
             return rc;
         }
     }
-    step_fill(c, pos, token);
-    cudaError_t e = cudaGraphLaunch(c->g_fwd, c->st);
+    step_fill(sq, pos, token);
+    cudaError_t e = cudaGraphLaunch(sq->g_fwd, c->st);
     if (!e) e = cudaStreamSynchronize(c->st);
     if (e) {
-        memcpy(c->kv.planes, saved_meta, nl * sizeof(kv_plane));
+        memcpy(sq->kv.planes, saved_meta, nl * sizeof(kv_plane));
         return muser_errorf(err, MUSER_E_BACKEND, "cuda: decode at position %llu: %s", (unsigned long long)pos,
                             cudaGetErrorString(e));
     }
     if (c->h_flags[1] != 0) {
-        memcpy(c->kv.planes, saved_meta, nl * sizeof(kv_plane));
+        memcpy(sq->kv.planes, saved_meta, nl * sizeof(kv_plane));
         return muser_errorf(err, MUSER_E_NUMERIC, "cuda: non-finite logits at position %llu (fail closed)",
                             (unsigned long long)pos);
     }
@@ -901,34 +959,57 @@ static int decode_one(cu_ctx *c, int32_t token, uint64_t pos, float *logits, mus
 }
 
 /* ---- session vtable -------------------------------------------------------------------------- */
-static int be_init(muser_session *s, muser_error *err)
+static void be_dev_free(muser_device *d);
+static int be_dev_init(muser_device *d, muser_error *err)
 {
     cu_ctx *c = NULL;
-    int rc = ctx_new(&c, s->model, s->opts.n_ctx, s->opts.device, err);
+    int rc = ctx_new(&c, d->model, d->opts.n_ctx, d->opts.device, err);
     if (rc) return rc;
-    s->be_state = c;
+    d->be_state = c;
+    d->max_rows = MUSER_STEP_MAX_ROWS;
+    c->step_logits = (float *)malloc((size_t)MUSER_STEP_MAX_ROWS * d->model->hp.n_vocab * sizeof(float));
+    if (!c->step_logits) {
+        be_dev_free(d);
+        return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory for a step's logits");
+    }
+    return MUSER_OK;
+}
+
+static void be_dev_free(muser_device *d)
+{
+    ctx_free((cu_ctx *)d->be_state);
+    d->be_state = NULL;
+}
+
+static int be_init(muser_session *s, muser_error *err)
+{
+    cu_seq *sq = NULL;
+    int rc = seq_new(&sq, (cu_ctx *)s->dev->be_state, s->opts.n_ctx, err);
+    if (rc) return rc;
+    s->be_state = sq;
     return MUSER_OK;
 }
 
 static void be_free(muser_session *s)
 {
-    ctx_free((cu_ctx *)s->be_state);
+    seq_free((cu_seq *)s->be_state);
     s->be_state = NULL;
 }
 
 /* Copy every SWA ring to ring_undo (to_undo) or back. Device-to-device, on the stream. */
-static cudaError_t rings_copy(cu_ctx *c, bool to_undo)
+static cudaError_t rings_copy(cu_seq *sq, bool to_undo)
 {
+    cu_ctx *c = sq->c;
     const size_t re = (size_t)c->m->hp.n_head_kv * c->m->hp.head_dim;
     size_t off = 0;
-    for (uint32_t l = 0; l < c->kv.n_layer; l++) {
-        const kv_plane *pl = &c->kv.planes[l];
+    for (uint32_t l = 0; l < sq->kv.n_layer; l++) {
+        const kv_plane *pl = &sq->kv.planes[l];
         if (!pl->ring) continue;
         const size_t n = pl->capacity * re; /* f16 elements of one plane */
-        uint16_t *k = c->ring_undo + off, *v = c->ring_undo + off + n;
-        cudaError_t e = cudaMemcpyAsync(to_undo ? k : c->layers[l].kp, to_undo ? c->layers[l].kp : k, n * 2,
+        uint16_t *k = sq->ring_undo + off, *v = sq->ring_undo + off + n;
+        cudaError_t e = cudaMemcpyAsync(to_undo ? k : sq->pl[l].kp, to_undo ? sq->pl[l].kp : k, n * 2,
                                         cudaMemcpyDeviceToDevice, c->st);
-        if (!e) e = cudaMemcpyAsync(to_undo ? v : c->layers[l].vp, to_undo ? c->layers[l].vp : v, n * 2,
+        if (!e) e = cudaMemcpyAsync(to_undo ? v : sq->pl[l].vp, to_undo ? sq->pl[l].vp : v, n * 2,
                                     cudaMemcpyDeviceToDevice, c->st);
         if (e) return e;
         off += 2 * n;
@@ -936,76 +1017,128 @@ static cudaError_t rings_copy(cu_ctx *c, bool to_undo)
     return cudaSuccess;
 }
 
-/* n == 1 is the graph route; n > 1 runs it row by row (the batch route is not on the GPU yet). */
+/* Before a call of n rows of one session: its metadata, and (when the rows wrap a ring over rows
+ * a retry's window still reads) a copy of its rings. Returns whether the rings were copied. */
+static int seq_save(cu_seq *sq, uint32_t n, bool *wraps, muser_error *err)
+{
+    memcpy(sq->meta_call, sq->kv.planes, sq->kv.n_layer * sizeof(kv_plane));
+    *wraps = false;
+    for (uint32_t l = 0; n > 1 && l < sq->kv.n_layer; l++)
+        *wraps |= sq->kv.planes[l].ring && sq->kv.planes[l].len + n > sq->kv.planes[l].capacity;
+    if (*wraps) CU_TRY(rings_copy(sq, true), "ring undo copy");
+    return MUSER_OK;
+}
+
+/* After a failed call: the metadata and rings seq_save kept. A single row needs no ring copy: the
+ * ring row it overwrote is outside the window of a retry at its position. */
+static int seq_restore(cu_seq *sq, bool wraps, muser_error *err)
+{
+    memcpy(sq->kv.planes, sq->meta_call, sq->kv.n_layer * sizeof(kv_plane));
+    if (wraps && (rings_copy(sq, false) != cudaSuccess || cudaStreamSynchronize(sq->c->st) != cudaSuccess)) {
+        char first[sizeof err->msg];
+        snprintf(first, sizeof first, "%s", err ? err->msg : "forward failed");
+        return muser_errorf(err, MUSER_E_BACKEND, "cuda: %s; and the ring restore failed too: reset the session", first);
+    }
+    return MUSER_OK;
+}
+
+/* n > 1: the decode graph row by row (the prefill route is not on the GPU yet). */
 static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
                       muser_error *err)
 {
-    cu_ctx *c = (cu_ctx *)s->be_state;
+    cu_seq *sq = (cu_seq *)s->be_state;
     const uint64_t V = s->model->hp.n_vocab;
     /* A call is all or nothing: if row i fails, rows 0..i-1 must not stay appended either, or
      * every later call would meet a cache that is ahead of n_past (CacheDiscontinuity), and ring
      * rows they overwrote must come back. (FULL-plane rows past n_past are never read.) */
-    memcpy(c->meta_call, c->kv.planes, c->kv.n_layer * sizeof(kv_plane));
-    /* A multi-row call that wraps a ring overwrites rows a retry's window still reads: keep a copy. */
     bool wraps = false;
-    for (uint32_t l = 0; n > 1 && l < c->kv.n_layer; l++)
-        wraps |= c->kv.planes[l].ring && c->kv.planes[l].len + n > c->kv.planes[l].capacity;
-    if (wraps) CU_TRY(rings_copy(c, true), "ring undo copy");
+    int rc = seq_save(sq, n, &wraps, err);
+    if (rc) return rc;
     for (uint32_t i = 0; i < n; i++) {
         float *out = NULL;
         if (logits && (all_logits || i + 1 == n)) out = all_logits ? logits + (size_t)i * V : logits;
-        int rc = decode_one(c, tokens[i], s->n_past + i, out, err);
+        rc = decode_one(sq, tokens[i], s->n_past + i, out, err);
         if (rc) {
-            memcpy(c->kv.planes, c->meta_call, c->kv.n_layer * sizeof(kv_plane));
-            if (wraps && (rings_copy(c, false) != cudaSuccess || cudaStreamSynchronize(c->st) != cudaSuccess)) {
-                char first[sizeof err->msg];
-                snprintf(first, sizeof first, "%s", err ? err->msg : "forward failed");
-                return muser_errorf(err, MUSER_E_BACKEND, "cuda: %s; and the ring restore failed too: reset the session",
-                                    first);
-            }
-            return rc;
+            const int r2 = seq_restore(sq, wraps, err);
+            return r2 ? r2 : rc;
         }
     }
     return MUSER_OK;
 }
 
+/* The small-batch route. Each row replays its session's one-row graph, so a row's bytes are those
+ * of decoding it alone (row invariance by construction); rows do not yet share a pass over the
+ * weights on the GPU. All or nothing over every session of the step. */
+static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
+{
+    if (rows->tap)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: the hidden-state tap is not built on the GPU yet");
+    const uint64_t V = d->model->hp.n_vocab;
+    cu_ctx *c = (cu_ctx *)d->be_state;
+    bool wraps[MUSER_STEP_MAX_ROWS];
+    int rc = MUSER_OK;
+    uint32_t i = 0, saved = 0; /* rows whose sessions were saved */
+    for (; i < rows->n && !rc;) {
+        uint32_t k = i;
+        while (k < rows->n && rows->seq[k] == rows->seq[i]) k++;
+        cu_seq *sq = (cu_seq *)rows->seq[i]->be_state;
+        rc = seq_save(sq, k - i, &wraps[i], err);
+        if (rc) break;
+        saved = k;
+        for (uint32_t j = i; j < k && !rc; j++)
+            rc = decode_one(sq, rows->tokens[j], rows->seq[j]->n_past + (j - i),
+                            logits ? c->step_logits + (size_t)j * V : NULL, err);
+        i = k;
+    }
+    if (rc)
+        for (uint32_t j = 0; j < saved; j++)
+            if (j == 0 || rows->seq[j] != rows->seq[j - 1]) {
+                const int r2 = seq_restore((cu_seq *)rows->seq[j]->be_state, wraps[j], err);
+                if (r2) return r2;
+            }
+    if (!rc && logits) memcpy(logits, c->step_logits, (size_t)rows->n * V * sizeof(float));
+    return rc;
+}
+
 static int be_checkpoint(muser_session *s, muser_error *err)
 {
-    cu_ctx *c = (cu_ctx *)s->be_state;
+    cu_seq *sq = (cu_seq *)s->be_state;
+    cu_ctx *c = sq->c;
     const size_t re = (size_t)s->model->hp.n_head_kv * s->model->hp.head_dim;
-    for (uint32_t l = 0; l < c->kv.n_layer; l++) {
-        const kv_plane *pl = &c->kv.planes[l];
+    for (uint32_t l = 0; l < sq->kv.n_layer; l++) {
+        const kv_plane *pl = &sq->kv.planes[l];
         if (!pl->ring) continue;
         const uint64_t n = pl->capacity < KV_MAX_SPEC_ROWS ? pl->capacity : KV_MAX_SPEC_ROWS;
         for (uint64_t i = 0; i < n; i++) {
             const uint64_t r = (pl->origin_physical + pl->len + i) % pl->capacity;
-            cudaMemcpyAsync(c->layers[l].save_k + i * re, c->layers[l].kp + r * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
-            cudaMemcpyAsync(c->layers[l].save_v + i * re, c->layers[l].vp + r * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
+            cudaMemcpyAsync(sq->pl[l].save_k + i * re, sq->pl[l].kp + r * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
+            cudaMemcpyAsync(sq->pl[l].save_v + i * re, sq->pl[l].vp + r * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
         }
     }
     CU_TRY(cudaStreamSynchronize(c->st), "checkpoint");
-    return kv_checkpoint(&c->kv, err);
+    return kv_checkpoint(&sq->kv, err);
 }
 
 static int be_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
 {
-    cu_ctx *c = (cu_ctx *)s->be_state;
-    if (!c->kv.has_checkpoint) return muser_errorf(err, MUSER_E_ARG, "KV rollback without a checkpoint");
+    cu_seq *sq = (cu_seq *)s->be_state;
+    cu_ctx *c = sq->c;
+    if (!sq->kv.has_checkpoint) return muser_errorf(err, MUSER_E_ARG, "KV rollback without a checkpoint");
     const size_t re = (size_t)s->model->hp.n_head_kv * s->model->hp.head_dim;
-    kv_plane *before = c->meta_call;
-    const uint32_t nl = c->kv.n_layer;
-    memcpy(before, c->kv.planes, nl * sizeof(kv_plane));
-    int rc = kv_rollback(&c->kv, n_keep, err);
+    kv_plane *before = sq->meta_call;
+    const uint32_t nl = sq->kv.n_layer;
+    memcpy(before, sq->kv.planes, nl * sizeof(kv_plane));
+    int rc = kv_rollback(&sq->kv, n_keep, err);
     if (rc) return rc;
     for (uint32_t l = 0; l < nl; l++) {
-        const kv_plane *m = &c->kv.ckpt[l].meta;
+        const kv_plane *m = &sq->kv.ckpt[l].meta;
         if (!m->ring) continue;
         const uint64_t accepted = n_keep - m->next_pos, written = before[l].next_pos - m->next_pos;
         const uint64_t n = m->capacity < KV_MAX_SPEC_ROWS ? m->capacity : KV_MAX_SPEC_ROWS;
         for (uint64_t i = accepted; i < written && i < n; i++) {
             const uint64_t r = (m->origin_physical + m->len + i) % m->capacity;
-            cudaMemcpyAsync(c->layers[l].kp + r * re, c->layers[l].save_k + i * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
-            cudaMemcpyAsync(c->layers[l].vp + r * re, c->layers[l].save_v + i * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
+            cudaMemcpyAsync(sq->pl[l].kp + r * re, sq->pl[l].save_k + i * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
+            cudaMemcpyAsync(sq->pl[l].vp + r * re, sq->pl[l].save_v + i * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
         }
     }
     CU_TRY(cudaStreamSynchronize(c->st), "rollback");
@@ -1014,26 +1147,19 @@ static int be_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
 
 static void be_commit(muser_session *s)
 {
-    kv_commit(&((cu_ctx *)s->be_state)->kv);
+    kv_commit(&((cu_seq *)s->be_state)->kv);
 }
 
 static void be_reset(muser_session *s)
 {
-    cu_ctx *c = (cu_ctx *)s->be_state;
-    kv_reset(&c->kv);
-    size_t kv_bytes = 0;
-    const muser_hparams *hp = &s->model->hp;
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const kv_plane *pl = &c->kv.planes[l];
-        kv_bytes += 2 * align256(pl->capacity * hp->n_head_kv * hp->head_dim * 2);
-        if (pl->ring) kv_bytes += 2 * align256((size_t)KV_MAX_SPEC_ROWS * hp->n_head_kv * hp->head_dim * 2);
-    }
-    cudaMemsetAsync(c->kv_mem, 0, kv_bytes, c->st);
-    cudaStreamSynchronize(c->st);
+    cu_seq *sq = (cu_seq *)s->be_state;
+    kv_reset(&sq->kv);
+    cudaMemsetAsync(sq->kv_mem, 0, sq->kv_bytes, sq->c->st);
+    cudaStreamSynchronize(sq->c->st);
 }
 
 static const muser_backend cuda_backend = {
-    "cuda", be_init, be_free, be_forward, be_checkpoint, be_rollback, be_commit, be_reset,
+    "cuda", be_dev_init, be_dev_free, be_init, be_free, be_forward, be_step, be_checkpoint, be_rollback, be_commit, be_reset,
 };
 
 extern "C" const muser_backend *muser_backend_cuda(void)
@@ -1073,16 +1199,16 @@ static int tl_write(cu_tl_buf *d_buf, const char *path, uint64_t depth, muser_er
     return MUSER_OK;
 }
 
-static int phase_profile(cu_ctx *c, uint64_t pos, muser_error *err)
+static int phase_profile(cu_ctx *c, cu_seq *sq, uint64_t pos, muser_error *err)
 {
     profiler *pf = (profiler *)calloc(1, sizeof *pf);
     if (!pf) return muser_errorf(err, MUSER_E_NOMEM, "profile: out of memory");
     for (int i = 0; i < 1024; i++) cudaEventCreate(&pf->ev[i]);
-    step_fill(c, pos, 1);
-    route_enqueue(c, false, false, pf); /* warm */
+    step_fill(sq, pos, 1);
+    route_enqueue(c, sq, false, false, pf); /* warm */
     cudaStreamSynchronize(c->st);
     pf->n = 0;
-    route_enqueue(c, false, false, pf);
+    route_enqueue(c, sq, false, false, pf);
     cudaError_t e = cudaStreamSynchronize(c->st);
     double fam_ms[PF_N] = {0}, total = 0;
     for (int i = 0; i + 1 < pf->n; i++) {
@@ -1111,6 +1237,14 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
     cu_ctx *c = NULL;
     int rc = ctx_new(&c, m, max_ctx, device, err);
     if (rc) return rc;
+    cu_seq *sq = NULL;
+    rc = seq_new(&sq, c, max_ctx, err);
+    if (!rc) rc = record_graph(c, sq, false, true, &sq->g_bench, err);
+    if (rc) {
+        seq_free(sq);
+        ctx_free(c);
+        return rc;
+    }
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, device);
     snprintf(res->device, sizeof res->device, "%.127s", prop.name);
@@ -1167,20 +1301,20 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
         uint64_t depth = ctxs[ci];
         if (depth + gen + 1 > max_ctx) depth = max_ctx > gen + 1 ? max_ctx - gen - 1 : 0;
         /* the cache as if `depth` tokens were decoded: metadata advanced, rows random f16 */
-        kv_reset(&c->kv);
+        kv_reset(&sq->kv);
         for (uint32_t l = 0; l < hp->n_layer; l++) {
-            kv_plane *pl = &c->kv.planes[l];
+            kv_plane *pl = &sq->kv.planes[l];
             for (uint64_t p = 0; p < depth; p++) kv_plane_append(pl, p, NULL, NULL, err);
-            cu_fill_plane_random(c->st, c->layers[l].kp, pl->capacity * hp->n_head_kv * hp->head_dim, 11 + l);
-            cu_fill_plane_random(c->st, c->layers[l].vp, pl->capacity * hp->n_head_kv * hp->head_dim, 111 + l);
+            cu_fill_plane_random(c->st, sq->pl[l].kp, pl->capacity * hp->n_head_kv * hp->head_dim, 11 + l);
+            cu_fill_plane_random(c->st, sq->pl[l].vp, pl->capacity * hp->n_head_kv * hp->head_dim, 111 + l);
         }
         cudaMemsetAsync(c->d_token, 0, sizeof(int32_t), c->st);
         double kv_read = 0;
         /* warm-up token, then gen timed tokens; host metadata advanced between launches */
         for (uint32_t t = 0; t <= gen && !rc; t++) {
             const uint64_t pos = depth + t;
-            for (uint32_t l = 0; l < hp->n_layer; l++) kv_plane_append(&c->kv.planes[l], pos, NULL, NULL, err);
-            step_fill(c, pos, 0);
+            for (uint32_t l = 0; l < hp->n_layer; l++) kv_plane_append(&sq->kv.planes[l], pos, NULL, NULL, err);
+            step_fill(sq, pos, 0);
             if (t == 1) cudaEventRecord(a, c->st);
             if (tl_buf && t == gen) {
                 const uint32_t hdr[2] = {0, tl_cap};
@@ -1189,8 +1323,8 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
             }
             if (t >= 1)
                 for (uint32_t l = 0; l < hp->n_layer; l++)
-                    kv_read += (double)c->kv.planes[l].len * hp->n_head_kv * hp->head_dim * 2 * 2;
-            cudaError_t e = cudaGraphLaunch(c->g_bench, c->st);
+                    kv_read += (double)sq->kv.planes[l].len * hp->n_head_kv * hp->head_dim * 2 * 2;
+            cudaError_t e = cudaGraphLaunch(sq->g_bench, c->st);
             /* the pinned step is read when the copy node runs: wait before refilling it */
             if (!e) e = cudaStreamSynchronize(c->st);
             if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda bench: %s", cudaGetErrorString(e));
@@ -1212,11 +1346,12 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
         r->gbs = r->bytes_per_token / (r->ms_per_token * 1e-3) / 1e9;
         r->pct_of_read = res->read_gbs > 0 ? 100.0 * r->gbs / res->read_gbs : 0;
         const char *pp = getenv("MUSER_CUDA_PROFILE");
-        if (!rc && pp && pp[0] == '1') rc = phase_profile(c, depth + gen, err);
+        if (!rc && pp && pp[0] == '1') rc = phase_profile(c, sq, depth + gen, err);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     cudaFree(tl_buf);
+    seq_free(sq);
     ctx_free(c);
     return rc;
 }
