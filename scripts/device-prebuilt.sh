@@ -16,7 +16,7 @@ set -u
 if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     B=${MUSER_BUILD_DIR:-build-cuda}
     mkdir -p .devbin
-    cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/bench/kbench_matvec" \
+    cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/tests/test_rows" "$B/bench/kbench_matvec" \
         "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
         "$B/bench/kbench_persist" .devbin/
     # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
@@ -53,6 +53,10 @@ for step in $steps; do
         note "test_fail_closed rc=$? :: $(tail -1 "$OUT/test_fail_closed.log")"
         (cd "$W" && MUSER_BUILD_DIR="$W" timeout -k 5 90 "$OLDPWD/$D/test_cuda_attn") >"$OUT/test_cuda_attn.log" 2>&1
         note "test_cuda_attn rc=$? :: $(tail -1 "$OUT/test_cuda_attn.log")"
+        if [ -x "$D/test_rows" ]; then
+            (cd "$W" && MUSER_SOURCE_DIR="$OLDPWD" timeout -k 5 200 "$OLDPWD/$D/test_rows") >"$OUT/test_rows.log" 2>&1
+            note "test_rows rc=$? :: $(grep -E 'invariance|oracle|test_rows' "$OUT/test_rows.log" | tr '\n' ';')"
+        fi
         ;;
     parity)
         "$D/muser" synth --preset small -o "$W/small.gguf" >/dev/null 2>&1
@@ -85,6 +89,14 @@ for step in $steps; do
         note "glimmer cpu eval rc=$?"
         python3 scripts/compare-logits.py "$W/gp.bin" "$W/gc.bin" 202048 >"$OUT/glimmer_cmp.log" 2>&1
         note "glimmer cuda vs cpu :: $(tail -3 "$OUT/glimmer_cmp.log" | tr '\n' ' ')"
+        ;;
+    parallel)
+        # aggregate decode through the small-batch route (muser_step) at 1 / 4 / 16 sequences
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        timeout -k 5 200 "$D/muser" bench --backend cuda -m /tmp/g.gguf --parallel ${PAR:-1,4,16} --gen 32 --reps 2 \
+            >"$OUT/parallel.log" 2>&1
+        note "parallel rc=$?"
+        grep '^parallel' "$OUT/parallel.log" | sed 's/^/    /' >>"$S"
         ;;
     same)
         # logits of the staged build $SAME_BASE (default muser-base) against muser's, byte for byte

@@ -622,6 +622,18 @@ static void oracle_reset(muser_session *s)
     kv_reset(&st->kv);
 }
 
+static int oracle_kv_export(const muser_session *s, uint32_t l, kv_plane *meta, uint16_t *k, uint16_t *v,
+                            muser_error *err)
+{
+    (void)err;
+    const kv_plane *pl = &((const oracle_state *)s->be_state)->kv.planes[l];
+    *meta = *pl;
+    const uint64_t n = pl->capacity * pl->n_head_kv * pl->head_dim;
+    memcpy(k, pl->k, n * sizeof(uint16_t));
+    memcpy(v, pl->v, n * sizeof(uint16_t));
+    return MUSER_OK;
+}
+
 static const muser_backend oracle_backend = {
     .name = "oracle",
     .dev_init = oracle_dev_init,
@@ -634,6 +646,7 @@ static const muser_backend oracle_backend = {
     .rollback = oracle_rollback,
     .commit = oracle_commit,
     .reset = oracle_reset,
+    .kv_export = oracle_kv_export,
 };
 
 const muser_backend *muser_backend_oracle(void)

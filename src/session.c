@@ -7,6 +7,8 @@
  * refused or failed call leaves every session as it was. */
 #include "session.h"
 
+#include <openssl/evp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -290,6 +292,45 @@ void muser_session_commit(muser_session *s)
 {
     if (s)
         s->be->commit(s);
+}
+
+int muser_session_kv_sha256(const muser_session *s, char hex[65], muser_error *err)
+{
+    if (!s || !hex)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_kv_sha256: NULL argument");
+    const muser_hparams *hp = &s->model->hp;
+    const uint64_t row = (uint64_t)hp->n_head_kv * hp->head_dim;
+    const uint64_t most = hp->swa_window > s->opts.n_ctx ? hp->swa_window : s->opts.n_ctx; /* rows of any plane */
+    uint16_t *k = malloc(most * row * sizeof(uint16_t)), *v = malloc(most * row * sizeof(uint16_t));
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    int rc = k && v && md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1
+                 ? MUSER_OK
+                 : muser_errorf(err, MUSER_E_NOMEM, "kv digest: out of memory");
+    for (uint32_t l = 0; l < hp->n_layer && !rc; l++) {
+        kv_plane meta;
+        if ((rc = s->be->kv_export(s, l, &meta, k, v, err)))
+            break;
+        if (meta.capacity > most) {
+            rc = muser_errorf(err, MUSER_E_BACKEND, "kv digest: layer %u holds %llu rows", l,
+                              (unsigned long long)meta.capacity);
+            break;
+        }
+        const uint64_t m[5] = {meta.capacity, meta.origin_logical, meta.origin_physical, meta.len, meta.next_pos};
+        EVP_DigestUpdate(md, m, sizeof m);
+        EVP_DigestUpdate(md, k, meta.capacity * row * sizeof(uint16_t));
+        EVP_DigestUpdate(md, v, meta.capacity * row * sizeof(uint16_t));
+    }
+    if (!rc) {
+        unsigned char d[32];
+        unsigned int len = 0;
+        EVP_DigestFinal_ex(md, d, &len);
+        for (int i = 0; i < 32; i++)
+            snprintf(hex + 2 * i, 3, "%02x", d[i]);
+    }
+    EVP_MD_CTX_free(md);
+    free(k);
+    free(v);
+    return rc;
 }
 
 void muser_session_reset(muser_session *s)

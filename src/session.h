@@ -72,6 +72,10 @@ typedef struct muser_backend {
     int (*rollback)(muser_session *s, uint64_t n_keep, muser_error *err);
     void (*commit)(muser_session *s);
     void (*reset)(muser_session *s);
+    /* Layer l's plane: its metadata, and its whole storage (capacity rows, kv.h's layout, f16)
+     * into k and v. */
+    int (*kv_export)(const muser_session *s, uint32_t l, kv_plane *meta, uint16_t *k, uint16_t *v,
+                     muser_error *err);
 } muser_backend;
 
 struct muser_device {
@@ -117,6 +121,9 @@ int muser_session_checkpoint(muser_session *s, muser_error *err);
 int muser_session_rollback(muser_session *s, uint64_t n_keep, muser_error *err);
 void muser_session_commit(muser_session *s);
 void muser_session_reset(muser_session *s);
+/* SHA-256 over every plane's metadata and storage bytes, in layer order: two caches with the same
+ * bytes (the same history on one backend) give the same digest. */
+int muser_session_kv_sha256(const muser_session *s, char hex[65], muser_error *err);
 const char *muser_backend_name(muser_backend_kind k);
 int muser_backend_from_name(const char *name); /* -1 if unknown */
 

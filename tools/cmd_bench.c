@@ -47,6 +47,8 @@ typedef struct bench_opts {
     uint32_t prompt, gen, threads, max_batch, reps;
     uint64_t ctx[BENCH_MAX_CTX];
     uint32_t n_ctx;
+    uint32_t par[BENCH_MAX_CTX]; /* --parallel: sequence counts (0 entries: not asked) */
+    uint32_t n_par;
 } bench_opts;
 
 /* ---- memory bandwidth: threads each sum a slice of one large buffer ---- */
@@ -272,6 +274,72 @@ out:
     return rc;
 }
 
+/* Aggregate decode of P sequences on one device: each prefilled with its own short prompt (16 +
+ * 3k tokens, so every sequence is at its own position), then --gen steps of one row per sequence
+ * in one pass (muser_step), each row the greedy argmax of its sequence's last logits. */
+static int bench_parallel(const bench_opts *o, const muser_model *m, uint32_t P, double *single_tps)
+{
+    const uint32_t V = m->hp.n_vocab;
+    const uint32_t longest = 16 + 3 * (P - 1);
+    muser_session_opts so = {.backend = (muser_backend_kind)o->backend,
+                             .n_ctx = longest + o->gen + 1,
+                             .n_threads = o->threads,
+                             .max_batch = o->max_batch};
+    muser_device *d = NULL;
+    muser_session *s[MUSER_STEP_MAX_ROWS] = {0};
+    muser_error err = {0};
+    float *logits = malloc((size_t)P * V * sizeof(float));
+    int32_t *tok = malloc((size_t)longest * sizeof(int32_t)), next[MUSER_STEP_MAX_ROWS];
+    int rc = 1;
+    double tps[BENCH_MAX_REPS];
+    if (!logits || !tok || muser_device_new(&d, m, &so, &err)) {
+        fprintf(stderr, "muser bench: %s\n", logits && tok ? err.msg : "out of memory");
+        goto out;
+    }
+    for (uint32_t k = 0; k < P; k++)
+        if (muser_session_open(&s[k], d, 0, &err)) {
+            fprintf(stderr, "muser bench: %s\n", err.msg);
+            goto out;
+        }
+    uint64_t x = 88172645463325252ull;
+    for (uint32_t i = 0; i < longest; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        tok[i] = (int32_t)(x % V);
+    }
+    for (uint32_t r = 0; r <= o->reps; r++) { /* rep 0: untimed warm-up */
+        for (uint32_t k = 0; k < P; k++) {
+            muser_session_reset(s[k]);
+            if (muser_session_forward(s[k], tok, 16 + 3 * k, logits + (size_t)k * V, false, &err)) {
+                fprintf(stderr, "muser bench: prompt: %s\n", err.msg);
+                goto out;
+            }
+        }
+        const double t0 = muser_now_s();
+        for (uint32_t g = 0; g < o->gen; g++) {
+            for (uint32_t k = 0; k < P; k++)
+                next[k] = (int32_t)argmax(logits + (size_t)k * V, V);
+            if (muser_step(d, s, next, P, logits, NULL, &err)) {
+                fprintf(stderr, "muser bench: step: %s\n", err.msg);
+                goto out;
+            }
+        }
+        if (r) tps[r - 1] = (double)P * o->gen / (muser_now_s() - t0);
+    }
+    const double agg = median(tps, o->reps);
+    if (P == 1) *single_tps = agg;
+    printf("parallel %-3u decode %4u steps: %8.2f tok/s aggregate (%.2f ms/step, %.2f tok/s per sequence)",
+           P, o->gen, agg, 1e3 * P / agg, agg / P);
+    if (*single_tps > 0) printf(" = %.2fx one sequence", agg / *single_tps);
+    printf(" | median of %u\n", o->reps);
+    rc = 0;
+out:
+    for (uint32_t k = 0; k < P; k++) muser_session_free(s[k]);
+    muser_device_free(d);
+    free(logits);
+    free(tok);
+    return rc;
+}
+
 /* The CUDA lane: one muser_cuda_bench call over every depth (weights uploaded once). */
 static int bench_cuda(const bench_opts *o, const muser_model *m)
 {
@@ -333,7 +401,10 @@ int cmd_bench(int argc, char **argv)
                "greedy tokens, default 32) speed after C tokens of context (--ctx, default 0),\n"
                "with decode bytes/token, achieved GB/s and its share of the memory bandwidth\n"
                "measured in the same run. CPU/oracle: one untimed warm-up prefill, then --reps\n"
-               "timed repetitions (default 3, at most 64); the medians are printed.\n");
+               "timed repetitions (default 3, at most 64); the medians are printed.\n"
+               "--parallel P1,P2,...: aggregate decode of P sequences packed into one pass per\n"
+               "step (the small-batch route; P <= 64), each after its own short prompt, beside\n"
+               "P = 1 (single-stream decode through the same route).\n");
         return 0;
     }
     bench_opts o = {.model = NULL, .backend = MUSER_BACKEND_CPU, .prompt = 128, .gen = 32,
@@ -343,7 +414,8 @@ int cmd_bench(int argc, char **argv)
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--backend") ||
             !strcmp(a, "--prompt") || !strcmp(a, "--gen") || !strcmp(a, "--threads") ||
-            !strcmp(a, "--ctx") || !strcmp(a, "--max-batch") || !strcmp(a, "--reps")) {
+            !strcmp(a, "--ctx") || !strcmp(a, "--max-batch") || !strcmp(a, "--reps") ||
+            !strcmp(a, "--parallel")) {
             if (!v)
                 return cli_usage_error("bench", "%s needs a value", a);
             i++;
@@ -374,6 +446,17 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--ctx")) {
             if (parse_ctx_list(v, &o))
                 return cli_usage_error("bench", "--ctx wants a list like 0,4096, got '%s'", v);
+        } else if (!strcmp(a, "--parallel")) {
+            bench_opts t = o;
+            if (parse_ctx_list(v, &t))
+                return cli_usage_error("bench", "--parallel wants a list like 1,4,16, got '%s'", v);
+            o.n_par = t.n_ctx;
+            for (uint32_t k = 0; k < t.n_ctx; k++) {
+                if (t.ctx[k] < 1 || t.ctx[k] > MUSER_STEP_MAX_ROWS)
+                    return cli_usage_error("bench", "--parallel counts must be 1..%u, got %llu",
+                                           MUSER_STEP_MAX_ROWS, (unsigned long long)t.ctx[k]);
+                o.par[k] = (uint32_t)t.ctx[k];
+            }
         }
     }
     if (!o.model)
@@ -395,6 +478,17 @@ int cmd_bench(int argc, char **argv)
             muser_model_free(m);
             return 1;
         }
+    if (o.n_par) { /* the small-batch route: P = 1 first, so each count compares with it */
+        printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights; backend %s\n", o.model,
+               muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_ff, hp->n_vocab, m->weight_bytes / 1e6,
+               muser_backend_name((muser_backend_kind)o.backend));
+        double single = 0;
+        int rc = bench_parallel(&o, m, 1, &single);
+        for (uint32_t k = 0; k < o.n_par && !rc; k++)
+            if (o.par[k] != 1) rc = bench_parallel(&o, m, o.par[k], &single);
+        muser_model_free(m);
+        return rc;
+    }
     if (cuda) {
         printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights\n", o.model,
                muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_ff, hp->n_vocab,

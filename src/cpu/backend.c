@@ -842,6 +842,18 @@ static void cpu_reset(muser_session *s)
     kv_reset(&q->kv);
 }
 
+static int cpu_kv_export(const muser_session *s, uint32_t l, kv_plane *meta, uint16_t *k, uint16_t *v,
+                         muser_error *err)
+{
+    (void)err;
+    const kv_plane *pl = &((const cpu_seq *)s->be_state)->kv.planes[l];
+    *meta = *pl;
+    const uint64_t n = pl->capacity * pl->n_head_kv * pl->head_dim;
+    memcpy(k, pl->k, n * sizeof(uint16_t));
+    memcpy(v, pl->v, n * sizeof(uint16_t));
+    return MUSER_OK;
+}
+
 static const muser_backend cpu_backend = {
     .name = "cpu",
     .dev_init = cpu_dev_init,
@@ -854,6 +866,7 @@ static const muser_backend cpu_backend = {
     .rollback = cpu_rollback,
     .commit = cpu_commit,
     .reset = cpu_reset,
+    .kv_export = cpu_kv_export,
 };
 
 const muser_backend *muser_backend_cpu(void)

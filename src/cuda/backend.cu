@@ -1158,8 +1158,20 @@ static void be_reset(muser_session *s)
     cudaStreamSynchronize(sq->c->st);
 }
 
+static int be_kv_export(const muser_session *s, uint32_t l, kv_plane *meta, uint16_t *k, uint16_t *v, muser_error *err)
+{
+    const cu_seq *sq = (const cu_seq *)s->be_state;
+    const kv_plane *pl = &sq->kv.planes[l];
+    *meta = *pl;
+    const size_t n = pl->capacity * pl->n_head_kv * pl->head_dim * sizeof(uint16_t);
+    CU_TRY(cudaMemcpy(k, sq->pl[l].kp, n, cudaMemcpyDeviceToHost), "KV export");
+    CU_TRY(cudaMemcpy(v, sq->pl[l].vp, n, cudaMemcpyDeviceToHost), "KV export");
+    return MUSER_OK;
+}
+
 static const muser_backend cuda_backend = {
-    "cuda", be_dev_init, be_dev_free, be_init, be_free, be_forward, be_step, be_checkpoint, be_rollback, be_commit, be_reset,
+    "cuda", be_dev_init, be_dev_free, be_init,     be_free,  be_forward,  be_step,
+    be_checkpoint, be_rollback, be_commit, be_reset, be_kv_export,
 };
 
 extern "C" const muser_backend *muser_backend_cuda(void)
