@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test test-asan fuzz bench clean
+.PHONY: all deps configure build run test test-asan test-tsan fuzz bench clean
 
 all: build
 
@@ -34,9 +34,16 @@ test-asan:
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && MUSER_SANITIZED=1 ctest --output-on-failure -j $(JOBS) --timeout 3600
 
+# ThreadSanitizer build of the engine's tests (CUDA off): the concurrency test under TSan.
+test-tsan:
+	@$(MAKE) --no-print-directory deps
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMUSER_TSAN=ON -DMUSER_CUDA=OFF
+	cmake --build build-tsan -j $(JOBS) --target test_engine
+	cd build-tsan && MUSER_SANITIZED=1 TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R '^engine$$' --timeout 1800
+
 # A long libFuzzer run of the GGUF reader (clang); the short one is part of `make test`.
 fuzz:
 	./scripts/fuzz.sh --long
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-tsan

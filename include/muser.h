@@ -33,6 +33,8 @@ typedef enum {
     MUSER_E_BACKEND = -10,            /* CUDA or other backend failure / not available */
     MUSER_E_TOKENIZE = -11,
     MUSER_E_INTERRUPTED = -12,
+    MUSER_E_CANCELLED = -13,          /* the sequence was cancelled while the request waited or ran */
+    MUSER_E_NO_ROOM = -14,            /* the engine's KV budget or sequence limit cannot take it */
 } muser_status;
 
 typedef struct muser_error {

@@ -187,6 +187,9 @@ static int check_tokens(const muser_model *m, const int32_t *tokens, uint32_t n,
     return MUSER_OK;
 }
 
+static int prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
+                   muser_error *err);
+
 int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                           bool all_logits, muser_error *err)
 {
@@ -196,6 +199,23 @@ int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
         return muser_errorf(err, MUSER_E_ARG, "muser_session_forward: no tokens");
     if (n == 1) /* the small-batch route with one row: decode */
         return muser_step(s->dev, &s, tokens, 1, logits, NULL, err);
+    return prefill(s, tokens, n, logits, all_logits, err);
+}
+
+int muser_session_prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
+                          muser_error *err)
+{
+    if (!s || !tokens)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill: NULL argument");
+    if (n == 0)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill: no tokens");
+    return prefill(s, tokens, n, logits, false, err);
+}
+
+/* the prefill route (the backend's forward) for any n: checked here, n_past advanced on success */
+static int prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
+                   muser_error *err)
+{
     int rc = check_tokens(s->model, tokens, n, err);
     if (rc)
         return rc;

@@ -110,6 +110,10 @@ int muser_session_new(muser_session **out, const muser_model *m, const muser_ses
 void muser_session_free(muser_session *s);
 int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                           bool all_logits, muser_error *err);
+/* The prefill route at any n (one row included): what a chunked prompt calls, so that its bytes
+ * do not depend on where the chunks end (logits [V] of the last row, may be NULL). */
+int muser_session_prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
+                          muser_error *err);
 /* The small-batch route over n rows (seq[i], tokens[i]) of sessions on d: logits [n][V] (may be
  * NULL), tap as muser_tap (may be NULL). Refused before anything runs, with an error naming the
  * row: more rows than d->max_rows, a session of another device, a token out of range, a

@@ -39,6 +39,8 @@ const char *muser_status_name(muser_status code)
     case MUSER_E_BACKEND: return "backend error";
     case MUSER_E_TOKENIZE: return "tokenizer error";
     case MUSER_E_INTERRUPTED: return "interrupted";
+    case MUSER_E_CANCELLED: return "cancelled";
+    case MUSER_E_NO_ROOM: return "no room";
     }
     return "unknown error";
 }

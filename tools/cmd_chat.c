@@ -255,25 +255,30 @@ int cmd_chat(int argc, char **argv)
         if (!strcmp(msg, "/exit") || !strcmp(msg, "/quit"))
             break;
         if (!strcmp(msg, "/reset")) {
-            muser_session_reset(g.sess);
+            if (gen_reset(&g, &err)) {
+                fprintf(stderr, "muser chat: %s\n", err.msg);
+                status = 1;
+                break;
+            }
             c.started = false;
             c.pending = -1;
             fprintf(stderr, "muser chat: conversation reset\n");
             continue;
         }
         double t0 = muser_now_s();
-        uint64_t past0 = g.sess->n_past;
+        uint64_t past0 = gen_pos(&g);
         int rc = build_turn(&c, msg, &err);
         if (!rc) {
             rc = gen_prefill(&g, c.vec, c.n, &err);
             if (rc == MUSER_E_CONTEXT_FULL && c.started) {
                 fprintf(stderr, "muser chat: context full (%llu tokens); starting over from the "
                                 "system message\n",
-                        (unsigned long long)g.sess->opts.n_ctx);
-                muser_session_reset(g.sess);
+                        (unsigned long long)g.n_ctx);
+                rc = gen_reset(&g, &err);
                 c.started = false;
                 c.pending = -1;
-                rc = build_turn(&c, msg, &err);
+                if (!rc)
+                    rc = build_turn(&c, msg, &err);
                 if (!rc)
                     rc = gen_prefill(&g, c.vec, c.n, &err);
             }
@@ -288,7 +293,7 @@ int cmd_chat(int argc, char **argv)
             break;
         }
         c.started = true;
-        prefill_tokens += g.sess->n_past > past0 ? g.sess->n_past - past0 : g.sess->n_past;
+        prefill_tokens += gen_pos(&g) > past0 ? gen_pos(&g) - past0 : gen_pos(&g);
         prefill_s += muser_now_s() - t0;
         gen_interrupted = 0;
         gen_catch_sigint(true);

@@ -237,25 +237,44 @@ int gen_open(gen_ctx *g, const char *cmd, gen_opts *o)
 int gen_start_session(gen_ctx *g, gen_opts *o, uint64_t n_ctx)
 {
     muser_error err = {0};
-    muser_session_opts so = o->sess;
-    so.n_ctx = n_ctx;
+    muser_engine_opts eo;
+    memset(&eo, 0, sizeof eo);
+    eo.dev = o->sess;
+    eo.dev.n_ctx = n_ctx;
+    eo.prefill_chunk = o->sess.max_batch; /* 0: the engine's 512 */
     double t0 = muser_now_s();
-    int rc = muser_session_new(&g->sess, g->model, &so, &err);
+    int rc = muser_engine_new(&g->eng, g->model, &eo, &err);
+    if (!rc) rc = muser_engine_open(g->eng, n_ctx, &g->seq, &err);
     if (rc) {
         fprintf(stderr, "muser %s: cannot start a %s session: %s\n", g->cmd,
-                muser_backend_name(so.backend), err.msg);
+                muser_backend_name(o->sess.backend), err.msg);
         return 1;
     }
-    g->max_batch = g->sess->opts.max_batch ? g->sess->opts.max_batch : 512;
+    g->n_ctx = n_ctx;
+    const muser_device *d = muser_engine_device(g->eng);
+    g->max_batch = d->opts.max_batch;
     fprintf(stderr, "muser %s: %s backend, context %llu tokens, ready in %.2f s\n", g->cmd,
-            g->sess->be && g->sess->be->name ? g->sess->be->name : muser_backend_name(so.backend),
-            (unsigned long long)g->sess->opts.n_ctx, muser_now_s() - t0);
+            d->be && d->be->name ? d->be->name : muser_backend_name(o->sess.backend),
+            (unsigned long long)n_ctx, muser_now_s() - t0);
     return 0;
+}
+
+uint64_t gen_pos(const gen_ctx *g)
+{
+    return g->seq ? muser_seq_pos(g->seq) : 0;
+}
+
+int gen_reset(gen_ctx *g, muser_error *err)
+{
+    muser_engine_close(g->seq);
+    g->seq = NULL;
+    return muser_engine_open(g->eng, g->n_ctx, &g->seq, err);
 }
 
 void gen_close(gen_ctx *g)
 {
-    muser_session_free(g->sess);
+    muser_engine_close(g->seq);
+    muser_engine_free(g->eng);
     muser_sampler_free(g->smp);
     muser_tokenizer_free(g->tok);
     muser_model_free(g->model);
@@ -265,15 +284,15 @@ void gen_close(gen_ctx *g)
 
 int gen_prefill(gen_ctx *g, const int32_t *toks, size_t n, muser_error *err)
 {
-    uint64_t n_ctx = g->sess->opts.n_ctx;
-    if (g->sess->n_past + n > n_ctx)
+    const uint64_t past = gen_pos(g);
+    if (past + n > g->n_ctx)
         return muser_errorf(err, MUSER_E_CONTEXT_FULL,
                             "%zu tokens do not fit: %llu of %llu context positions are used", n,
-                            (unsigned long long)g->sess->n_past, (unsigned long long)n_ctx);
-    for (size_t i = 0; i < n; i += g->max_batch) {
-        uint32_t m = (uint32_t)(n - i < g->max_batch ? n - i : g->max_batch);
-        bool last = i + m == n;
-        int rc = muser_session_forward(g->sess, toks + i, m, last ? g->logits : NULL, false, err);
+                            (unsigned long long)past, (unsigned long long)g->n_ctx);
+    if (n > UINT32_MAX)
+        return muser_errorf(err, MUSER_E_ARG, "%zu tokens in one prompt", n);
+    if (n) { /* the engine runs it in chunks */
+        int rc = muser_seq_prefill(g->seq, toks, (uint32_t)n, g->logits, err);
         if (rc)
             return rc;
     }
@@ -333,7 +352,7 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
         if (id < 0) {
             rc = muser_errorf(err, (muser_status)id,
                               "the logits at position %llu hold NaN or Inf; stopping",
-                              (unsigned long long)g->sess->n_past);
+                              (unsigned long long)gen_pos(g));
             break;
         }
         r->n_tokens++;
@@ -349,11 +368,11 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
         }
         if (r->n_tokens == max_tokens)
             break;
-        if (g->sess->n_past >= g->sess->opts.n_ctx) {
+        if (gen_pos(g) >= g->n_ctx) {
             r->stop = GEN_STOP_CONTEXT; /* no position left for it */
             break;
         }
-        rc = muser_session_forward(g->sess, &id, 1, g->logits, false, err);
+        rc = muser_seq_decode(g->seq, id, g->logits, err);
         if (rc)
             break;
         muser_sampler_accept(g->smp, id); /* in the context now, so it counts for penalties */

@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "sampler.h"
+#include "engine.h"
 #include "session.h"
 #include "tokenizer.h"
 
@@ -35,7 +36,9 @@ typedef struct gen_ctx {
     const char *cmd;
     muser_model *model;
     muser_tokenizer *tok;
-    muser_session *sess;
+    muser_engine *eng;           /* one engine, one sequence on it (the route every command shares) */
+    muser_seq *seq;
+    uint64_t n_ctx;              /* the sequence's context */
     muser_sampler *smp;
     float *logits;               /* [n_vocab]: the distribution for the next token */
     uint32_t n_vocab;            /* the model's logit row width */
@@ -47,6 +50,10 @@ typedef struct gen_ctx {
  * returns 0 or 1 (the exit code). */
 int gen_open(gen_ctx *g, const char *cmd, gen_opts *o);
 int gen_start_session(gen_ctx *g, gen_opts *o, uint64_t n_ctx);
+/* Tokens the sequence holds. */
+uint64_t gen_pos(const gen_ctx *g);
+/* An empty sequence in place of the current one (a chat that starts over). */
+int gen_reset(gen_ctx *g, muser_error *err);
 void gen_close(gen_ctx *g);
 
 /* Forward toks through the batch route in max_batch chunks (logits of the last row kept) and tell

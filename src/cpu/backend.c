@@ -756,7 +756,7 @@ static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, floa
         return muser_errorf(err, MUSER_E_CONTEXT_FULL,
                             "cpu: %llu tokens held + %u new exceed the context of %llu",
                             (unsigned long long)p0, n, (unsigned long long)s->opts.n_ctx);
-    const fwd_route route = n == 1 ? FWD_ROUTE_DECODE : FWD_ROUTE_BATCH;
+    const fwd_route route = FWD_ROUTE_BATCH; /* one row too: muser_session_prefill's chunk tail */
     const uint32_t chunk = s->opts.max_batch < st->pass_rows ? s->opts.max_batch : st->pass_rows;
     const bool several = n > chunk;
     st->pass_kv[0] = &q->kv;

@@ -1,0 +1,531 @@
+/* engine.c — the engine of engine.h: one worker thread owns the device and runs every pass;
+ * callers enqueue requests and sleep on their own condition until the worker finishes them.
+ *
+ * Scheduling, each time the worker looks for work (under the engine's lock):
+ *   1. sequences cancelled since the last pass are freed (their requests fail MUSER_E_CANCELLED);
+ *   2. if decode requests wait: once the oldest has waited batch_window_us (or the step is full,
+ *      or nothing else can arrive because no other open sequence is idle-decoding), they run as
+ *      one small-batch pass; a row past its context fails alone before the pass, a pass that
+ *      fails on a non-finite row reruns its rows one by one so only that row fails;
+ *   3. else the oldest prefill request runs its next chunk: prefill_chunk rows, contended_chunk
+ *      while any open sequence is decoding (it decoded last and has not closed), so a decode step
+ *      that arrives waits for at most one contended chunk;
+ *   4. else the worker sleeps until a request arrives.
+ * The lock is dropped while a pass runs; the pass touches only its sequences' sessions, which no
+ * caller touches while its request is queued. */
+#include "engine.h"
+
+#include "util.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ENGINE_DEFAULT_WINDOW_US 250u
+#define ENGINE_DEFAULT_CHUNK 512u
+#define ENGINE_DEFAULT_CONTENDED 64u
+#define ENGINE_DEFAULT_MAX_SEQS 256u
+
+typedef enum { REQ_NONE, REQ_DECODE, REQ_PREFILL } req_kind;
+
+struct muser_seq {
+    muser_engine *e;
+    uint64_t id;
+    uint64_t n_ctx, kv_bytes;
+    muser_session *s;          /* NULL once freed (cancelled) */
+    bool cancelled, freed, decoding;
+    uint64_t pos;              /* tokens held, as of the last pass (read under the lock) */
+    /* the request in flight (one per sequence) */
+    req_kind req;
+    const int32_t *tokens;
+    uint32_t n, done;          /* prefill: rows done so far */
+    int32_t token;             /* decode */
+    float *logits;
+    double t_submit;
+    int rc;
+    muser_error err;
+    bool finished;
+    pthread_cond_t cv;         /* the caller waits here */
+    muser_seq *next;           /* in the engine's list of open sequences */
+};
+
+struct muser_engine {
+    muser_device *d;
+    muser_engine_opts o;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work;       /* the worker waits here */
+    bool stop;
+    bool in_pass;              /* a pass runs (the lock is dropped): sessions are not opened then */
+    pthread_cond_t idle;       /* signalled when a pass ends */
+    muser_seq **cand;          /* [max_seqs] decode candidates */
+    muser_seq *seqs;           /* open sequences, newest first */
+    uint64_t next_id;
+    uint32_t n_open;
+    uint64_t kv_reserved;
+    muser_pass_rec log[MUSER_ENGINE_LOG];
+    uint64_t n_passes, decode_rows, prefill_rows;
+    double busy_s;
+    float *scratch;            /* [MUSER_STEP_MAX_ROWS][V] a step's logits */
+};
+
+static uint64_t seq_kv_bytes(const muser_hparams *hp, uint64_t n_ctx)
+{
+    uint64_t rows = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        rows += muser_layer_is_swa(hp, l) ? hp->swa_window : n_ctx;
+    return rows * hp->n_head_kv * hp->head_dim * 2 /* K, V */ * sizeof(uint16_t);
+}
+
+static void log_pass(muser_engine *e, muser_pass_kind kind, uint32_t rows, uint32_t seqs, uint32_t waiting,
+                     uint64_t first, double t0, double t1)
+{
+    muser_pass_rec *r = &e->log[e->n_passes % MUSER_ENGINE_LOG];
+    r->index = e->n_passes++;
+    r->kind = kind;
+    r->rows = rows;
+    r->seqs = seqs;
+    r->waiting_decoders = waiting;
+    r->first_seq = first;
+    r->t_start = t0;
+    r->t_end = t1;
+    e->busy_s += t1 - t0;
+    if (kind == MUSER_PASS_DECODE) e->decode_rows += rows;
+    else e->prefill_rows += rows;
+}
+
+static void finish(muser_seq *q, int rc)
+{
+    q->rc = rc;
+    q->finished = true;
+    q->req = REQ_NONE;
+    pthread_cond_signal(&q->cv);
+}
+
+static void fail(muser_seq *q, int rc, const muser_error *err)
+{
+    if (err) q->err = *err;
+    else muser_errorf(&q->err, (muser_status)rc, "sequence %llu was cancelled", (unsigned long long)q->id);
+    finish(q, rc);
+}
+
+/* Under the lock: free cancelled sequences' sessions (outside the pass, so nothing runs on them). */
+static void reap(muser_engine *e)
+{
+    for (muser_seq *q = e->seqs; q; q = q->next)
+        if (q->cancelled && !q->freed) {
+            if (q->req != REQ_NONE) fail(q, MUSER_E_CANCELLED, NULL);
+            muser_session_free(q->s);
+            q->s = NULL;
+            q->freed = true;
+            q->decoding = false;
+            e->kv_reserved -= q->kv_bytes;
+            pthread_cond_broadcast(&q->cv); /* muser_engine_close waits for this */
+        }
+}
+
+static uint32_t count_decodes(const muser_engine *e, double *oldest, uint32_t *idle_decoders)
+{
+    uint32_t n = 0;
+    *oldest = 0;
+    *idle_decoders = 0;
+    for (const muser_seq *q = e->seqs; q; q = q->next) {
+        if (q->freed) continue;
+        if (q->req == REQ_DECODE) {
+            if (!n || q->t_submit < *oldest) *oldest = q->t_submit;
+            n++;
+        } else if (q->req == REQ_NONE && q->decoding) {
+            (*idle_decoders)++; /* may submit its next step within the window */
+        }
+    }
+    return n;
+}
+
+static bool any_decoding(const muser_engine *e)
+{
+    for (const muser_seq *q = e->seqs; q; q = q->next)
+        if (!q->freed && (q->decoding || q->req == REQ_DECODE)) return true;
+    return false;
+}
+
+/* One small-batch pass over the waiting decode requests (oldest first), the lock dropped. */
+static void run_decode(muser_engine *e)
+{
+    const uint32_t cap = e->d->max_rows;
+    uint32_t m = 0;
+    for (muser_seq *q = e->seqs; q; q = q->next)
+        if (!q->freed && q->req == REQ_DECODE) {
+            if (q->s->n_past + 1 > q->s->opts.n_ctx) { /* fails alone, before the pass */
+                muser_error er;
+                muser_errorf(&er, MUSER_E_CONTEXT_FULL, "sequence %llu: its context of %llu is full",
+                             (unsigned long long)q->id, (unsigned long long)q->s->opts.n_ctx);
+                fail(q, MUSER_E_CONTEXT_FULL, &er);
+                continue;
+            }
+            /* insertion by submit time: the oldest first */
+            uint32_t at = m++;
+            while (at > 0 && e->cand[at - 1]->t_submit > q->t_submit) {
+                e->cand[at] = e->cand[at - 1];
+                at--;
+            }
+            e->cand[at] = q;
+        }
+    const uint32_t n = m < cap ? m : cap; /* the youngest wait for the next pass */
+    muser_seq *const *rows = e->cand;
+    if (!n) return;
+    muser_session *ss[MUSER_STEP_MAX_ROWS];
+    int32_t tok[MUSER_STEP_MAX_ROWS];
+    for (uint32_t i = 0; i < n; i++) {
+        ss[i] = rows[i]->s;
+        tok[i] = rows[i]->token;
+    }
+    const uint64_t V = e->d->model->hp.n_vocab;
+    e->in_pass = true;
+    pthread_mutex_unlock(&e->mu);
+    muser_error err = {0};
+    const double t0 = muser_now_s();
+    int rc = muser_step(e->d, ss, tok, n, e->scratch, NULL, &err);
+    int rcs[MUSER_STEP_MAX_ROWS];
+    muser_error errs[MUSER_STEP_MAX_ROWS];
+    for (uint32_t i = 0; i < n; i++) {
+        rcs[i] = rc;
+        errs[i] = err;
+    }
+    if (rc == MUSER_E_NUMERIC && n > 1) /* which row: each alone (its bytes are the same either way) */
+        for (uint32_t i = 0; i < n; i++) {
+            muser_error er = {0};
+            rcs[i] = muser_step(e->d, &ss[i], &tok[i], 1, e->scratch + i * V, NULL, &er);
+            errs[i] = er;
+        }
+    const double t1 = muser_now_s();
+    pthread_mutex_lock(&e->mu);
+    e->in_pass = false;
+    pthread_cond_broadcast(&e->idle);
+    log_pass(e, MUSER_PASS_DECODE, n, n, 0, rows[0]->id, t0, t1);
+    for (uint32_t i = 0; i < n; i++) {
+        muser_seq *q = rows[i];
+        q->pos = q->s->n_past;
+        if (rcs[i]) {
+            fail(q, rcs[i], &errs[i]);
+            continue;
+        }
+        if (q->logits) memcpy(q->logits, e->scratch + i * V, V * sizeof(float));
+        q->decoding = true;
+        finish(q, MUSER_OK);
+    }
+}
+
+/* The next chunk of the oldest prefill request, the lock dropped. */
+static void run_prefill(muser_engine *e, muser_seq *q, uint32_t waiting)
+{
+    const uint32_t chunk = any_decoding(e) ? e->o.contended_chunk : e->o.prefill_chunk;
+    uint32_t c = q->n - q->done < chunk ? q->n - q->done : chunk;
+    const bool last = q->done + c == q->n;
+    muser_session *s = q->s;
+    const int32_t *tok = q->tokens + q->done;
+    float *logits = last ? q->logits : NULL;
+    e->in_pass = true;
+    pthread_mutex_unlock(&e->mu);
+    muser_error err = {0};
+    const double t0 = muser_now_s();
+    /* the prefill route for every chunk, a one-row tail included: the prompt's bytes do not
+     * depend on where its chunks end */
+    int rc = muser_session_prefill(s, tok, c, logits, &err);
+    const double t1 = muser_now_s();
+    pthread_mutex_lock(&e->mu);
+    e->in_pass = false;
+    pthread_cond_broadcast(&e->idle);
+    log_pass(e, MUSER_PASS_PREFILL, c, 1, waiting, q->id, t0, t1);
+    q->pos = s->n_past;
+    if (rc) {
+        fail(q, rc, &err);
+        return;
+    }
+    q->done += c;
+    if (last) {
+        q->decoding = true; /* a prompt is usually followed by its decode steps */
+        finish(q, MUSER_OK);
+    }
+}
+
+static void *worker(void *arg)
+{
+    muser_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        reap(e);
+        if (e->stop) break;
+        double oldest;
+        uint32_t idle;
+        const uint32_t n_dec = count_decodes(e, &oldest, &idle);
+        if (n_dec) {
+            const double wait_until = oldest + e->o.batch_window_us * 1e-6, now = muser_now_s();
+            /* run now when the window is over, the step is full, or no other decoder could join */
+            if (now >= wait_until || n_dec >= e->d->max_rows || idle == 0) {
+                run_decode(e);
+                continue;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            const double dt = wait_until - now;
+            ts.tv_sec += (time_t)dt;
+            ts.tv_nsec += (long)((dt - (double)(time_t)dt) * 1e9);
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->work, &e->mu, &ts);
+            continue;
+        }
+        muser_seq *p = NULL;
+        for (muser_seq *q = e->seqs; q; q = q->next)
+            if (!q->freed && q->req == REQ_PREFILL && (!p || q->t_submit < p->t_submit)) p = q;
+        if (p) {
+            run_prefill(e, p, n_dec);
+            continue;
+        }
+        pthread_cond_wait(&e->work, &e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* Everything but the thread and the sequences. */
+static void engine_release(muser_engine *e)
+{
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->work);
+    pthread_cond_destroy(&e->idle);
+    free(e->cand);
+    free(e->scratch);
+    muser_device_free(e->d);
+    free(e);
+}
+
+int muser_engine_new(muser_engine **out, const muser_model *m, const muser_engine_opts *o, muser_error *err)
+{
+    if (!out || !m) return muser_errorf(err, MUSER_E_ARG, "muser_engine_new: NULL argument");
+    *out = NULL;
+    muser_engine *e = calloc(1, sizeof *e);
+    if (!e) return muser_errorf(err, MUSER_E_NOMEM, "engine: out of memory");
+    if (o) e->o = *o;
+    if (!e->o.batch_window_us) e->o.batch_window_us = ENGINE_DEFAULT_WINDOW_US;
+    if (!e->o.prefill_chunk) e->o.prefill_chunk = ENGINE_DEFAULT_CHUNK;
+    if (!e->o.contended_chunk) e->o.contended_chunk = ENGINE_DEFAULT_CONTENDED;
+    if (!e->o.max_seqs) e->o.max_seqs = ENGINE_DEFAULT_MAX_SEQS;
+    /* the device's prefill calls take whole chunks */
+    if (e->o.dev.max_batch < e->o.prefill_chunk) e->o.dev.max_batch = e->o.prefill_chunk;
+    int rc = muser_device_new(&e->d, m, &e->o.dev, err);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    e->scratch = malloc((size_t)MUSER_STEP_MAX_ROWS * m->hp.n_vocab * sizeof(float));
+    e->cand = calloc(e->o.max_seqs, sizeof *e->cand);
+    if (!e->scratch || !e->cand) {
+        free(e->scratch);
+        free(e->cand);
+        muser_device_free(e->d);
+        free(e);
+        return muser_errorf(err, MUSER_E_NOMEM, "engine: out of memory for a step's logits");
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->work, NULL);
+    pthread_cond_init(&e->idle, NULL);
+    if (pthread_create(&e->thread, NULL, worker, e)) {
+        engine_release(e);
+        return muser_errorf(err, MUSER_E_BACKEND, "engine: cannot start its thread");
+    }
+    *out = e;
+    return MUSER_OK;
+}
+
+static void seq_destroy(muser_seq *q)
+{
+    pthread_cond_destroy(&q->cv);
+    free(q);
+}
+
+void muser_engine_free(muser_engine *e)
+{
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    for (muser_seq *q = e->seqs; q; q = q->next) q->cancelled = true;
+    e->stop = true; /* the worker frees the sessions (reap) after its pass, then leaves */
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    for (muser_seq *q = e->seqs, *n; q; q = n) {
+        n = q->next;
+        seq_destroy(q);
+    }
+    engine_release(e);
+}
+
+int muser_engine_open(muser_engine *e, uint64_t n_ctx, muser_seq **out, muser_error *err)
+{
+    if (!e || !out) return muser_errorf(err, MUSER_E_ARG, "muser_engine_open: NULL argument");
+    *out = NULL;
+    if (!n_ctx) n_ctx = e->d->opts.n_ctx;
+    if (n_ctx > e->d->opts.n_ctx)
+        return muser_errorf(err, MUSER_E_ARG, "engine: a context of %llu exceeds the engine's %llu",
+                            (unsigned long long)n_ctx, (unsigned long long)e->d->opts.n_ctx);
+    const uint64_t bytes = seq_kv_bytes(&e->d->model->hp, n_ctx);
+    muser_seq *q = calloc(1, sizeof *q);
+    if (!q) return muser_errorf(err, MUSER_E_NOMEM, "engine: out of memory");
+    pthread_cond_init(&q->cv, NULL);
+    q->e = e;
+    q->n_ctx = n_ctx;
+    q->kv_bytes = bytes;
+    pthread_mutex_lock(&e->mu);
+    int rc = MUSER_OK;
+    if (e->n_open >= e->o.max_seqs)
+        rc = muser_errorf(err, MUSER_E_NO_ROOM, "engine: %u sequences are open, the most it takes", e->n_open);
+    else if (e->o.kv_budget_bytes && e->kv_reserved + bytes > e->o.kv_budget_bytes)
+        rc = muser_errorf(err, MUSER_E_NO_ROOM,
+                          "engine: a context of %llu needs %.1f MB of KV cache; %.1f MB of the %.1f MB budget are "
+                          "free",
+                          (unsigned long long)n_ctx, bytes / 1e6, (e->o.kv_budget_bytes - e->kv_reserved) / 1e6,
+                          e->o.kv_budget_bytes / 1e6);
+    if (!rc && e->stop)
+        rc = muser_errorf(err, MUSER_E_CANCELLED, "engine: shutting down");
+    if (!rc) {
+        /* no pass may run while the device gets a session (a GPU session records its graph on
+         * the device's stream): wait for the one in flight, then open under the lock, which
+         * keeps the worker from starting another */
+        while (e->in_pass) pthread_cond_wait(&e->idle, &e->mu);
+        rc = muser_session_open(&q->s, e->d, n_ctx, err);
+    }
+    if (rc) {
+        pthread_mutex_unlock(&e->mu);
+        seq_destroy(q);
+        return rc;
+    }
+    q->id = e->next_id++;
+    q->next = e->seqs;
+    e->seqs = q;
+    e->n_open++;
+    e->kv_reserved += bytes;
+    pthread_mutex_unlock(&e->mu);
+    *out = q;
+    return MUSER_OK;
+}
+
+void muser_seq_cancel(muser_seq *q)
+{
+    if (!q) return;
+    muser_engine *e = q->e;
+    pthread_mutex_lock(&e->mu);
+    q->cancelled = true;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void muser_engine_close(muser_seq *q)
+{
+    if (!q) return;
+    muser_engine *e = q->e;
+    pthread_mutex_lock(&e->mu);
+    q->cancelled = true;
+    pthread_cond_signal(&e->work);
+    while (!q->freed) pthread_cond_wait(&q->cv, &e->mu);
+    for (muser_seq **pp = &e->seqs; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    e->n_open--;
+    pthread_mutex_unlock(&e->mu);
+    seq_destroy(q);
+}
+
+/* Queue the request and wait for it (the caller's one request). */
+static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n, int32_t token, float *logits,
+                  muser_error *err)
+{
+    muser_engine *e = q->e;
+    const uint32_t V = e->d->model->hp.n_vocab;
+    if (kind == REQ_DECODE && (token < 0 || (uint32_t)token >= V))
+        return muser_errorf(err, MUSER_E_ARG, "token %d is not in [0, %u)", token, V);
+    for (uint32_t i = 0; kind == REQ_PREFILL && i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= V)
+            return muser_errorf(err, MUSER_E_ARG, "token %d at index %u is not in [0, %u)", tokens[i], i, V);
+    pthread_mutex_lock(&e->mu);
+    int rc = MUSER_OK;
+    if (q->cancelled)
+        rc = muser_errorf(err, MUSER_E_CANCELLED, "sequence %llu was cancelled", (unsigned long long)q->id);
+    else if (q->req != REQ_NONE)
+        rc = muser_errorf(err, MUSER_E_ARG, "sequence %llu already has a request running", (unsigned long long)q->id);
+    else if (kind == REQ_PREFILL && q->pos + n > q->n_ctx)
+        rc = muser_errorf(err, MUSER_E_CONTEXT_FULL, "sequence %llu: %llu tokens held + %u new exceed its context of %llu",
+                          (unsigned long long)q->id, (unsigned long long)q->pos, n, (unsigned long long)q->n_ctx);
+    if (rc) {
+        pthread_mutex_unlock(&e->mu);
+        return rc;
+    }
+    q->req = kind;
+    q->tokens = tokens;
+    q->n = n;
+    q->done = 0;
+    q->token = token;
+    q->logits = logits;
+    q->t_submit = muser_now_s();
+    q->finished = false;
+    if (kind == REQ_PREFILL) q->decoding = false; /* a new prompt: not decoding until it decodes */
+    pthread_cond_signal(&e->work);
+    while (!q->finished) pthread_cond_wait(&q->cv, &e->mu);
+    rc = q->rc;
+    if (rc && err) *err = q->err;
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+int muser_seq_prefill(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err)
+{
+    if (!q || (!tokens && n)) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: NULL argument");
+    if (!n) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: no tokens");
+    return submit(q, REQ_PREFILL, tokens, n, 0, logits, err);
+}
+
+int muser_seq_decode(muser_seq *q, int32_t token, float *logits, muser_error *err)
+{
+    if (!q) return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode: NULL sequence");
+    return submit(q, REQ_DECODE, NULL, 1, token, logits, err);
+}
+
+uint64_t muser_seq_pos(const muser_seq *q)
+{
+    muser_engine *e = q->e;
+    pthread_mutex_lock(&e->mu);
+    const uint64_t p = q->pos;
+    pthread_mutex_unlock(&e->mu);
+    return p;
+}
+
+uint64_t muser_seq_id(const muser_seq *q) { return q->id; }
+
+uint32_t muser_engine_passes(muser_engine *e, muser_pass_rec *out, uint32_t max)
+{
+    pthread_mutex_lock(&e->mu);
+    const uint64_t have = e->n_passes < MUSER_ENGINE_LOG ? e->n_passes : MUSER_ENGINE_LOG;
+    const uint32_t n = (uint32_t)(have < max ? have : max);
+    for (uint32_t i = 0; i < n; i++) out[i] = e->log[(e->n_passes - n + i) % MUSER_ENGINE_LOG];
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+void muser_engine_stats_get(muser_engine *e, muser_engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    out->passes = e->n_passes;
+    out->decode_rows = e->decode_rows;
+    out->prefill_rows = e->prefill_rows;
+    out->open_seqs = e->n_open;
+    out->kv_reserved_bytes = e->kv_reserved;
+    out->busy_s = e->busy_s;
+    pthread_mutex_unlock(&e->mu);
+}
+
+const muser_device *muser_engine_device(const muser_engine *e) { return e->d; }

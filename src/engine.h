@@ -1,0 +1,85 @@
+/* engine.h — one engine per accelerator (or CPU pool): the sequences on it, a batcher that packs
+ * their decode steps into shared passes, and a scheduler where decode outranks prefill.
+ *
+ * The engine owns a device (session.h) and one thread that runs every pass on it; any number of
+ * caller threads open sequences and submit work, each call blocking until its work is done:
+ *   - decode steps that arrive within the batch window (250 µs by default) of the first waiting
+ *     one share one small-batch pass (muser_step): the rows' bytes are those of decoding each
+ *     alone (SPEC §4 row invariance), so packing never changes an output;
+ *   - a prompt runs in chunks (prefill_chunk rows, 512 by default), and in chunks of
+ *     contended_chunk rows (64) while any sequence is decoding, so a waiting decode step runs
+ *     after at most one such chunk; decode steps always go before the next chunk;
+ *   - muser_seq_cancel, from any thread, makes the sequence's waiting or running request return
+ *     MUSER_E_CANCELLED at the next pass boundary and frees its cache; muser_engine_close frees
+ *     the handle;
+ *   - each sequence reserves its KV cache (its context) against the engine's budget when opened
+ *     (MUSER_E_NO_ROOM when it does not fit); a request past a sequence's own context fails with
+ *     MUSER_E_CONTEXT_FULL and the other sequences go on; a row whose logits are not finite fails
+ *     its own request only (the pass is rerun without it).
+ * Every pass is recorded in a log (kind, rows, sequences, times) for metrics and tests. */
+#ifndef MUSER_ENGINE_H
+#define MUSER_ENGINE_H
+
+#include "session.h"
+
+typedef struct muser_engine muser_engine;
+typedef struct muser_seq muser_seq;
+
+typedef struct muser_engine_opts {
+    muser_session_opts dev;      /* backend, threads, device; dev.n_ctx: the largest context a
+                                  * sequence may have (0: the model's) */
+    uint32_t batch_window_us;    /* 0: 250 */
+    uint32_t prefill_chunk;      /* rows per prefill pass when nothing decodes; 0: 512 */
+    uint32_t contended_chunk;    /* rows per prefill pass while a sequence decodes; 0: 64 */
+    uint64_t kv_budget_bytes;    /* KV bytes all open sequences may reserve; 0: no limit */
+    uint32_t max_seqs;           /* open sequences at most; 0: 256 */
+} muser_engine_opts;
+
+typedef enum { MUSER_PASS_DECODE = 0, MUSER_PASS_PREFILL = 1 } muser_pass_kind;
+
+typedef struct muser_pass_rec {
+    uint64_t index;              /* passes since the engine started */
+    muser_pass_kind kind;
+    uint32_t rows, seqs;         /* rows in the pass, sequences they came from */
+    uint32_t waiting_decoders;   /* decode requests waiting when the pass started (prefill) */
+    uint64_t first_seq;          /* id of the first row's sequence */
+    double t_start, t_end;       /* muser_now_s() */
+} muser_pass_rec;
+
+typedef struct muser_engine_stats {
+    uint64_t passes, decode_rows, prefill_rows;
+    uint32_t open_seqs;
+    uint64_t kv_reserved_bytes;
+    double busy_s;               /* time inside passes */
+} muser_engine_stats;
+
+#define MUSER_ENGINE_LOG 4096    /* passes the log keeps (the newest) */
+
+int muser_engine_new(muser_engine **out, const muser_model *m, const muser_engine_opts *o, muser_error *err);
+/* Cancels every open sequence, stops the thread, frees everything. Handles still open are freed
+ * too; none may be used afterwards. */
+void muser_engine_free(muser_engine *e);
+
+/* A sequence with context n_ctx (0: the engine's), its KV reserved now. */
+int muser_engine_open(muser_engine *e, uint64_t n_ctx, muser_seq **out, muser_error *err);
+/* Cancels what the sequence still runs, waits until the engine freed its cache, frees the handle.
+ * Not concurrently with another call on the same handle (muser_seq_cancel excepted). */
+void muser_engine_close(muser_seq *q);
+/* Any thread, any time: the sequence's waiting or running request returns MUSER_E_CANCELLED and
+ * its cache is freed; later requests on it fail the same way. */
+void muser_seq_cancel(muser_seq *q);
+
+/* The prompt, appended at the sequence's position, in chunks; logits (may be NULL) of its last
+ * row [V]. One request at a time per sequence. */
+int muser_seq_prefill(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err);
+/* One decode row, packed with whatever else decodes in the window; logits (may be NULL) [V]. */
+int muser_seq_decode(muser_seq *q, int32_t token, float *logits, muser_error *err);
+uint64_t muser_seq_pos(const muser_seq *q); /* tokens the sequence holds */
+uint64_t muser_seq_id(const muser_seq *q);
+
+/* Copies the newest passes (at most max) oldest first; returns how many. */
+uint32_t muser_engine_passes(muser_engine *e, muser_pass_rec *out, uint32_t max);
+void muser_engine_stats_get(muser_engine *e, muser_engine_stats *out);
+const muser_device *muser_engine_device(const muser_engine *e);
+
+#endif

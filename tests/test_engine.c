@@ -1,0 +1,502 @@
+/* test_engine.c — the engine (engine.h) on the CPU: its scheduling asserted on its own pass log,
+ * its outputs against the session driven directly, cancellation, budgets, and 16 threads at
+ * random (run under ASan in make test-asan and under TSan in make test-tsan).
+ *
+ *   1. outputs: 16 sequences (prompts of different lengths, teacher-forced decode steps) through
+ *      the engine, alone and all at once from 16 threads, give the bytes of each one run on its own
+ *      session (SHA-256 over every decode row's logits);
+ *   2. decode outranks prefill: while a 4,096-token prompt prefills, a decode step of another
+ *      sequence runs after at most one prefill chunk, and that chunk has at most 64 rows;
+ *   3. the batch window: steps submitted together share a pass; a lone one runs within the window;
+ *   4. cancellation mid-prefill and mid-decode returns MUSER_E_CANCELLED and frees the cache
+ *      (the engine's open-sequence and reserved-KV counters return to zero);
+ *   5. budgets: a sequence that does not fit the engine's KV budget is refused; a full context
+ *      fails only its own step;
+ *   6. 16 threads open, prefill, decode, cancel and close at random for a bounded time. */
+#include "check.h"
+#include "engine.h"
+#include "synth.h"
+#include "util.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define N_SEQ 16
+#define N_DEC 12
+
+static muser_model *g_m;
+static bool g_san;
+
+static int32_t tok_of(uint32_t k, uint32_t i, uint32_t V) { return (int32_t)((k * 7919u + i * 104729u + 13u) % V); }
+static uint32_t prompt_len(uint32_t k) { return 3 + 11 * k; } /* 3 .. 168: chunks of 64 end anywhere */
+
+static muser_engine *engine_new(uint32_t window_us, uint64_t n_ctx, uint64_t budget)
+{
+    muser_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.dev.backend = MUSER_BACKEND_CPU;
+    o.dev.n_threads = 2;
+    o.dev.n_ctx = n_ctx;
+    o.batch_window_us = window_us;
+    o.kv_budget_bytes = budget;
+    muser_error err = {0};
+    muser_engine *e = NULL;
+    CHECK_OK(muser_engine_new(&e, g_m, &o, &err), &err);
+    return e;
+}
+
+/* ---- 1. outputs equal the session driven directly ---- */
+typedef struct seq_job {
+    muser_engine *e;
+    uint32_t k;
+    float *logits; /* [N_DEC][V] */
+    int rc;
+    pthread_barrier_t *go;
+} seq_job;
+
+static void *seq_thread(void *arg)
+{
+    seq_job *j = arg;
+    const uint32_t V = g_m->hp.n_vocab, P = prompt_len(j->k);
+    int32_t *p = malloc(P * sizeof *p);
+    for (uint32_t i = 0; i < P; i++) p[i] = tok_of(j->k, i, V);
+    muser_error err = {0};
+    muser_seq *q = NULL;
+    j->rc = muser_engine_open(j->e, 0, &q, &err);
+    if (j->go) pthread_barrier_wait(j->go);
+    if (!j->rc) j->rc = muser_seq_prefill(q, p, P, NULL, &err);
+    for (uint32_t i = 0; i < N_DEC && !j->rc; i++)
+        j->rc = muser_seq_decode(q, tok_of(j->k, P + i, V), j->logits + (size_t)i * V, &err);
+    if (j->rc) fprintf(stderr, "sequence %u: %s\n", j->k, err.msg);
+    muser_engine_close(q);
+    free(p);
+    return NULL;
+}
+
+static void direct(uint32_t k, float *logits)
+{
+    const uint32_t V = g_m->hp.n_vocab, P = prompt_len(k);
+    muser_session_opts o;
+    memset(&o, 0, sizeof o);
+    o.n_threads = 2;
+    o.n_ctx = 256;
+    muser_error err = {0};
+    muser_session *s = NULL;
+    CHECK_OK(muser_session_new(&s, g_m, &o, &err), &err);
+    int32_t *p = malloc(P * sizeof *p);
+    for (uint32_t i = 0; i < P; i++) p[i] = tok_of(k, i, V);
+    CHECK_OK(muser_session_forward(s, p, P, NULL, false, &err), &err);
+    for (uint32_t i = 0; i < N_DEC; i++) {
+        const int32_t t = tok_of(k, P + i, V);
+        CHECK_OK(muser_session_forward(s, &t, 1, logits + (size_t)i * V, false, &err), &err);
+    }
+    free(p);
+    muser_session_free(s);
+}
+
+static void outputs(void)
+{
+    const uint32_t V = g_m->hp.n_vocab;
+    const size_t row = (size_t)N_DEC * V;
+    float *ref = malloc(N_SEQ * row * sizeof(float)), *alone = malloc(N_SEQ * row * sizeof(float)),
+          *together = malloc(N_SEQ * row * sizeof(float));
+    for (uint32_t k = 0; k < N_SEQ; k++) direct(k, ref + k * row);
+    muser_engine *e = engine_new(250, 256, 0);
+    if (!e) return;
+    /* alone: one sequence at a time */
+    for (uint32_t k = 0; k < N_SEQ; k++) {
+        seq_job j = {.e = e, .k = k, .logits = alone + k * row};
+        seq_thread(&j);
+        CHECK(j.rc == 0);
+    }
+    /* together: 16 threads, released at once */
+    pthread_t th[N_SEQ];
+    seq_job jobs[N_SEQ];
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, N_SEQ);
+    for (uint32_t k = 0; k < N_SEQ; k++) {
+        jobs[k] = (seq_job){.e = e, .k = k, .logits = together + k * row, .go = &go};
+        pthread_create(&th[k], NULL, seq_thread, &jobs[k]);
+    }
+    for (uint32_t k = 0; k < N_SEQ; k++) {
+        pthread_join(th[k], NULL);
+        CHECK(jobs[k].rc == 0);
+    }
+    pthread_barrier_destroy(&go);
+    int same_alone = 0, same_together = 0;
+    for (uint32_t k = 0; k < N_SEQ; k++) {
+        char a[65], b[65], c[65];
+        muser_sha256_hex(ref + k * row, row * sizeof(float), a);
+        muser_sha256_hex(alone + k * row, row * sizeof(float), b);
+        muser_sha256_hex(together + k * row, row * sizeof(float), c);
+        same_alone += !strcmp(a, b);
+        same_together += !strcmp(a, c);
+    }
+    muser_pass_rec rec[MUSER_ENGINE_LOG];
+    const uint32_t np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
+    uint32_t most = 0;
+    for (uint32_t i = 0; i < np; i++)
+        if (rec[i].kind == MUSER_PASS_DECODE && rec[i].rows > most) most = rec[i].rows;
+    printf("outputs: %d/%d sequences alone and %d/%d beside 15 others equal the direct session's bytes; "
+           "widest decode pass %u rows\n", same_alone, N_SEQ, same_together, N_SEQ, most);
+    CHECK(same_alone == N_SEQ);
+    CHECK(same_together == N_SEQ);
+    CHECKF(most >= 2, "16 sequences decoding at once never shared a pass");
+    muser_engine_stats st;
+    muser_engine_stats_get(e, &st);
+    CHECK(st.open_seqs == 0 && st.kv_reserved_bytes == 0);
+    muser_engine_free(e);
+    free(ref);
+    free(alone);
+    free(together);
+}
+
+/* ---- 2. decode outranks prefill ---- */
+typedef struct prefill_job {
+    muser_seq *q;
+    const int32_t *tok;
+    uint32_t n;
+    int rc;
+} prefill_job;
+
+static void *prefill_thread(void *arg)
+{
+    prefill_job *j = arg;
+    muser_error err = {0};
+    j->rc = muser_seq_prefill(j->q, j->tok, j->n, NULL, &err);
+    return NULL;
+}
+
+static uint32_t prefill_passes_of(muser_engine *e, uint64_t id, muser_pass_rec *rec, uint32_t *np)
+{
+    *np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
+    uint32_t c = 0;
+    for (uint32_t i = 0; i < *np; i++) c += rec[i].kind == MUSER_PASS_PREFILL && rec[i].first_seq == id;
+    return c;
+}
+
+static void outranks(void)
+{
+    const uint32_t V = g_m->hp.n_vocab, N = g_san ? 1024 : 4096;
+    muser_engine *e = engine_new(250, N + 64, 0);
+    if (!e) return;
+    muser_error err = {0};
+    muser_seq *a = NULL, *b = NULL;
+    CHECK_OK(muser_engine_open(e, 0, &a, &err), &err);
+    CHECK_OK(muser_engine_open(e, 0, &b, &err), &err);
+    int32_t *tok = malloc(N * sizeof *tok);
+    for (uint32_t i = 0; i < N; i++) tok[i] = tok_of(3, i, V);
+    CHECK_OK(muser_seq_prefill(a, tok, 5, NULL, &err), &err); /* a decodes from here on */
+    CHECK_OK(muser_seq_decode(a, 7, NULL, &err), &err);
+    prefill_job pj = {.q = b, .tok = tok, .n = N};
+    pthread_t th;
+    pthread_create(&th, NULL, prefill_thread, &pj);
+    muser_pass_rec *rec = malloc(MUSER_ENGINE_LOG * sizeof *rec);
+    uint32_t np = 0;
+    while (prefill_passes_of(e, muser_seq_id(b), rec, &np) < 3) usleep(100); /* b is prefilling */
+    const double t_submit = muser_now_s();
+    CHECK_OK(muser_seq_decode(a, 8, NULL, &err), &err);
+    pthread_join(th, NULL);
+    CHECK(pj.rc == 0);
+    np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
+    uint32_t before = 0, big = 0, chunks = 0;
+    bool found = false;
+    for (uint32_t i = 0; i < np; i++) {
+        if (rec[i].kind == MUSER_PASS_PREFILL && rec[i].first_seq == muser_seq_id(b)) {
+            chunks++;
+            big += rec[i].rows > 64;
+            if (!found && rec[i].t_end > t_submit) before++; /* chunks that ended after the submit */
+        }
+        if (rec[i].kind == MUSER_PASS_DECODE && rec[i].first_seq == muser_seq_id(a) && rec[i].t_start >= t_submit)
+            found = true;
+    }
+    printf("outranks: %u-token prompt in %u chunks (none over 64 rows: %s); the decode step submitted during it "
+           "ran after %u chunk%s\n", N, chunks, big ? "no" : "yes", before, before == 1 ? "" : "s");
+    CHECK(found);
+    CHECKF(before <= 1, "the decode step waited for %u prefill chunks", before);
+    CHECKF(big == 0, "%u chunks over 64 rows while a sequence was decoding", big);
+    /* with nothing decoding (b's prompt done makes b a decoder too) a prompt runs in chunks of 512 */
+    muser_engine_close(a);
+    muser_engine_close(b);
+    muser_seq *c = NULL;
+    CHECK_OK(muser_engine_open(e, 0, &c, &err), &err);
+    const uint32_t P = N > 1100 ? 1100 : N; /* two chunks of 512 and a tail (or none) */
+    CHECK_OK(muser_seq_prefill(c, tok, P, NULL, &err), &err);
+    np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
+    uint32_t wide = 0;
+    for (uint32_t i = 0; i < np; i++)
+        wide += rec[i].kind == MUSER_PASS_PREFILL && rec[i].first_seq == muser_seq_id(c) && rec[i].rows == 512;
+    CHECKF(wide == 2, "an uncontended %u-token prompt ran %u chunks of 512, want 2", P, wide);
+    muser_engine_close(c);
+    free(rec);
+    free(tok);
+    muser_engine_free(e);
+}
+
+/* ---- 3. the batch window ---- */
+typedef struct dec_job {
+    muser_seq *q;
+    pthread_barrier_t *go;
+    int32_t token;
+    double t_submit;
+    int rc;
+} dec_job;
+
+static void *dec_thread(void *arg)
+{
+    dec_job *j = arg;
+    muser_error err = {0};
+    pthread_barrier_wait(j->go);
+    j->t_submit = muser_now_s();
+    j->rc = muser_seq_decode(j->q, j->token, NULL, &err);
+    return NULL;
+}
+
+static void window(void)
+{
+    const uint32_t W = 50000; /* 50 ms: four threads released together arrive well inside it */
+    muser_engine *e = engine_new(W, 64, 0);
+    if (!e) return;
+    muser_error err = {0};
+    muser_seq *q[4];
+    for (int k = 0; k < 4; k++) {
+        CHECK_OK(muser_engine_open(e, 0, &q[k], &err), &err);
+        const int32_t t = 3 + k;
+        CHECK_OK(muser_seq_prefill(q[k], &t, 1, NULL, &err), &err);
+    }
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, 4);
+    pthread_t th[4];
+    dec_job j[4];
+    for (int k = 0; k < 4; k++) {
+        j[k] = (dec_job){.q = q[k], .go = &go, .token = 9};
+        pthread_create(&th[k], NULL, dec_thread, &j[k]);
+    }
+    for (int k = 0; k < 4; k++) {
+        pthread_join(th[k], NULL);
+        CHECK(j[k].rc == 0);
+    }
+    pthread_barrier_destroy(&go);
+    muser_pass_rec rec[64];
+    uint32_t np = muser_engine_passes(e, rec, 64);
+    CHECKF(np > 0 && rec[np - 1].kind == MUSER_PASS_DECODE && rec[np - 1].rows == 4,
+           "four steps submitted together took %u rows in the last pass", np ? rec[np - 1].rows : 0);
+    /* alone (three others decoding, idle): held at most the window */
+    const double t0 = muser_now_s();
+    CHECK_OK(muser_seq_decode(q[0], 5, NULL, &err), &err);
+    const double waited = muser_now_s() - t0;
+    np = muser_engine_passes(e, rec, 64);
+    CHECK(rec[np - 1].rows == 1);
+    printf("window: 4 steps submitted together shared one pass; a lone step waited %.1f ms (window %.0f ms)\n",
+           waited * 1e3, W / 1e3);
+    CHECKF(waited < 4 * W * 1e-6, "a lone step waited %.1f ms, the window is %.0f ms", waited * 1e3, W / 1e3);
+    /* with no other decoder idle the step does not wait for the window at all */
+    for (int k = 1; k < 4; k++) muser_engine_close(q[k]);
+    const double t1 = muser_now_s();
+    CHECK_OK(muser_seq_decode(q[0], 6, NULL, &err), &err);
+    CHECKF(muser_now_s() - t1 < W * 1e-6, "the only decoder was held for the window");
+    muser_engine_close(q[0]);
+    muser_engine_free(e);
+}
+
+/* ---- 4. cancellation, 5. budgets ---- */
+static void cancel_and_budget(void)
+{
+    const uint32_t V = g_m->hp.n_vocab, N = g_san ? 1024 : 4096;
+    muser_engine *e = engine_new(20000, N + 8, 0);
+    if (!e) return;
+    muser_error err = {0};
+    muser_seq *b = NULL, *dec = NULL;
+    CHECK_OK(muser_engine_open(e, 0, &b, &err), &err);
+    CHECK_OK(muser_engine_open(e, 0, &dec, &err), &err);
+    int32_t *tok = malloc(N * sizeof *tok);
+    for (uint32_t i = 0; i < N; i++) tok[i] = tok_of(5, i, V);
+    CHECK_OK(muser_seq_prefill(dec, tok, 1, NULL, &err), &err); /* a decoder: b's prompt runs in 64-row chunks */
+    prefill_job pj = {.q = b, .tok = tok, .n = N};
+    pthread_t th;
+    pthread_create(&th, NULL, prefill_thread, &pj);
+    muser_pass_rec *rec = malloc(MUSER_ENGINE_LOG * sizeof *rec);
+    uint32_t np;
+    while (prefill_passes_of(e, muser_seq_id(b), rec, &np) < 1) usleep(100);
+    muser_seq_cancel(b);
+    pthread_join(th, NULL);
+    CHECKF(pj.rc == MUSER_E_CANCELLED, "a prefill cancelled midway returned %d", pj.rc);
+    CHECK(muser_seq_decode(b, 1, NULL, &err) == MUSER_E_CANCELLED);
+    muser_engine_close(b);
+    muser_engine_close(dec);
+    muser_engine_stats st;
+    muser_engine_stats_get(e, &st);
+    CHECKF(st.open_seqs == 0 && st.kv_reserved_bytes == 0, "after a cancelled prefill: %u open, %llu bytes reserved",
+           st.open_seqs, (unsigned long long)st.kv_reserved_bytes);
+    /* mid-decode: a step waiting out the window (another decoder idle) */
+    muser_seq *x = NULL, *y = NULL;
+    CHECK_OK(muser_engine_open(e, 0, &x, &err), &err);
+    CHECK_OK(muser_engine_open(e, 0, &y, &err), &err);
+    CHECK_OK(muser_seq_prefill(x, tok, 3, NULL, &err), &err);
+    CHECK_OK(muser_seq_prefill(y, tok, 3, NULL, &err), &err);
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, 2);
+    dec_job dj = {.q = x, .go = &go, .token = 4};
+    pthread_create(&th, NULL, dec_thread, &dj);
+    pthread_barrier_wait(&go);
+    muser_seq_cancel(x);
+    pthread_join(th, NULL);
+    pthread_barrier_destroy(&go);
+    CHECKF(dj.rc == MUSER_E_CANCELLED || dj.rc == 0, "a cancelled step returned %d", dj.rc);
+    muser_engine_close(x);
+    CHECK_OK(muser_seq_decode(y, 4, NULL, &err), &err); /* the other goes on */
+    muser_engine_close(y);
+    muser_engine_stats_get(e, &st);
+    CHECK(st.open_seqs == 0 && st.kv_reserved_bytes == 0);
+    muser_engine_free(e);
+    /* budgets: room for two sequences of 64 */
+    const muser_hparams *hp = &g_m->hp;
+    uint64_t rows = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) rows += muser_layer_is_swa(hp, l) ? hp->swa_window : 64;
+    const uint64_t one = rows * hp->n_head_kv * hp->head_dim * 2 * 2;
+    e = engine_new(250, 64, 2 * one + one / 2);
+    if (!e) return;
+    muser_seq *s1 = NULL, *s2 = NULL, *s3 = NULL, *small = NULL;
+    CHECK_OK(muser_engine_open(e, 64, &s1, &err), &err);
+    CHECK_OK(muser_engine_open(e, 64, &s2, &err), &err);
+    CHECK(muser_engine_open(e, 64, &s3, &err) == MUSER_E_NO_ROOM);
+    printf("budget: %s\n", err.msg);
+    muser_engine_close(s2);
+    CHECK_OK(muser_engine_open(e, 4, &small, &err), &err); /* a context of 4: its step past it fails alone */
+    CHECK_OK(muser_seq_prefill(small, tok, 4, NULL, &err), &err);
+    CHECK_OK(muser_seq_prefill(s1, tok, 4, NULL, &err), &err);
+    CHECK(muser_seq_decode(small, 1, NULL, &err) == MUSER_E_CONTEXT_FULL);
+    CHECK(muser_seq_prefill(small, tok, 1, NULL, &err) == MUSER_E_CONTEXT_FULL);
+    CHECK_OK(muser_seq_decode(s1, 1, NULL, &err), &err);
+    CHECK(muser_seq_pos(s1) == 5 && muser_seq_pos(small) == 4);
+    muser_engine_close(small);
+    muser_engine_close(s1);
+    muser_engine_free(e);
+    free(rec);
+    free(tok);
+}
+
+/* ---- 6. 16 threads at random ---- */
+typedef struct chaos {
+    muser_engine *e;
+    uint64_t seed;
+    double until;
+    muser_seq *volatile victim; /* published for another thread to cancel */
+    pthread_mutex_t *vmu;
+    int bad;
+    uint64_t steps;
+} chaos;
+
+static void *chaos_thread(void *arg)
+{
+    chaos *c = arg;
+    const uint32_t V = g_m->hp.n_vocab;
+    uint64_t x = c->seed;
+    int32_t tok[96];
+    while (muser_now_s() < c->until) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        muser_error err = {0};
+        muser_seq *q = NULL;
+        int rc = muser_engine_open(c->e, 0, &q, &err);
+        if (rc) {
+            c->bad += rc != MUSER_E_NO_ROOM;
+            continue;
+        }
+        const uint32_t P = 1 + (uint32_t)((x >> 33) % 90);
+        for (uint32_t i = 0; i < P; i++) tok[i] = (int32_t)(((x >> 7) + i) % V);
+        const bool publish = (x >> 20) % 3 == 0;
+        if (publish) {
+            pthread_mutex_lock(c->vmu);
+            c->victim = q;
+            pthread_mutex_unlock(c->vmu);
+        }
+        rc = muser_seq_prefill(q, tok, P, NULL, &err);
+        for (uint32_t g = 0; !rc && g < (uint32_t)((x >> 40) % 8); g++) {
+            rc = muser_seq_decode(q, (int32_t)(g % V), NULL, &err);
+            c->steps++;
+            if ((x >> (g + 3)) % 11 == 0) muser_seq_cancel(q); /* cancel itself midway */
+        }
+        c->bad += rc && rc != MUSER_E_CANCELLED && rc != MUSER_E_CONTEXT_FULL;
+        if (rc && rc != MUSER_E_CANCELLED && rc != MUSER_E_CONTEXT_FULL) fprintf(stderr, "chaos: %s\n", err.msg);
+        if (publish) {
+            pthread_mutex_lock(c->vmu);
+            if (c->victim == q) c->victim = NULL;
+            pthread_mutex_unlock(c->vmu);
+        }
+        muser_engine_close(q);
+    }
+    return NULL;
+}
+
+static void *canceller(void *arg)
+{
+    chaos *c = arg; /* the array of 16 */
+    uint64_t x = 99;
+    while (muser_now_s() < c[0].until) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        chaos *t = &c[(x >> 33) % N_SEQ];
+        pthread_mutex_lock(t->vmu);
+        if (t->victim) muser_seq_cancel(t->victim);
+        pthread_mutex_unlock(t->vmu);
+        usleep(500 + (useconds_t)((x >> 40) % 2000));
+    }
+    return NULL;
+}
+
+static void threads(void)
+{
+    muser_engine *e = engine_new(250, 128, 0);
+    if (!e) return;
+    chaos c[N_SEQ];
+    pthread_mutex_t vmu[N_SEQ];
+    pthread_t th[N_SEQ + 1];
+    const double until = muser_now_s() + (g_san ? 6.0 : 3.0);
+    for (int k = 0; k < N_SEQ; k++) {
+        pthread_mutex_init(&vmu[k], NULL);
+        c[k] = (chaos){.e = e, .seed = 1000 + (uint64_t)k, .until = until, .vmu = &vmu[k]};
+        pthread_create(&th[k], NULL, chaos_thread, &c[k]);
+    }
+    pthread_create(&th[N_SEQ], NULL, canceller, c);
+    int bad = 0;
+    uint64_t steps = 0;
+    for (int k = 0; k <= N_SEQ; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < N_SEQ; k++) {
+        bad += c[k].bad;
+        steps += c[k].steps;
+        pthread_mutex_destroy(&vmu[k]);
+    }
+    muser_engine_stats st;
+    muser_engine_stats_get(e, &st);
+    printf("threads: 16 threads + a canceller for %.0f s: %llu decode steps, %llu passes, %d unexpected errors; "
+           "%u open, %llu KV bytes reserved at the end\n", g_san ? 6.0 : 3.0, (unsigned long long)steps,
+           (unsigned long long)st.passes, bad, st.open_seqs, (unsigned long long)st.kv_reserved_bytes);
+    CHECK(bad == 0);
+    CHECK(steps > 0);
+    CHECK(st.open_seqs == 0 && st.kv_reserved_bytes == 0);
+    muser_engine_free(e);
+}
+
+int main(void)
+{
+    g_san = getenv("MUSER_SANITIZED") && !strcmp(getenv("MUSER_SANITIZED"), "1");
+    char path[256];
+    snprintf(path, sizeof path, "test_engine_%d.gguf", (int)getpid());
+    muser_synth_opts so;
+    muser_synth_opts_default(&so);
+    so.n_threads = 2;
+    muser_error err = {0};
+    CHECK_OK(muser_synth_write(&so, path, NULL, &err), &err);
+    CHECK_OK(muser_model_load(&g_m, path, &err), &err);
+    unlink(path);
+    if (!g_m) return 1;
+    outputs();
+    outranks();
+    window();
+    cancel_and_budget();
+    threads();
+    muser_model_free(g_m);
+    printf("test_engine: %d checks, %d failures\n", check_count, check_failures);
+    return check_failures ? 1 : 0;
+}
