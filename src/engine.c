@@ -28,7 +28,7 @@
 #define ENGINE_DEFAULT_CONTENDED 64u
 #define ENGINE_DEFAULT_MAX_SEQS 256u
 
-typedef enum { REQ_NONE, REQ_DECODE, REQ_PREFILL } req_kind;
+typedef enum { REQ_NONE, REQ_DECODE, REQ_PREFILL, REQ_ROLLBACK } req_kind;
 
 struct muser_seq {
     muser_engine *e;
@@ -41,7 +41,9 @@ struct muser_seq {
     req_kind req;
     const int32_t *tokens;
     uint32_t n, done;          /* prefill: rows done so far */
-    int32_t token;             /* decode */
+    int32_t token;             /* a one-row decode's token (tokens points here) */
+    bool verify;               /* decode rows of a speculative block: checkpoint first */
+    uint64_t n_keep;           /* rollback */
     float *logits;
     double t_submit;
     int rc;
@@ -150,17 +152,19 @@ static bool any_decoding(const muser_engine *e)
     return false;
 }
 
-/* One small-batch pass over the waiting decode requests (oldest first), the lock dropped. */
+/* One small-batch pass over the waiting decode and verify requests (oldest first; a request's rows
+ * stay together), the lock dropped. A verify request's session is checkpointed first (SPEC §3), so
+ * a later rollback can drop its rejected rows. */
 static void run_decode(muser_engine *e)
 {
     const uint32_t cap = e->d->max_rows;
     uint32_t m = 0;
     for (muser_seq *q = e->seqs; q; q = q->next)
         if (!q->freed && q->req == REQ_DECODE) {
-            if (q->s->n_past + 1 > q->s->opts.n_ctx) { /* fails alone, before the pass */
+            if (q->s->n_past + q->n > q->s->opts.n_ctx) { /* fails alone, before the pass */
                 muser_error er;
-                muser_errorf(&er, MUSER_E_CONTEXT_FULL, "sequence %llu: its context of %llu is full",
-                             (unsigned long long)q->id, (unsigned long long)q->s->opts.n_ctx);
+                muser_errorf(&er, MUSER_E_CONTEXT_FULL, "sequence %llu: %u rows do not fit its context of %llu",
+                             (unsigned long long)q->id, q->n, (unsigned long long)q->s->opts.n_ctx);
                 fail(q, MUSER_E_CONTEXT_FULL, &er);
                 continue;
             }
@@ -172,15 +176,30 @@ static void run_decode(muser_engine *e)
             }
             e->cand[at] = q;
         }
-    const uint32_t n = m < cap ? m : cap; /* the youngest wait for the next pass */
-    muser_seq *const *rows = e->cand;
-    if (!n) return;
+    muser_seq *reqs[MUSER_STEP_MAX_ROWS];
+    uint32_t first[MUSER_STEP_MAX_ROWS + 1], nr = 0, n = 0;
     muser_session *ss[MUSER_STEP_MAX_ROWS];
     int32_t tok[MUSER_STEP_MAX_ROWS];
-    for (uint32_t i = 0; i < n; i++) {
-        ss[i] = rows[i]->s;
-        tok[i] = rows[i]->token;
+    for (uint32_t i = 0; i < m; i++) { /* requests that fit, in age order (a younger small one may pass a big one) */
+        muser_seq *q = e->cand[i];
+        if (n + q->n > cap) continue;
+        if (q->verify) {
+            muser_error er = {0};
+            const int rc = muser_session_checkpoint(q->s, &er);
+            if (rc) {
+                fail(q, rc, &er);
+                continue;
+            }
+        }
+        reqs[nr] = q;
+        first[nr++] = n;
+        for (uint32_t j = 0; j < q->n; j++) {
+            ss[n] = q->s;
+            tok[n++] = q->tokens[j];
+        }
     }
+    first[nr] = n;
+    if (!nr) return;
     const uint64_t V = e->d->model->hp.n_vocab;
     e->in_pass = true;
     pthread_mutex_unlock(&e->mu);
@@ -189,32 +208,45 @@ static void run_decode(muser_engine *e)
     int rc = muser_step(e->d, ss, tok, n, e->scratch, NULL, &err);
     int rcs[MUSER_STEP_MAX_ROWS];
     muser_error errs[MUSER_STEP_MAX_ROWS];
-    for (uint32_t i = 0; i < n; i++) {
-        rcs[i] = rc;
-        errs[i] = err;
+    for (uint32_t r = 0; r < nr; r++) {
+        rcs[r] = rc;
+        errs[r] = err;
     }
-    if (rc == MUSER_E_NUMERIC && n > 1) /* which row: each alone (its bytes are the same either way) */
-        for (uint32_t i = 0; i < n; i++) {
+    if (rc == MUSER_E_NUMERIC && nr > 1) /* whose: each request alone (its bytes are the same either way) */
+        for (uint32_t r = 0; r < nr; r++) {
             muser_error er = {0};
-            rcs[i] = muser_step(e->d, &ss[i], &tok[i], 1, e->scratch + i * V, NULL, &er);
-            errs[i] = er;
+            rcs[r] = muser_step(e->d, ss + first[r], tok + first[r], first[r + 1] - first[r], e->scratch + first[r] * V,
+                                NULL, &er);
+            errs[r] = er;
         }
     const double t1 = muser_now_s();
     pthread_mutex_lock(&e->mu);
     e->in_pass = false;
     pthread_cond_broadcast(&e->idle);
-    log_pass(e, MUSER_PASS_DECODE, n, n, 0, rows[0]->id, t0, t1);
-    for (uint32_t i = 0; i < n; i++) {
-        muser_seq *q = rows[i];
+    log_pass(e, MUSER_PASS_DECODE, n, nr, 0, reqs[0]->id, t0, t1);
+    for (uint32_t r = 0; r < nr; r++) {
+        muser_seq *q = reqs[r];
         q->pos = q->s->n_past;
-        if (rcs[i]) {
-            fail(q, rcs[i], &errs[i]);
+        if (rcs[r]) {
+            if (q->verify) muser_session_commit(q->s); /* nothing of it was appended */
+            fail(q, rcs[r], &errs[r]);
             continue;
         }
-        if (q->logits) memcpy(q->logits, e->scratch + i * V, V * sizeof(float));
+        if (q->logits) memcpy(q->logits, e->scratch + first[r] * V, (size_t)q->n * V * sizeof(float));
         q->decoding = true;
         finish(q, MUSER_OK);
     }
+}
+
+/* Under the lock, between passes: a rollback request (drop rows past n_keep of the last verify). */
+static void run_rollback(muser_seq *q)
+{
+    muser_error er = {0};
+    int rc = muser_session_rollback(q->s, q->n_keep, &er);
+    if (!rc) muser_session_commit(q->s);
+    q->pos = q->s->n_past;
+    if (rc) fail(q, rc, &er);
+    else finish(q, MUSER_OK);
 }
 
 /* The next chunk of the oldest prefill request, the lock dropped. */
@@ -257,6 +289,8 @@ static void *worker(void *arg)
     for (;;) {
         reap(e);
         if (e->stop) break;
+        for (muser_seq *q = e->seqs; q; q = q->next) /* rollbacks: quick, between passes */
+            if (!q->freed && q->req == REQ_ROLLBACK) run_rollback(q);
         double oldest;
         uint32_t idle;
         const uint32_t n_dec = count_decodes(e, &oldest, &idle);
@@ -442,14 +476,12 @@ void muser_engine_close(muser_seq *q)
 }
 
 /* Queue the request and wait for it (the caller's one request). */
-static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n, int32_t token, float *logits,
-                  muser_error *err)
+static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n, bool verify, uint64_t n_keep,
+                  float *logits, muser_error *err)
 {
     muser_engine *e = q->e;
     const uint32_t V = e->d->model->hp.n_vocab;
-    if (kind == REQ_DECODE && (token < 0 || (uint32_t)token >= V))
-        return muser_errorf(err, MUSER_E_ARG, "token %d is not in [0, %u)", token, V);
-    for (uint32_t i = 0; kind == REQ_PREFILL && i < n; i++)
+    for (uint32_t i = 0; kind != REQ_ROLLBACK && i < n; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= V)
             return muser_errorf(err, MUSER_E_ARG, "token %d at index %u is not in [0, %u)", tokens[i], i, V);
     pthread_mutex_lock(&e->mu);
@@ -466,10 +498,15 @@ static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n
         return rc;
     }
     q->req = kind;
+    if (kind == REQ_DECODE && n == 1) { /* the caller's token may be a temporary: keep a copy */
+        q->token = tokens[0];
+        tokens = &q->token;
+    }
     q->tokens = tokens;
     q->n = n;
     q->done = 0;
-    q->token = token;
+    q->verify = verify;
+    q->n_keep = n_keep;
     q->logits = logits;
     q->t_submit = muser_now_s();
     q->finished = false;
@@ -486,13 +523,27 @@ int muser_seq_prefill(muser_seq *q, const int32_t *tokens, uint32_t n, float *lo
 {
     if (!q || (!tokens && n)) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: NULL argument");
     if (!n) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: no tokens");
-    return submit(q, REQ_PREFILL, tokens, n, 0, logits, err);
+    return submit(q, REQ_PREFILL, tokens, n, false, 0, logits, err);
 }
 
 int muser_seq_decode(muser_seq *q, int32_t token, float *logits, muser_error *err)
 {
     if (!q) return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode: NULL sequence");
-    return submit(q, REQ_DECODE, NULL, 1, token, logits, err);
+    return submit(q, REQ_DECODE, &token, 1, false, 0, logits, err);
+}
+
+int muser_seq_verify(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err)
+{
+    if (!q || !tokens) return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: NULL argument");
+    if (n == 0 || n > KV_MAX_SPEC_ROWS || n > q->e->d->max_rows)
+        return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: %u rows (1..%u)", n, KV_MAX_SPEC_ROWS);
+    return submit(q, REQ_DECODE, tokens, n, true, 0, logits, err);
+}
+
+int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err)
+{
+    if (!q) return muser_errorf(err, MUSER_E_ARG, "muser_seq_rollback: NULL sequence");
+    return submit(q, REQ_ROLLBACK, NULL, 0, false, n_keep, NULL, err);
 }
 
 uint64_t muser_seq_pos(const muser_seq *q)
@@ -505,6 +556,18 @@ uint64_t muser_seq_pos(const muser_seq *q)
 }
 
 uint64_t muser_seq_id(const muser_seq *q) { return q->id; }
+
+const muser_model *muser_seq_model(const muser_seq *q) { return q->e->d->model; }
+
+int muser_seq_kv_sha256(muser_seq *q, char hex[65], muser_error *err)
+{
+    muser_engine *e = q->e;
+    pthread_mutex_lock(&e->mu);
+    muser_session *s = q->freed || q->req != REQ_NONE ? NULL : q->s;
+    pthread_mutex_unlock(&e->mu);
+    if (!s) return muser_errorf(err, MUSER_E_ARG, "sequence %llu is busy or cancelled", (unsigned long long)q->id);
+    return muser_session_kv_sha256(s, hex, err);
+}
 
 uint32_t muser_engine_passes(muser_engine *e, muser_pass_rec *out, uint32_t max)
 {

@@ -74,8 +74,18 @@ void muser_seq_cancel(muser_seq *q);
 int muser_seq_prefill(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err);
 /* One decode row, packed with whatever else decodes in the window; logits (may be NULL) [V]. */
 int muser_seq_decode(muser_seq *q, int32_t token, float *logits, muser_error *err);
+/* A speculative block: n rows (1..16) at the sequence's next positions in one pass (packed with
+ * other sequences' rows), after a KV checkpoint; logits [n][V] (may be NULL). Each row's bytes
+ * are those of decoding it alone. Follow it with muser_seq_rollback. */
+int muser_seq_verify(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err);
+/* Keep positions < n_keep of the last verify block (n_keep >= its first position) and drop the
+ * checkpoint: the cache holds exactly what decoding the kept rows alone would have written. */
+int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err);
 uint64_t muser_seq_pos(const muser_seq *q); /* tokens the sequence holds */
 uint64_t muser_seq_id(const muser_seq *q);
+const muser_model *muser_seq_model(const muser_seq *q);
+/* muser_session_kv_sha256 of the sequence's cache (not while a request of it runs). */
+int muser_seq_kv_sha256(muser_seq *q, char hex[65], muser_error *err);
 
 /* Copies the newest passes (at most max) oldest first; returns how many. */
 uint32_t muser_engine_passes(muser_engine *e, muser_pass_rec *out, uint32_t max);

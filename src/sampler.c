@@ -414,7 +414,9 @@ static uint32_t top_p_threshold(muser_sampler *s, uint32_t n, double need, doubl
 }
 
 /* Steps 3-6 on s->work (penalised, at least one finite entry): returns the drawn id. */
-static int32_t sample_truncated(muser_sampler *s)
+/* The candidates after temperature, top-k, top-p and min-p (s->work holds the penalised row):
+ * s->idx / s->val [0, *n) with their unnormalised weights, *mass their sum. */
+static void truncate_cands(muser_sampler *s, uint32_t *n_out, double *mass_out)
 {
     const muser_sampler_params *p = &s->p;
     const uint32_t V = s->n_vocab;
@@ -516,6 +518,15 @@ static int32_t sample_truncated(muser_sampler *s)
         }
     }
 
+    *n_out = n;
+    *mass_out = mass;
+}
+
+static int32_t sample_truncated(muser_sampler *s)
+{
+    uint32_t n;
+    double mass;
+    truncate_cands(s, &n, &mass);
     /* Draw: walk the list (rank order with top-k, id order without) to the uniform's step. */
     double u = rng_uniform(s->rng) * mass, acc = 0.0;
     for (uint32_t i = 0; i < n; i++) {
@@ -526,16 +537,13 @@ static int32_t sample_truncated(muser_sampler *s)
     return s->idx[n - 1]; /* rounding can leave u just past the last step */
 }
 
-int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chosen_logprob,
-                             muser_logprob *top)
+/* Copy and validate logits into s->work in one branch-free pass (local restrict pointers let it
+ * vectorize), then apply the penalties. */
+static int load_row(muser_sampler *s, const float *logits)
 {
-    const muser_sampler_params *p = &s->p;
-    const uint32_t V = s->n_vocab;
-
-    /* Copy and validate in one branch-free pass (local restrict pointers let it vectorize). */
     float *restrict work = s->work;
     int bad = 0, finite = 0;
-    for (uint32_t i = 0; i < V; i++) {
+    for (uint32_t i = 0; i < s->n_vocab; i++) {
         float l = logits[i];
         bad |= (l != l) | (l == INFINITY);
         finite |= (l != -INFINITY);
@@ -543,12 +551,53 @@ int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chose
     }
     if (bad || !finite)
         return MUSER_E_NUMERIC;
-    if (penalties_active(p))
+    if (penalties_active(&s->p))
         apply_penalties(s);
+    return MUSER_OK;
+}
+
+int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chosen_logprob,
+                             muser_logprob *top)
+{
+    const muser_sampler_params *p = &s->p;
+    const uint32_t V = s->n_vocab;
+    if (load_row(s, logits))
+        return MUSER_E_NUMERIC;
 
     int32_t chosen = (p->temperature == 0.0f || p->top_k == 1) ? argmax_lowest(s->work, V)
                                                                 : sample_truncated(s);
     if (chosen_logprob || (top && p->n_logprobs > 0))
         raw_logprobs(s, logits, chosen, chosen_logprob, p->n_logprobs ? top : NULL);
     return chosen;
+}
+
+int muser_sampler_dist(muser_sampler *s, const float *logits, const int32_t **ids, const float **w,
+                       uint32_t *n, double *mass)
+{
+    int rc = load_row(s, logits);
+    if (rc)
+        return rc;
+    if (s->p.temperature == 0.0f || s->p.top_k == 1) {
+        s->idx[0] = argmax_lowest(s->work, s->n_vocab);
+        s->val[0] = 1.0f;
+        *n = 1;
+        *mass = 1.0;
+    } else {
+        truncate_cands(s, n, mass);
+    }
+    *ids = s->idx;
+    *w = s->val;
+    return MUSER_OK;
+}
+
+double muser_sampler_uniform(muser_sampler *s)
+{
+    return rng_uniform(s->rng);
+}
+
+float muser_sampler_logprob(const muser_sampler *s, const float *logits, int32_t id)
+{
+    float lp = 0.0f;
+    raw_logprobs(s, logits, id, &lp, NULL);
+    return lp;
 }

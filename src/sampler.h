@@ -36,4 +36,15 @@ void muser_sampler_reset(muser_sampler *s);
 int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chosen_logprob,
                              muser_logprob *top);
 
+/* The distribution muser_sampler_sample draws from for this row (penalties, temperature, top-k,
+ * top-p, min-p applied): *n candidate ids and their unnormalised weights, *mass their sum; valid
+ * until the next call on s. Greedy: the argmax, weight 1. MUSER_E_NUMERIC on a non-finite row.
+ * Speculative sampling accepts and resamples against it (spec.h). */
+int muser_sampler_dist(muser_sampler *s, const float *logits, const int32_t **ids, const float **w,
+                       uint32_t *n, double *mass);
+/* One uniform in [0, 1) from the sampler's seeded generator. */
+double muser_sampler_uniform(muser_sampler *s);
+/* log_softmax(logits)[id] of the raw row, as muser_sampler_sample's chosen_logprob. */
+float muser_sampler_logprob(const muser_sampler *s, const float *logits, int32_t id);
+
 #endif

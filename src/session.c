@@ -337,8 +337,19 @@ int muser_session_kv_sha256(const muser_session *s, char hex[65], muser_error *e
         }
         const uint64_t m[5] = {meta.capacity, meta.origin_logical, meta.origin_physical, meta.len, meta.next_pos};
         EVP_DigestUpdate(md, m, sizeof m);
-        EVP_DigestUpdate(md, k, meta.capacity * row * sizeof(uint16_t));
-        EVP_DigestUpdate(md, v, meta.capacity * row * sizeof(uint16_t));
+        /* the rows of the positions the plane holds, in position order (a ring's other slots and a
+         * FULL plane's rows past len are not part of the cache's content) */
+        const uint64_t first = meta.next_pos - meta.len, D = meta.head_dim;
+        for (int kv = 0; kv < 2; kv++) {
+            const uint16_t *p = kv ? v : k;
+            if (meta.ring) {
+                for (uint64_t pos = first; pos < meta.next_pos; pos++)
+                    EVP_DigestUpdate(md, p + kv_plane_row(&meta, pos) * row, row * sizeof(uint16_t));
+            } else {
+                for (uint32_t h = 0; h < meta.n_head_kv; h++)
+                    EVP_DigestUpdate(md, p + (uint64_t)h * meta.capacity * D, meta.len * D * sizeof(uint16_t));
+            }
+        }
     }
     if (!rc) {
         unsigned char d[32];

@@ -125,8 +125,9 @@ int muser_session_checkpoint(muser_session *s, muser_error *err);
 int muser_session_rollback(muser_session *s, uint64_t n_keep, muser_error *err);
 void muser_session_commit(muser_session *s);
 void muser_session_reset(muser_session *s);
-/* SHA-256 over every plane's metadata and storage bytes, in layer order: two caches with the same
- * bytes (the same history on one backend) give the same digest. */
+/* SHA-256 over every plane's metadata and the K/V rows of the positions it holds, in layer and
+ * position order: two caches with the same content (the same history on one backend, whatever
+ * was verified and rolled back on the way) give the same digest. */
 int muser_session_kv_sha256(const muser_session *s, char hex[65], muser_error *err);
 const char *muser_backend_name(muser_backend_kind k);
 int muser_backend_from_name(const char *name); /* -1 if unknown */

@@ -20,7 +20,10 @@ static void run_help(FILE *f)
                "  -p, --prompt TEXT       the prompt (required)\n"
                "  --special               parse special-token texts (e.g. <|end|>) in the prompt\n"
                "  --no-bos                do not prepend the BOS token\n"
-               "  --echo                  print the prompt before the generation\n");
+               "  --echo                  print the prompt before the generation\n"
+               "  --draft MODEL           speculate with a draft model sharing the vocabulary\n"
+               "  --draft-ngram N         speculate with prompt lookup (n-grams up to N tokens)\n"
+               "  --draft-max K           drafts per verify pass, 1..15 (default 8)\n");
     gen_print_option_help(f);
     fprintf(f, "  -h, --help              this help\n\n"
                "Defaults: -n 256; context: the model's limit capped at max(4096, prompt + n).\n");
@@ -36,6 +39,8 @@ int cmd_run(int argc, char **argv)
     gen_opts_default(&o, 256);
     const char *prompt = NULL;
     bool special = false, no_bos = false, echo = false;
+    const char *draft_path = NULL;
+    uint32_t draft_ngram = 0, draft_max = 8;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int rc = gen_parse_option("run", argc, argv, &i, &o);
@@ -53,12 +58,32 @@ int cmd_run(int argc, char **argv)
             no_bos = true;
         } else if (!strcmp(a, "--echo")) {
             echo = true;
+        } else if (!strcmp(a, "--draft")) {
+            if (i + 1 >= argc)
+                return cli_usage_error("run", "--draft needs a model path");
+            draft_path = argv[++i];
+        } else if (!strcmp(a, "--draft-ngram") || !strcmp(a, "--draft-max")) {
+            uint64_t v;
+            if (i + 1 >= argc || !muser_parse_u64(argv[i + 1], &v))
+                return cli_usage_error("run", "%s needs a number", a);
+            i++;
+            if (!strcmp(a, "--draft-ngram")) {
+                if (v < 1 || v > 64)
+                    return cli_usage_error("run", "--draft-ngram wants 1..64");
+                draft_ngram = (uint32_t)v;
+            } else {
+                if (v < 1 || v > MUSER_SPEC_MAX_DRAFT)
+                    return cli_usage_error("run", "--draft-max wants 1..%d", MUSER_SPEC_MAX_DRAFT);
+                draft_max = (uint32_t)v;
+            }
         } else {
             return cli_usage_error("run", "unknown option '%s'", a);
         }
     }
     if (!prompt)
         return cli_usage_error("run", "a prompt is required (-p TEXT)");
+    if (draft_path && draft_ngram)
+        return cli_usage_error("run", "--draft and --draft-ngram are two drafters: pick one");
 
     gen_ctx g;
     if (gen_open(&g, "run", &o))
@@ -105,7 +130,28 @@ int cmd_run(int argc, char **argv)
         fflush(stdout);
     }
     gen_reply r;
-    int rc = gen_generate(&g, o.n_predict, -1, stdout, &gen_interrupted, &r, &err);
+    muser_drafter *drafter = NULL;
+    muser_model *dm = NULL;
+    if (draft_ngram && muser_drafter_ngram_new(&drafter, draft_ngram, &err)) {
+        fprintf(stderr, "muser run: %s\n", err.msg);
+        goto out_sig;
+    }
+    if (draft_path && (muser_model_load(&dm, draft_path, &err) ||
+                       muser_drafter_model_new(&drafter, dm, g.model, o.sess.backend == MUSER_BACKEND_CUDA
+                                                                          ? MUSER_BACKEND_CUDA
+                                                                          : MUSER_BACKEND_CPU,
+                                               o.sess.n_threads, n_ctx, &err))) {
+        fprintf(stderr, "muser run: draft model %s: %s\n", draft_path, err.msg);
+        muser_model_free(dm);
+        goto out_sig;
+    }
+    muser_spec_stats sst;
+    memset(&sst, 0, sizeof sst);
+    int rc = drafter ? gen_generate_spec(&g, drafter, draft_max, toks, n_toks, o.n_predict, stdout, &gen_interrupted,
+                                         &r, &sst, &err)
+                     : gen_generate(&g, o.n_predict, -1, stdout, &gen_interrupted, &r, &err);
+    muser_drafter_free(drafter);
+    muser_model_free(dm);
     if (r.n_tokens || echo)
         fputc('\n', stdout);
     fflush(stdout);
@@ -115,6 +161,13 @@ int cmd_run(int argc, char **argv)
             "(%.1f tok/s); stop: %s\n",
             n_toks, t_prompt, t_prompt > 0 ? (double)n_toks / t_prompt : 0.0, r.n_tokens,
             r.seconds, r.seconds > 0 ? (double)r.n_tokens / r.seconds : 0.0, why[r.stop]);
+    if (sst.rounds)
+        fprintf(stderr,
+                "muser run: speculation (%s, up to %u drafts): %llu verify passes, %llu of %llu drafts accepted "
+                "(%.1f%%), %.2f tokens per pass\n",
+                draft_path ? "draft model" : "n-gram", draft_max, (unsigned long long)sst.rounds,
+                (unsigned long long)sst.accepted, (unsigned long long)sst.drafted,
+                sst.drafted ? 100.0 * sst.accepted / sst.drafted : 0.0, (double)sst.emitted / sst.rounds);
     if (rc) {
         fprintf(stderr, "muser run: %s\n", err.msg);
         goto out_sig;

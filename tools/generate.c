@@ -386,3 +386,69 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
     r->seconds = muser_now_s() - t0;
     return rc;
 }
+
+static bool spec_stop(int32_t id, void *arg)
+{
+    return muser_token_is_eog((const muser_tokenizer *)arg, id);
+}
+
+int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, const int32_t *ctx, size_t n_ctx_toks,
+                      uint32_t max_tokens, FILE *out, volatile sig_atomic_t *interrupt, gen_reply *r,
+                      muser_spec_stats *st, muser_error *err)
+{
+    memset(r, 0, sizeof *r);
+    r->pending = -1;
+    r->stop = GEN_STOP_LIMIT;
+    muser_spec sp;
+    int rc = muser_spec_init(&sp, g->seq, g->n_ctx, g->smp, d, k, ctx, n_ctx_toks, g->logits, err);
+    if (rc)
+        return rc;
+    muser_detok_stream ds;
+    muser_detok_stream_init(&ds, g->tok);
+    size_t text_cap = muser_detok_stream_min_cap(g->tok);
+    text_cap = text_cap < 256 ? 256 : text_cap;
+    char *text = malloc(text_cap);
+    if (!text) {
+        muser_spec_free(&sp);
+        return muser_errorf(err, MUSER_E_NOMEM, "out of memory for a %zu-byte text buffer", text_cap);
+    }
+    int32_t ids[KV_MAX_SPEC_ROWS];
+    float lps[KV_MAX_SPEC_ROWS];
+    double t0 = muser_now_s();
+    while (r->n_tokens < max_tokens) {
+        if (interrupt && *interrupt) {
+            r->stop = GEN_STOP_INTERRUPT;
+            break;
+        }
+        uint32_t n = 0;
+        bool ended = false;
+        rc = muser_spec_next(&sp, max_tokens - r->n_tokens, true, spec_stop, g->tok, ids, lps, &n, &ended, err);
+        for (uint32_t i = 0; i < n; i++) {
+            r->n_tokens++;
+            if (muser_token_is_eog(g->tok, ids[i])) {
+                r->stop = GEN_STOP_END;
+                break;
+            }
+            size_t m = muser_detok_stream_push(&ds, ids[i], text, text_cap);
+            if (m) {
+                fwrite(text, 1, m, out);
+                fflush(out);
+            }
+        }
+        if (rc || r->stop == GEN_STOP_END)
+            break;
+        if (ended) {
+            r->stop = GEN_STOP_CONTEXT;
+            break;
+        }
+    }
+    size_t m = muser_detok_stream_flush(&ds, text, text_cap);
+    if (m)
+        fwrite(text, 1, m, out);
+    fflush(out);
+    free(text);
+    r->seconds = muser_now_s() - t0;
+    *st = sp.st;
+    muser_spec_free(&sp);
+    return rc;
+}

@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "sampler.h"
 #include "engine.h"
+#include "spec.h"
 #include "session.h"
 #include "tokenizer.h"
 
@@ -87,5 +88,12 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
 /* SIGINT sets the flag while installed (no SA_RESTART, so a blocking read returns EINTR). */
 extern volatile sig_atomic_t gen_interrupted;
 void gen_catch_sigint(bool on);
+
+/* gen_generate with speculation: drafter d proposes up to k tokens a round, the target verifies
+ * them in one pass; the tokens (and their logprobs) are those plain decoding gives (greedy: the
+ * same; sampled: the same distribution). ctx: the prompt. Round statistics into *st. */
+int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, const int32_t *ctx, size_t n_ctx_toks,
+                      uint32_t max_tokens, FILE *out, volatile sig_atomic_t *interrupt, gen_reply *r,
+                      muser_spec_stats *st, muser_error *err);
 
 #endif

@@ -1,0 +1,329 @@
+/* spec.c — speculative decoding (spec.h): the drafters, the acceptance rule and the round loop. */
+#include "spec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- acceptance ---- */
+
+int32_t muser_spec_accept(muser_sampler *s, const float *row, int32_t d, bool *accepted)
+{
+    const int32_t *ids;
+    const float *w;
+    uint32_t n;
+    double mass;
+    *accepted = false;
+    if (muser_sampler_dist(s, row, &ids, &w, &n, &mass))
+        return MUSER_E_NUMERIC;
+    if (n == 1) { /* greedy (or one candidate): accept exactly the argmax */
+        *accepted = ids[0] == d;
+        return ids[0];
+    }
+    double wd = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] == d) {
+            wd = (double)w[i];
+            break;
+        }
+    if (wd > 0.0 && muser_sampler_uniform(s) * mass < wd) { /* with probability p(d) */
+        *accepted = true;
+        return d;
+    }
+    /* the residual: p without d, renormalised */
+    const double u = muser_sampler_uniform(s) * (mass - wd);
+    double acc = 0.0;
+    int32_t last = -1;
+    for (uint32_t i = 0; i < n; i++) {
+        if (ids[i] == d)
+            continue;
+        acc += (double)w[i];
+        last = ids[i];
+        if (u < acc)
+            return ids[i];
+    }
+    return last; /* rounding can leave u just past the last step */
+}
+
+/* ---- prompt lookup ---- */
+
+typedef struct ngram {
+    muser_drafter base;
+    uint32_t n_max;
+} ngram;
+
+static int ngram_propose(muser_drafter *dr, const int32_t *ctx, uint64_t n, uint32_t k, int32_t *out, muser_error *err)
+{
+    (void)err;
+    const ngram *g = dr->self;
+    for (uint32_t len = g->n_max < n ? g->n_max : (uint32_t)(n ? n - 1 : 0); len >= 1; len--) {
+        const int32_t *suf = ctx + n - len;
+        /* the latest earlier occurrence whose continuation exists */
+        for (uint64_t at = n - len; at-- > 0;) {
+            if (memcmp(ctx + at, suf, len * sizeof *ctx))
+                continue;
+            uint32_t m = 0;
+            for (uint64_t p = at + len; m < k && p < n; p++)
+                out[m++] = ctx[p];
+            return (int)m;
+        }
+    }
+    return 0;
+}
+
+static void ngram_free(muser_drafter *dr)
+{
+    free(dr->self);
+}
+
+int muser_drafter_ngram_new(muser_drafter **out, uint32_t n_max, muser_error *err)
+{
+    *out = NULL;
+    if (n_max < 1 || n_max > 64)
+        return muser_errorf(err, MUSER_E_ARG, "n-gram drafter: n %u (1..64)", n_max);
+    ngram *g = calloc(1, sizeof *g);
+    if (!g)
+        return muser_errorf(err, MUSER_E_NOMEM, "n-gram drafter: out of memory");
+    g->n_max = n_max;
+    g->base = (muser_drafter){.name = "ngram", .propose = ngram_propose, .free = ngram_free, .self = g};
+    *out = &g->base;
+    return MUSER_OK;
+}
+
+/* ---- a draft model ---- */
+
+typedef struct draft_model {
+    muser_drafter base;
+    muser_session *s;
+    int32_t *fed;        /* the tokens the draft session holds */
+    uint64_t n_fed, cap;
+    bool ckpt;           /* a checkpoint is open (the last proposal's drafts were fed) */
+    uint64_t ckpt_pos;
+    float *logits;       /* [V] */
+} draft_model;
+
+static int dm_propose(muser_drafter *dr, const int32_t *ctx, uint64_t n, uint32_t k, int32_t *out, muser_error *err)
+{
+    draft_model *m = dr->self;
+    const uint32_t V = m->s->model->hp.n_vocab;
+    if (n + k > m->s->opts.n_ctx || n > m->cap)
+        return 0; /* no room: no drafts */
+    uint64_t c = 0; /* the common prefix of what the draft holds and the context */
+    while (c < m->n_fed && c < n && m->fed[c] == ctx[c])
+        c++;
+    int rc = MUSER_OK;
+    if (m->ckpt) {
+        if (c >= m->ckpt_pos) {
+            rc = muser_session_rollback(m->s, c, err);
+            muser_session_commit(m->s);
+        } else {
+            muser_session_commit(m->s);
+            muser_session_reset(m->s);
+            c = 0;
+        }
+        m->ckpt = false;
+    } else if (c < m->n_fed) {
+        muser_session_reset(m->s);
+        c = 0;
+    }
+    if (rc)
+        return rc;
+    m->n_fed = c;
+    if (c == n) { /* every token is in: the next row's logits were not kept; refeed the last */
+        muser_session_reset(m->s);
+        c = 0;
+        m->n_fed = 0;
+    }
+    rc = muser_session_forward(m->s, ctx + c, (uint32_t)(n - c), m->logits, false, err);
+    if (rc)
+        return rc;
+    memcpy(m->fed + c, ctx + c, (n - c) * sizeof *ctx);
+    m->n_fed = n;
+    if ((rc = muser_session_checkpoint(m->s, err)))
+        return rc;
+    m->ckpt = true;
+    m->ckpt_pos = n;
+    uint32_t got = 0;
+    for (; got < k; got++) {
+        uint32_t best = 0;
+        for (uint32_t i = 1; i < V; i++)
+            if (m->logits[i] > m->logits[best])
+                best = i;
+        out[got] = (int32_t)best;
+        if (got + 1 == k)
+            break;
+        if ((rc = muser_session_forward(m->s, &out[got], 1, m->logits, false, err)))
+            return rc;
+        m->fed[m->n_fed++] = out[got];
+    }
+    return (int)(got + (k ? 1 : 0));
+}
+
+static void dm_free(muser_drafter *dr)
+{
+    draft_model *m = dr->self;
+    muser_session_free(m->s);
+    free(m->fed);
+    free(m->logits);
+    free(m);
+}
+
+int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const muser_model *target,
+                            muser_backend_kind b, uint32_t n_threads, uint64_t n_ctx, muser_error *err)
+{
+    *out = NULL;
+    if (draft->hp.n_vocab != target->hp.n_vocab)
+        return muser_errorf(err, MUSER_E_ARG,
+                            "draft model: its vocabulary has %u tokens, the target's %u (a draft must share the "
+                            "target's tokenizer)",
+                            draft->hp.n_vocab, target->hp.n_vocab);
+    draft_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return muser_errorf(err, MUSER_E_NOMEM, "draft model: out of memory");
+    muser_session_opts o;
+    memset(&o, 0, sizeof o);
+    o.backend = b;
+    o.n_threads = n_threads;
+    o.n_ctx = n_ctx;
+    int rc = muser_session_new(&m->s, draft, &o, err);
+    m->cap = n_ctx;
+    m->fed = malloc(n_ctx * sizeof *m->fed);
+    m->logits = malloc((size_t)draft->hp.n_vocab * sizeof *m->logits);
+    if (!rc && (!m->fed || !m->logits))
+        rc = muser_errorf(err, MUSER_E_NOMEM, "draft model: out of memory");
+    if (rc) {
+        muser_session_free(m->s);
+        free(m->fed);
+        free(m->logits);
+        free(m);
+        return rc;
+    }
+    m->base = (muser_drafter){.name = "model", .propose = dm_propose, .free = dm_free, .self = m};
+    *out = &m->base;
+    return MUSER_OK;
+}
+
+void muser_drafter_free(muser_drafter *d)
+{
+    if (d && d->free)
+        d->free(d);
+}
+
+/* ---- rounds ---- */
+
+int muser_spec_init(muser_spec *sp, muser_seq *q, uint64_t n_ctx, muser_sampler *smp, muser_drafter *d,
+                    uint32_t k_max, const int32_t *prompt, uint64_t n_prompt, float *logits, muser_error *err)
+{
+    memset(sp, 0, sizeof *sp);
+    if (k_max < 1 || k_max > MUSER_SPEC_MAX_DRAFT)
+        return muser_errorf(err, MUSER_E_ARG, "speculation: %u drafts per round (1..%d)", k_max, MUSER_SPEC_MAX_DRAFT);
+    const uint64_t V = muser_seq_model(q)->hp.n_vocab;
+    sp->q = q;
+    sp->smp = smp;
+    sp->d = d;
+    sp->k_max = k_max;
+    sp->n_ctx = n_ctx;
+    sp->logits = logits;
+    sp->pending = -1;
+    sp->cap = n_ctx + 1;
+    sp->hist = malloc(sp->cap * sizeof *sp->hist);
+    sp->rows = malloc((size_t)KV_MAX_SPEC_ROWS * V * sizeof *sp->rows);
+    if (!sp->hist || !sp->rows) {
+        muser_spec_free(sp);
+        return muser_errorf(err, MUSER_E_NOMEM, "speculation: out of memory");
+    }
+    memcpy(sp->hist, prompt, n_prompt * sizeof *prompt);
+    sp->n_hist = n_prompt;
+    return MUSER_OK;
+}
+
+void muser_spec_free(muser_spec *sp)
+{
+    free(sp->hist);
+    free(sp->rows);
+    memset(sp, 0, sizeof *sp);
+}
+
+int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (*stop)(int32_t, void *), void *arg,
+                    int32_t *ids, float *logprobs, uint32_t *n_out, bool *ended, muser_error *err)
+{
+    *n_out = 0;
+    *ended = false;
+    if (max_out == 0)
+        return MUSER_OK;
+    const uint64_t V = muser_seq_model(sp->q)->hp.n_vocab;
+    const uint64_t p0 = sp->n_hist;
+    uint32_t n = 0;
+    /* the next token: a rejection's draw from the last round, or sampled from the current row as
+     * plain decoding samples it */
+    int32_t t0 = sp->pending;
+    float lp0 = sp->pending_lp;
+    sp->pending = -1;
+    if (t0 < 0) {
+        t0 = muser_sampler_sample(sp->smp, sp->logits, &lp0, NULL);
+        if (t0 < 0)
+            return muser_errorf(err, MUSER_E_NUMERIC, "the logits at position %llu hold NaN or Inf",
+                                (unsigned long long)p0);
+    }
+    ids[n] = t0;
+    logprobs[n++] = lp0;
+    sp->st.emitted++;
+    if ((stop && stop(t0, arg)) || (n == max_out && last_is_final) || p0 + 1 > sp->n_ctx) {
+        *ended = (stop && stop(t0, arg)) || p0 + 1 > sp->n_ctx;
+        *n_out = n;
+        return MUSER_OK; /* not fed, as plain decoding does not feed it */
+    }
+    sp->hist[sp->n_hist++] = t0;
+    /* drafts: as many as the caller's limit, the context and a verify block allow */
+    uint64_t k = sp->k_max;
+    if (k > max_out - n) k = max_out - n;
+    if (k > sp->n_ctx - p0 - 1) k = sp->n_ctx - p0 - 1;
+    int32_t block[KV_MAX_SPEC_ROWS];
+    block[0] = t0;
+    int kd = k ? sp->d->propose(sp->d, sp->hist, sp->n_hist, (uint32_t)k, block + 1, err) : 0;
+    if (kd < 0)
+        return kd;
+    sp->st.drafted += (uint64_t)kd;
+    int rc = muser_seq_verify(sp->q, block, (uint32_t)kd + 1, sp->rows, err);
+    if (rc) {
+        sp->n_hist--;
+        return rc;
+    }
+    sp->st.rounds++;
+    muser_sampler_accept(sp->smp, t0); /* fed: it counts for the penalties now */
+    uint32_t keep = 1;                 /* rows of the block that stay: t0 and the accepted drafts */
+    bool all = true;
+    for (int i = 0; i < kd; i++) {
+        const float *row = sp->rows + (size_t)i * V;
+        bool acc = false;
+        const int32_t tok = muser_spec_accept(sp->smp, row, block[1 + i], &acc);
+        if (tok < 0) {
+            rc = muser_errorf(err, MUSER_E_NUMERIC, "the logits at position %llu hold NaN or Inf",
+                              (unsigned long long)(p0 + 1 + i));
+            break;
+        }
+        const float lp = muser_sampler_logprob(sp->smp, row, tok);
+        if (!acc) { /* the target's own token: emitted next round, fed in its block */
+            sp->pending = tok;
+            sp->pending_lp = lp;
+            all = false;
+            break;
+        }
+        sp->st.accepted++;
+        sp->st.emitted++;
+        ids[n] = tok;
+        logprobs[n++] = lp;
+        if ((stop && stop(tok, arg)) || (n == max_out && last_is_final)) {
+            *ended = stop && stop(tok, arg);
+            all = false;
+            break; /* emitted, not fed */
+        }
+        muser_sampler_accept(sp->smp, tok);
+        sp->hist[sp->n_hist++] = tok;
+        keep++;
+    }
+    if (!rc && all) /* every draft taken: the block's last row is the next position's */
+        memcpy(sp->logits, sp->rows + (size_t)kd * V, V * sizeof(float));
+    const int r2 = muser_seq_rollback(sp->q, p0 + keep, err);
+    *n_out = n;
+    return rc ? rc : r2;
+}

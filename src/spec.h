@@ -1,0 +1,77 @@
+/* spec.h — speculative decoding over an engine sequence (SPEC §5): a drafter proposes tokens, the
+ * target verifies the block in one small-batch pass (engine.h muser_seq_verify), acceptance runs
+ * against the target's full distributions, and the KV cache keeps exactly the accepted rows.
+ *
+ * Every drafter here is deterministic (its proposal is a point mass), so acceptance is exact and
+ * simple: with the sampler's distribution p for a row (muser_sampler_dist: penalties,
+ * temperature, top-k, top-p, min-p, as plain decoding applies them), the draft d is accepted with
+ * probability p(d), and on rejection the token is drawn from p without d, renormalised. Greedy
+ * accepts while d is the argmax. So the output distribution is exactly the target's; greedy output
+ * (tokens and logprob bytes) is exactly plain greedy decoding's, because a verify row is
+ * bit-identical to the decode row it replaces (row invariance). */
+#ifndef MUSER_SPEC_H
+#define MUSER_SPEC_H
+
+#include "engine.h"
+#include "sampler.h"
+
+#define MUSER_SPEC_MAX_DRAFT (KV_MAX_SPEC_ROWS - 1) /* a verify block: the next token + 15 drafts */
+
+typedef struct muser_drafter muser_drafter;
+struct muser_drafter {
+    const char *name;
+    /* Up to k tokens to follow ctx[0..n) (every token of the sequence, the next one to verify
+     * last) into out; returns how many (0..k), or a negative muser_status. */
+    int (*propose)(muser_drafter *d, const int32_t *ctx, uint64_t n, uint32_t k, int32_t *out, muser_error *err);
+    void (*free)(muser_drafter *d);
+    void *self;
+};
+
+/* Prompt lookup: the longest suffix of the context (n_max tokens down to 1) that occurred before,
+ * and the tokens that followed its latest occurrence. */
+int muser_drafter_ngram_new(muser_drafter **out, uint32_t n_max, muser_error *err);
+/* A small model sharing the target's vocabulary (a mismatch is refused), greedy, on its own
+ * session (backend b, n_ctx positions). */
+int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const muser_model *target,
+                            muser_backend_kind b, uint32_t n_threads, uint64_t n_ctx, muser_error *err);
+void muser_drafter_free(muser_drafter *d);
+
+/* Acceptance of a point-mass draft d against row (the target's logits [V]) under s: returns the
+ * token to emit (d when accepted, else a draw from p without d) and sets *accepted. */
+int32_t muser_spec_accept(muser_sampler *s, const float *row, int32_t d, bool *accepted);
+
+typedef struct muser_spec_stats {
+    uint64_t rounds;     /* verify passes */
+    uint64_t drafted;    /* draft tokens proposed */
+    uint64_t accepted;   /* of them accepted */
+    uint64_t emitted;    /* tokens emitted (drafts and the tokens the target chose itself) */
+} muser_spec_stats;
+
+/* A speculative generation on q, whose prompt (ctx[0..n_ctx)) is prefilled; logits is the row for
+ * the next position ([V], caller-owned, kept current). */
+typedef struct muser_spec {
+    muser_seq *q;
+    muser_sampler *smp;
+    muser_drafter *d;
+    uint32_t k_max;      /* drafts per round, 1..15 */
+    uint64_t n_ctx;      /* the sequence's context */
+    int32_t *hist;       /* the sequence's tokens */
+    uint64_t n_hist, cap;
+    float *rows;         /* [16][V] a verify block's logits */
+    float *logits;
+    int32_t pending;     /* a token already chosen (a rejection's draw), emitted next; -1 none */
+    float pending_lp;
+    muser_spec_stats st;
+} muser_spec;
+
+int muser_spec_init(muser_spec *sp, muser_seq *q, uint64_t n_ctx, muser_sampler *smp, muser_drafter *d,
+                    uint32_t k_max, const int32_t *prompt, uint64_t n_prompt, float *logits, muser_error *err);
+void muser_spec_free(muser_spec *sp);
+/* The next tokens, at most max_out (>= 1): ids and their raw logprobs (log_softmax of the row that
+ * produced them, as plain decoding reports). A token for which stop(id, arg) is true ends the
+ * generation (*ended): it is emitted but not fed, as plain decoding does; the last of max_out
+ * tokens is not fed either when last_is_final (the caller's token limit). */
+int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (*stop)(int32_t, void *), void *arg,
+                    int32_t *ids, float *logprobs, uint32_t *n_out, bool *ended, muser_error *err);
+
+#endif
