@@ -2,7 +2,7 @@
 # Install the Debian packages muser builds and tests with. Idempotent: installs only what is
 # missing. Without root it prints the exact apt-get line and fails.
 set -eu
-PKGS="build-essential cmake pkg-config clang libclang-rt-dev libssl-dev libpcre2-dev \
+PKGS="build-essential cmake pkg-config clang libclang-rt-dev libssl-dev libpcre2-dev curl \
 libcjson-dev libmicrohttpd-dev libedit-dev"
 # node + npm run the tiktoken comparison test (tests/cli_tiktoken.sh skips without them). A node
 # installed some other way (e.g. nodesource's nodejs, which conflicts with Debian's npm) is kept.

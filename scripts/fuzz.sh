@@ -5,6 +5,7 @@
 #   tok       fuzz/fuzz_tok.c       muser_tokenize / detokenize / streaming on arbitrary text
 #   tok_load  fuzz/fuzz_tok_load.c  muser_tokenizer_load on hostile tokenizer.ggml.* metadata
 #   model     fuzz/fuzz_model.c     muser_model_bind (+ a 1-token oracle forward) on mutated models
+#   serve     fuzz/fuzz_serve.c     `muser serve`'s request decoding (tools/serve_req.c) on JSON bodies
 #
 #   scripts/fuzz.sh --short [TARGET...]          gguf 20 s, the others 15 s each
 #   scripts/fuzz.sh --long [SECONDS] [TARGET...] default 3600 s per target
@@ -51,7 +52,7 @@ case "$MODE" in
 esac
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(gguf)
-[ "${TARGETS[0]}" = all ] && TARGETS=(gguf tok tok_load model)
+[ "${TARGETS[0]}" = all ] && TARGETS=(gguf tok tok_load model serve)
 
 S=$ROOT/src
 TOK_SOURCES=("$S/tokenizer.c" "$S/vocab_o200k.c" "$S/gguf.c" "$S/util.c")
@@ -70,12 +71,13 @@ build() {
     gguf) srcs=("$S/gguf.c" "$S/util.c") ;;
     tok | tok_load) srcs=("${TOK_SOURCES[@]}"); libs+=(-lpcre2-8) ;;
     model) srcs=("${ENGINE_SOURCES[@]}"); libs+=(-lpthread) ;;
-    *) echo "fuzz.sh: unknown target '$target' (gguf, tok, tok_load, model, all)" >&2; return 2 ;;
+    serve) srcs=("$ROOT/tools/serve_req.c"); libs+=(-lcjson) ;;
+    *) echo "fuzz.sh: unknown target '$target' (gguf, tok, tok_load, model, serve, all)" >&2; return 2 ;;
   esac
   local bin=$dir/fuzz_$target
   local all=("$ROOT/fuzz/fuzz_$target.c" "${srcs[@]}")
   # Up to date when newer than every source, header and this script (reruns skip the build).
-  if [ -x "$bin" ] && [ -z "$(find "${all[@]}" "$ROOT"/fuzz/*.h "$S"/*.h "$S"/cpu/*.h \
+  if [ -x "$bin" ] && [ -z "$(find "${all[@]}" "$ROOT"/fuzz/*.h "$ROOT"/tools/*.h "$S"/*.h "$S"/cpu/*.h \
         "$ROOT/include" "$ROOT/scripts/fuzz.sh" -newer "$bin" 2>/dev/null | head -n 1)" ]; then
     echo "fuzz.sh: $bin is up to date"
     return 0
@@ -89,7 +91,7 @@ build() {
   for src in "${all[@]}"; do
     local obj=$OUT/obj/$(basename "$(dirname "$src")")-$(basename "$src" .c).o
     objs+=("$obj")
-    if [ -f "$obj" ] && [ -z "$(find "$src" "$ROOT"/fuzz/*.h "$S"/*.h "$S"/cpu/*.h \
+    if [ -f "$obj" ] && [ -z "$(find "$src" "$ROOT"/fuzz/*.h "$ROOT"/tools/*.h "$S"/*.h "$S"/cpu/*.h \
           "$ROOT/include" "$ROOT/scripts/fuzz.sh" -newer "$obj" 2>/dev/null | head -n 1)" ]; then
       continue
     fi

@@ -38,12 +38,10 @@ static void chat_help(FILE *f)
                "Defaults: -n 512 tokens per reply; context: the model's limit capped at 8192.\n");
 }
 
-/* The template: asked for, else named by the model's metadata, else implied by its vocabulary,
- * else muse (its markers are then plain text). */
 /* The template: asked for, else named by the model's metadata (tokenizer.chat_template, the
  * GGUF convention, or tokenizer.ggml.chat_template), else implied by its vocabulary, else muse
  * (its markers are then plain text). */
-static const chat_template *choose_template(const gen_ctx *g, const char **why)
+const chat_template *choose_template(const gen_ctx *g, const char **why)
 {
     static const char *const keys[] = {"tokenizer.chat_template", "tokenizer.ggml.chat_template"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
@@ -70,8 +68,7 @@ static const chat_template *choose_template(const gen_ctx *g, const char **why)
 /* The end-of-turn marker: the template's, if it is a token of this model; else the model's EOT
  * token (a llama3-style model may name it differently); else the template's text, as plain text.
  * Writes the text to buf and returns the token id, or -1. */
-static int32_t resolve_end_of_turn(const gen_ctx *g, const chat_template *t, char *buf,
-                                   size_t cap)
+int32_t resolve_end_of_turn(const gen_ctx *g, const chat_template *t, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s", t->end_of_turn);
     int32_t id = muser_token_find(g->tok, t->end_of_turn);

@@ -96,4 +96,10 @@ int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, const int32_t *c
                       uint32_t max_tokens, FILE *out, volatile sig_atomic_t *interrupt, gen_reply *r,
                       muser_spec_stats *st, muser_error *err);
 
+/* cmd_chat.c: the model's chat template (asked for, else its metadata's, else its special tokens',
+ * else muse; *why says which), and its end-of-turn marker (text in buf; the token id or -1). */
+struct chat_template;
+const struct chat_template *choose_template(const gen_ctx *g, const char **why);
+int32_t resolve_end_of_turn(const gen_ctx *g, const struct chat_template *t, char *buf, size_t cap);
+
 #endif

@@ -17,6 +17,7 @@ static const cli_command commands[] = {
     {"quantize", "convert a GGUF's matrices to f16/q8_0/q4_k/q6_k/mix", cmd_quantize},
     {"synth", "write a deterministic random model (tiny/small/glimmer presets)", cmd_synth},
     {"eval", "teacher-forced logits for a token list", cmd_eval},
+    {"serve", "an OpenAI-compatible HTTP server", cmd_serve},
     {"parity", "compare a fast backend with the oracle (SPEC §4)", cmd_parity},
     {"bench", "prefill and decode speed", cmd_bench},
 };
