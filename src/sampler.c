@@ -320,13 +320,70 @@ static void sort_cands(int32_t *idx, float *val, uint32_t n)
  * enough for the compiler to vectorize. No NaN reaches here. */
 static int32_t argmax_lowest(const float *restrict x, uint32_t n)
 {
-    float m = x[0];
-    for (uint32_t i = 1; i < n; i++)
-        m = x[i] > m ? x[i] : m;
+    /* eight running maxima, so the loop is not one chain of dependent compares (the maximum of
+     * NaN-free values is the same in any grouping) */
+    float p[8] = {x[0], x[0], x[0], x[0], x[0], x[0], x[0], x[0]};
     uint32_t i = 0;
-    while (x[i] != m)
-        i++;
-    return (int32_t)i;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            p[k] = x[i + k] > p[k] ? x[i + k] : p[k];
+    float m = p[0];
+    for (int k = 1; k < 8; k++)
+        m = p[k] > m ? p[k] : m;
+    for (; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    uint32_t at = 0;
+    while (x[at] != m)
+        at++;
+    return (int32_t)at;
+}
+
+/* Σ exp((double)x[i] − mx) over the row, in f64: the log-sum-exp of the logprobs. With AVX2 four
+ * lanes at a time by a Cody–Waite reduction (x = k·ln2 + r, |r| ≤ ln2/2) and a degree-11 Taylor
+ * polynomial (|error| < 2^−53 relative on the reduced range: below exp's own rounding), summed
+ * per lane and then the lanes in order, so a row's sum is the same on every run; else exp() one
+ * element at a time. (The two differ in the last bits; a logprob is reported in f32.) */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx2,fma"))) static double exp_sum_avx2(const float *x, uint32_t n, double mx)
+{
+    const __m256d vmx = _mm256_set1_pd(mx), log2e = _mm256_set1_pd(1.4426950408889634);
+    const __m256d ln2hi = _mm256_set1_pd(6.93147180369123816490e-01), ln2lo = _mm256_set1_pd(1.90821492927058770002e-10);
+    const __m256d lo = _mm256_set1_pd(-708.0);
+    __m256d acc = _mm256_setzero_pd();
+    uint32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m256d v = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), vmx);
+        v = _mm256_max_pd(v, lo); /* exp(−708) ≈ 3e−308: what underflows contributes nothing */
+        const __m256d k = _mm256_round_pd(_mm256_mul_pd(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256d r = _mm256_fnmadd_pd(k, ln2hi, v);
+        r = _mm256_fnmadd_pd(k, ln2lo, r);
+        /* Taylor to r^11 / 11!, Horner */
+        __m256d p = _mm256_set1_pd(1.0 / 39916800.0);
+        static const double c[11] = {1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0,
+                                     1.0 / 120.0,     1.0 / 24.0,      1.0 / 6.0,     0.5,          1.0, 1.0};
+        for (int j = 0; j < 11; j++) p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(c[j]));
+        /* 2^k into the exponent field (k in [−1022, 0] here) */
+        const __m128i ki = _mm256_cvtpd_epi32(k);
+        const __m256i e = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(ki), _mm256_set1_epi64x(1023)), 52);
+        acc = _mm256_add_pd(acc, _mm256_mul_pd(p, _mm256_castsi256_pd(e)));
+    }
+    double lanes[4];
+    _mm256_storeu_pd(lanes, acc);
+    double sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]));
+    for (; i < n; i++) sum += exp((double)x[i] - mx);
+    return sum;
+}
+#endif
+
+static double exp_sum(const float *x, uint32_t n, double mx)
+{
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return exp_sum_avx2(x, n, mx);
+#endif
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n; i++) sum += exp((double)x[i] - mx);
+    return sum;
 }
 
 /* Log-probabilities of the raw row: log_softmax(logits)[chosen] and the top-N entries. */
@@ -335,9 +392,7 @@ static void raw_logprobs(const muser_sampler *s, const float *logits, int32_t ch
 {
     uint32_t V = s->n_vocab;
     float mx = logits[argmax_lowest(logits, V)];
-    double sum = 0.0;
-    for (uint32_t i = 0; i < V; i++)
-        sum += exp((double)logits[i] - (double)mx);
+    const double sum = exp_sum(logits, V, (double)mx);
     double lse = (double)mx + log(sum);
     if (chosen_logprob)
         *chosen_logprob = (float)((double)logits[chosen] - lse);
@@ -542,12 +597,16 @@ static int32_t sample_truncated(muser_sampler *s)
 static int load_row(muser_sampler *s, const float *logits)
 {
     float *restrict work = s->work;
-    int bad = 0, finite = 0;
-    for (uint32_t i = 0; i < s->n_vocab; i++) {
-        float l = logits[i];
-        bad |= (l != l) | (l == INFINITY);
-        finite |= (l != -INFINITY);
-        work[i] = l;
+    const float *restrict in = logits;
+    const uint32_t n = s->n_vocab; /* a local bound: the loop vectorizes */
+    uint32_t bad = 0, finite = 0;
+    for (uint32_t i = 0; i < n; i++) { /* on the bits: NaN or +inf is bad, all -inf is not finite */
+        uint32_t u;
+        memcpy(&u, &in[i], sizeof u);
+        const uint32_t special = (u & 0x7F800000u) == 0x7F800000u, neg_inf = u == 0xFF800000u;
+        bad |= special & (neg_inf ^ 1u);
+        finite |= neg_inf ^ 1u;
+        work[i] = in[i];
     }
     if (bad || !finite)
         return MUSER_E_NUMERIC;

@@ -22,6 +22,7 @@
  * not apply to it. */
 #include "cli.h"
 #include "cpu/kernels.h"
+#include "engine.h"
 #include "session.h"
 #include "util.h"
 
@@ -277,7 +278,7 @@ out:
 /* Aggregate decode of P sequences on one device: each prefilled with its own short prompt (16 +
  * 3k tokens, so every sequence is at its own position), then --gen steps of one row per sequence
  * in one pass (muser_step), each row the greedy argmax of its sequence's last logits. */
-static int bench_parallel(const bench_opts *o, const muser_model *m, uint32_t P, double *single_tps)
+static int bench_parallel(const bench_opts *o, const muser_model *m, uint32_t P, double *single_tps, double *tps_out)
 {
     const uint32_t V = m->hp.n_vocab;
     const uint32_t longest = 16 + 3 * (P - 1);
@@ -326,6 +327,7 @@ static int bench_parallel(const bench_opts *o, const muser_model *m, uint32_t P,
         if (r) tps[r - 1] = (double)P * o->gen / (muser_now_s() - t0);
     }
     const double agg = median(tps, o->reps);
+    *tps_out = agg;
     if (P == 1) *single_tps = agg;
     printf("parallel %-3u decode %4u steps: %8.2f tok/s aggregate (%.2f ms/step, %.2f tok/s per sequence)",
            P, o->gen, agg, 1e3 * P / agg, agg / P);
@@ -336,6 +338,87 @@ out:
     for (uint32_t k = 0; k < P; k++) muser_session_free(s[k]);
     muser_device_free(d);
     free(logits);
+    free(tok);
+    return rc;
+}
+
+/* The same through the engine (engine.h): P threads, each its sequence's prompt and --gen decode
+ * steps (muser_seq_decode), the engine's batcher packing them; the wall time from all threads'
+ * release to the last step. */
+typedef struct eng_job {
+    muser_seq *q;
+    const int32_t *tok;
+    uint32_t n_prompt, gen, V;
+    pthread_barrier_t *go;
+    int rc;
+} eng_job;
+
+static void *eng_thread(void *arg)
+{
+    eng_job *j = arg;
+    muser_error err = {0};
+    float *lg = malloc((size_t)j->V * sizeof *lg);
+    j->rc = lg ? muser_seq_prefill(j->q, j->tok, j->n_prompt, lg, &err) : MUSER_E_NOMEM;
+    pthread_barrier_wait(j->go);
+    for (uint32_t g = 0; g < j->gen && !j->rc; g++)
+        j->rc = muser_seq_decode(j->q, (int32_t)argmax(lg, j->V), lg, &err);
+    if (j->rc) fprintf(stderr, "muser bench: engine: %s\n", err.msg);
+    free(lg);
+    return NULL;
+}
+
+static int bench_parallel_engine(const bench_opts *o, const muser_model *m, uint32_t P, double packed_tps)
+{
+    const uint32_t V = m->hp.n_vocab, longest = 16 + 3 * (P - 1);
+    muser_engine_opts eo;
+    memset(&eo, 0, sizeof eo);
+    eo.dev.backend = (muser_backend_kind)o->backend;
+    eo.dev.n_ctx = longest + o->gen + 1;
+    eo.dev.n_threads = o->threads;
+    eo.max_seqs = P;
+    muser_engine *e = NULL;
+    muser_error err = {0};
+    int32_t *tok = malloc((size_t)longest * sizeof *tok);
+    double tps[BENCH_MAX_REPS];
+    int rc = 1;
+    if (!tok || muser_engine_new(&e, m, &eo, &err)) {
+        fprintf(stderr, "muser bench: %s\n", tok ? err.msg : "out of memory");
+        free(tok);
+        return 1;
+    }
+    uint64_t x = 88172645463325252ull;
+    for (uint32_t i = 0; i < longest; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        tok[i] = (int32_t)(x % V);
+    }
+    for (uint32_t r = 0; r <= o->reps; r++) { /* rep 0: untimed warm-up */
+        eng_job jobs[MUSER_STEP_MAX_ROWS];
+        pthread_t th[MUSER_STEP_MAX_ROWS];
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, P + 1);
+        bool ok = true;
+        for (uint32_t k = 0; k < P; k++) {
+            jobs[k] = (eng_job){.tok = tok, .n_prompt = 16 + 3 * k, .gen = o->gen, .V = V, .go = &go};
+            ok &= muser_engine_open(e, 0, &jobs[k].q, &err) == 0;
+            pthread_create(&th[k], NULL, eng_thread, &jobs[k]);
+        }
+        pthread_barrier_wait(&go);
+        const double t0 = muser_now_s();
+        for (uint32_t k = 0; k < P; k++) {
+            pthread_join(th[k], NULL);
+            ok &= jobs[k].rc == 0;
+            muser_engine_close(jobs[k].q);
+        }
+        pthread_barrier_destroy(&go);
+        if (!ok) goto out;
+        if (r) tps[r - 1] = (double)P * o->gen / (muser_now_s() - t0);
+    }
+    const double agg = median(tps, o->reps);
+    printf("engine   %-3u decode %4u steps: %8.2f tok/s aggregate through the engine = %.1f%% of the packed route's\n",
+           P, o->gen, agg, packed_tps > 0 ? 100.0 * agg / packed_tps : 0.0);
+    rc = 0;
+out:
+    muser_engine_free(e);
     free(tok);
     return rc;
 }
@@ -482,10 +565,14 @@ int cmd_bench(int argc, char **argv)
         printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights; backend %s\n", o.model,
                muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_ff, hp->n_vocab, m->weight_bytes / 1e6,
                muser_backend_name((muser_backend_kind)o.backend));
-        double single = 0;
-        int rc = bench_parallel(&o, m, 1, &single);
+        double single = 0, packed = 0;
+        int rc = bench_parallel(&o, m, 1, &single, &packed);
+        if (!rc) rc = bench_parallel_engine(&o, m, 1, packed);
         for (uint32_t k = 0; k < o.n_par && !rc; k++)
-            if (o.par[k] != 1) rc = bench_parallel(&o, m, o.par[k], &single);
+            if (o.par[k] != 1) {
+                rc = bench_parallel(&o, m, o.par[k], &single, &packed);
+                if (!rc) rc = bench_parallel_engine(&o, m, o.par[k], packed);
+            }
         muser_model_free(m);
         return rc;
     }
