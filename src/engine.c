@@ -28,7 +28,7 @@
 #define ENGINE_DEFAULT_CONTENDED 64u
 #define ENGINE_DEFAULT_MAX_SEQS 256u
 
-typedef enum { REQ_NONE, REQ_DECODE, REQ_PREFILL, REQ_ROLLBACK } req_kind;
+typedef enum { REQ_NONE, REQ_DECODE, REQ_PREFILL, REQ_ROLLBACK, REQ_COPY } req_kind;
 
 struct muser_seq {
     muser_engine *e;
@@ -44,6 +44,7 @@ struct muser_seq {
     int32_t token;             /* a one-row decode's token (tokens points here) */
     bool verify;               /* decode rows of a speculative block: checkpoint first */
     uint64_t n_keep;           /* rollback */
+    muser_seq *copy_src;       /* copy: the sequence whose cache this one takes */
     float *logits;
     double t_submit;
     int rc;
@@ -238,6 +239,20 @@ static void run_decode(muser_engine *e)
     }
 }
 
+/* Under the lock, between passes: a copy request (this sequence becomes a copy of copy_src). */
+static void run_copy(muser_seq *q)
+{
+    muser_seq *src = q->copy_src;
+    muser_error er = {0};
+    int rc = src->freed || src->req != REQ_NONE
+                 ? muser_errorf(&er, MUSER_E_ARG, "sequence %llu is busy or cancelled", (unsigned long long)src->id)
+                 : muser_session_copy(q->s, src->s, &er);
+    q->pos = q->s->n_past;
+    if (!rc) q->decoding = false;
+    if (rc) fail(q, rc, &er);
+    else finish(q, MUSER_OK);
+}
+
 /* Under the lock, between passes: a rollback request (drop rows past n_keep of the last verify). */
 static void run_rollback(muser_seq *q)
 {
@@ -291,6 +306,7 @@ static void *worker(void *arg)
         if (e->stop) break;
         for (muser_seq *q = e->seqs; q; q = q->next) /* rollbacks: quick, between passes */
             if (!q->freed && q->req == REQ_ROLLBACK) run_rollback(q);
+            else if (!q->freed && q->req == REQ_COPY) run_copy(q);
         double oldest;
         uint32_t idle;
         const uint32_t n_dec = count_decodes(e, &oldest, &idle);
@@ -538,6 +554,15 @@ int muser_seq_verify(muser_seq *q, const int32_t *tokens, uint32_t n, float *log
     if (n == 0 || n > KV_MAX_SPEC_ROWS || n > q->e->d->max_rows)
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: %u rows (1..%u)", n, KV_MAX_SPEC_ROWS);
     return submit(q, REQ_DECODE, tokens, n, true, 0, logits, err);
+}
+
+int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err)
+{
+    if (!q || !src) return muser_errorf(err, MUSER_E_ARG, "muser_seq_copy_from: NULL sequence");
+    if (q->e != src->e || q->n_ctx != src->n_ctx)
+        return muser_errorf(err, MUSER_E_ARG, "muser_seq_copy_from: the sequences need one engine and one context");
+    q->copy_src = src;
+    return submit(q, REQ_COPY, NULL, 0, false, 0, NULL, err);
 }
 
 int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err)

@@ -81,6 +81,9 @@ int muser_seq_verify(muser_seq *q, const int32_t *tokens, uint32_t n, float *log
 /* Keep positions < n_keep of the last verify block (n_keep >= its first position) and drop the
  * checkpoint: the cache holds exactly what decoding the kept rows alone would have written. */
 int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err);
+/* q's cache becomes a copy of src's (an idle sequence of the same engine and context): a prefix
+ * cache's fork. */
+int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err);
 uint64_t muser_seq_pos(const muser_seq *q); /* tokens the sequence holds */
 uint64_t muser_seq_id(const muser_seq *q);
 const muser_model *muser_seq_model(const muser_seq *q);

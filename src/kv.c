@@ -373,3 +373,20 @@ void kv_undo_restore(const kv_undo *u, muser_kv *kv)
         *pl = *was;
     }
 }
+
+void kv_copy(muser_kv *dst, const muser_kv *src)
+{
+    for (uint32_t l = 0; l < src->n_layer; l++) {
+        kv_plane *d = &dst->planes[l];
+        const kv_plane *s = &src->planes[l];
+        uint16_t *k = d->k, *v = d->v;
+        *d = *s;
+        d->k = k;
+        d->v = v;
+        if (k && s->k) {
+            memcpy(k, s->k, plane_elems(s) * sizeof(uint16_t));
+            memcpy(v, s->v, plane_elems(s) * sizeof(uint16_t));
+        }
+    }
+    dst->has_checkpoint = false;
+}

@@ -76,6 +76,10 @@ void kv_undo_free(kv_undo *u);
 void kv_undo_save(kv_undo *u, const muser_kv *kv, uint64_t n_rows);
 void kv_undo_restore(const kv_undo *u, muser_kv *kv);
 
+/* dst (allocated for the same hparams and context, with storage) becomes a copy of src: metadata
+ * and storage; no checkpoint. */
+void kv_copy(muser_kv *dst, const muser_kv *src);
+
 /* Speculation: checkpoint before a block of <= KV_MAX_SPEC_ROWS rows; rollback to keep only
  * positions < n_keep (n_keep >= checkpointed next_pos); commit drops the checkpoint. */
 int kv_checkpoint(muser_kv *kv, muser_error *err);

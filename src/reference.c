@@ -634,6 +634,13 @@ static int oracle_kv_export(const muser_session *s, uint32_t l, kv_plane *meta, 
     return MUSER_OK;
 }
 
+static int oracle_kv_copy(muser_session *dst, const muser_session *src, muser_error *err)
+{
+    (void)err;
+    kv_copy(&((oracle_state *)dst->be_state)->kv, &((const oracle_state *)src->be_state)->kv);
+    return MUSER_OK;
+}
+
 static const muser_backend oracle_backend = {
     .name = "oracle",
     .dev_init = oracle_dev_init,
@@ -647,6 +654,7 @@ static const muser_backend oracle_backend = {
     .commit = oracle_commit,
     .reset = oracle_reset,
     .kv_export = oracle_kv_export,
+    .kv_copy = oracle_kv_copy,
 };
 
 const muser_backend *muser_backend_oracle(void)

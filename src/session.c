@@ -314,6 +314,21 @@ void muser_session_commit(muser_session *s)
         s->be->commit(s);
 }
 
+int muser_session_copy(muser_session *dst, const muser_session *src, muser_error *err)
+{
+    if (!dst || !src)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_copy: NULL session");
+    if (dst->dev != src->dev || dst->opts.n_ctx != src->opts.n_ctx)
+        return muser_errorf(err, MUSER_E_ARG, "session copy: the sessions need one device and one context");
+    if (dst == src)
+        return MUSER_OK;
+    int rc = dst->be->kv_copy(dst, src, err);
+    if (rc)
+        return rc;
+    dst->n_past = src->n_past;
+    return MUSER_OK;
+}
+
 int muser_session_kv_sha256(const muser_session *s, char hex[65], muser_error *err)
 {
     if (!s || !hex)

@@ -76,6 +76,8 @@ typedef struct muser_backend {
      * into k and v. */
     int (*kv_export)(const muser_session *s, uint32_t l, kv_plane *meta, uint16_t *k, uint16_t *v,
                      muser_error *err);
+    /* dst's cache becomes a byte copy of src's (same device, same context). */
+    int (*kv_copy)(muser_session *dst, const muser_session *src, muser_error *err);
 } muser_backend;
 
 struct muser_device {
@@ -125,6 +127,9 @@ int muser_session_checkpoint(muser_session *s, muser_error *err);
 int muser_session_rollback(muser_session *s, uint64_t n_keep, muser_error *err);
 void muser_session_commit(muser_session *s);
 void muser_session_reset(muser_session *s);
+/* dst (empty or not) becomes a copy of src: its cache bytes and position (same device, same
+ * context; a prefix cache forks a prompt's cache this way). */
+int muser_session_copy(muser_session *dst, const muser_session *src, muser_error *err);
 /* SHA-256 over every plane's metadata and the K/V rows of the positions it holds, in layer and
  * position order: two caches with the same content (the same history on one backend, whatever
  * was verified and rolled back on the way) give the same digest. */

@@ -12,7 +12,9 @@
  *      (the engine's open-sequence and reserved-KV counters return to zero);
  *   5. budgets: a sequence that does not fit the engine's KV budget is refused; a full context
  *      fails only its own step;
- *   6. 16 threads open, prefill, decode, cancel and close at random for a bounded time. */
+ *   6. 16 threads open, prefill, decode, cancel and close at random for a bounded time;
+ *   7. a copy (muser_seq_copy_from): a sequence forked from a prefilled one decodes the bytes of the
+ *      session driven directly, and so does the source after it, each on its own cache. */
 #include "check.h"
 #include "engine.h"
 #include "synth.h"
@@ -478,6 +480,47 @@ static void threads(void)
     muser_engine_free(e);
 }
 
+/* ---- 7. a forked sequence is the source's prompt, on a cache of its own ---- */
+static void copy(void)
+{
+    const uint32_t V = g_m->hp.n_vocab;
+    muser_engine *e = engine_new(0, 256, 0);
+    if (!e) return;
+    float *want = malloc((size_t)N_DEC * V * sizeof *want), *got = malloc((size_t)V * sizeof *got);
+    uint32_t same = 0, total = 0;
+    const uint32_t ks[] = {0, 6, 15};
+    for (uint32_t n = 0; n < sizeof ks / sizeof *ks; n++) {
+        const uint32_t k = ks[n], P = prompt_len(k);
+        direct(k, want);
+        muser_error err = {0};
+        muser_seq *src = NULL, *dst = NULL;
+        CHECK_OK(muser_engine_open(e, 0, &src, &err), &err);
+        CHECK_OK(muser_engine_open(e, 0, &dst, &err), &err);
+        int32_t *p = malloc(P * sizeof *p);
+        for (uint32_t i = 0; i < P; i++) p[i] = tok_of(k, i, V);
+        CHECK_OK(muser_seq_prefill(src, p, P, NULL, &err), &err);
+        CHECK_OK(muser_seq_decode(dst, tok_of(k, 0, V), NULL, &err), &err); /* dst's own rows go */
+        CHECK_OK(muser_seq_copy_from(dst, src, &err), &err);
+        CHECK(muser_seq_pos(dst) == P);
+        for (uint32_t r = 0; r < 2; r++) { /* the copy first, then the source: neither sees the other */
+            muser_seq *q = r ? src : dst;
+            for (uint32_t i = 0; i < N_DEC; i++) {
+                CHECK_OK(muser_seq_decode(q, tok_of(k, P + i, V), got, &err), &err);
+                same += !memcmp(got, want + (size_t)i * V, (size_t)V * sizeof *got);
+                total++;
+            }
+        }
+        free(p);
+        muser_engine_close(src);
+        muser_engine_close(dst);
+    }
+    CHECKF(same == total, "%u of %u decode rows after a copy equal the direct session's bytes", same, total);
+    printf("copy: %u of %u decode rows of forked sequences and their sources equal the direct session's bytes\n", same, total);
+    free(want);
+    free(got);
+    muser_engine_free(e);
+}
+
 int main(void)
 {
     g_san = getenv("MUSER_SANITIZED") && !strcmp(getenv("MUSER_SANITIZED"), "1");
@@ -496,6 +539,7 @@ int main(void)
     window();
     cancel_and_budget();
     threads();
+    copy();
     muser_model_free(g_m);
     printf("test_engine: %d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;

@@ -40,6 +40,17 @@ typedef struct histo {
     uint64_t n;
 } histo;
 
+#define SERVE_CACHE_MAX 64
+
+/* A prefix-cache entry: an idle sequence holding exactly a prompt's rows (prefilled). */
+typedef struct cache_entry {
+    muser_seq *q;
+    int32_t *tokens;
+    size_t n;
+    uint64_t used;
+    uint32_t refs; /* requests copying from it now */
+} cache_entry;
+
 typedef struct server {
     gen_ctx g; /* model, tokenizer (its engine and sequence are unused: the server has its own) */
     muser_engine *eng;
@@ -57,6 +68,9 @@ typedef struct server {
     uint64_t next_id;
     histo ttft, itl, e2e, queue;
     uint64_t prompt_tokens, gen_tokens, outcome[5]; /* stop, length, error, cancelled, refused */
+    cache_entry cache[SERVE_CACHE_MAX];
+    uint32_t n_cache;         /* --prefix-cache: entries at most (0: off) */
+    uint64_t tick, cache_hits, cache_misses, cache_reused;
 } server;
 
 enum { OUT_STOP, OUT_LENGTH, OUT_ERROR, OUT_CANCELLED, OUT_REFUSED };
@@ -298,6 +312,97 @@ static void job_free(job *j)
     free(j);
 }
 
+/* ---- the prefix cache ----
+ * After a prompt is prefilled its cache is forked into an entry (a sequence of its own holding
+ * exactly the prompt's rows, least recently used out first). A later request whose prompt starts
+ * with an entry's whole prompt copies that cache (muser_seq_copy_from) and prefills only the rest.
+ * The copied rows are what the prefill route computed for those tokens, and the route's bytes do
+ * not depend on where a prompt's chunks end, so a warm request gives a cold one's bytes. Only whole
+ * cached prompts are reused: cutting one shorter would need the sliding-window rows its later
+ * positions overwrote. */
+static size_t cache_take(job *j)
+{
+    server *sv = j->sv;
+    if (!sv->n_cache) return 0;
+    cache_entry *hit = NULL;
+    pthread_mutex_lock(&sv->mu);
+    for (uint32_t i = 0; i < sv->n_cache; i++) {
+        cache_entry *c = &sv->cache[i];
+        if (c->q && c->n < j->n_prompt && (!hit || c->n > hit->n) && !memcmp(c->tokens, j->prompt, c->n * sizeof *j->prompt))
+            hit = c;
+    }
+    if (hit) {
+        hit->refs++;
+        hit->used = ++sv->tick;
+    }
+    pthread_mutex_unlock(&sv->mu);
+    if (!hit) {
+        pthread_mutex_lock(&sv->mu);
+        sv->cache_misses++;
+        pthread_mutex_unlock(&sv->mu);
+        return 0;
+    }
+    muser_error err = {0};
+    const int rc = muser_seq_copy_from(j->q, hit->q, &err);
+    pthread_mutex_lock(&sv->mu);
+    hit->refs--;
+    const size_t n = rc ? 0 : hit->n;
+    if (rc) sv->cache_misses++;
+    else {
+        sv->cache_hits++;
+        sv->cache_reused += n;
+    }
+    pthread_mutex_unlock(&sv->mu);
+    return n;
+}
+
+static void cache_put(job *j)
+{
+    server *sv = j->sv;
+    if (!sv->n_cache || j->n_prompt < 16) return;
+    pthread_mutex_lock(&sv->mu);
+    cache_entry *slot = NULL;
+    for (uint32_t i = 0; i < sv->n_cache; i++) {
+        cache_entry *c = &sv->cache[i];
+        if (c->q && c->n == j->n_prompt && !memcmp(c->tokens, j->prompt, c->n * sizeof *j->prompt)) {
+            c->used = ++sv->tick; /* already cached */
+            pthread_mutex_unlock(&sv->mu);
+            return;
+        }
+        if (!c->q) {
+            if (!slot || slot->q) slot = c;
+        } else if (!c->refs && (!slot || (slot->q && c->used < slot->used))) {
+            slot = c;
+        }
+    }
+    if (!slot) {
+        pthread_mutex_unlock(&sv->mu);
+        return;
+    }
+    if (slot->q) { /* the least recently used goes */
+        muser_engine_close(slot->q);
+        free(slot->tokens);
+        memset(slot, 0, sizeof *slot);
+    }
+    muser_error err = {0};
+    slot->tokens = malloc(j->n_prompt * sizeof *slot->tokens);
+    if (slot->tokens && !muser_engine_open(sv->eng, 0, &slot->q, &err)) {
+        if (muser_seq_copy_from(slot->q, j->q, &err)) {
+            muser_engine_close(slot->q);
+            slot->q = NULL;
+        } else {
+            memcpy(slot->tokens, j->prompt, j->n_prompt * sizeof *slot->tokens);
+            slot->n = j->n_prompt;
+            slot->used = ++sv->tick;
+        }
+    }
+    if (!slot->q) {
+        free(slot->tokens);
+        memset(slot, 0, sizeof *slot);
+    }
+    pthread_mutex_unlock(&sv->mu);
+}
+
 /* Admission, tokenization, the sequence, the prompt: 0, or -1 with *e. */
 static int job_start(job *j, serve_err *e)
 {
@@ -350,8 +455,10 @@ static int job_start(job *j, serve_err *e)
         return serve_err_set(e, 500, "server_error", NULL, NULL, "cannot start a sampler: %s", err.msg);
     if (muser_engine_open(sv->eng, 0, &j->q, &err))
         return serve_err_set(e, err.code == MUSER_E_NO_ROOM ? 429 : 500, "server_error", NULL, NULL, "%s", err.msg);
-    if (muser_seq_prefill(j->q, j->prompt, (uint32_t)j->n_prompt, j->logits, &err))
+    const size_t reuse = cache_take(j);
+    if (muser_seq_prefill(j->q, j->prompt + reuse, (uint32_t)(j->n_prompt - reuse), j->logits, &err))
         return serve_err_set(e, 500, "server_error", NULL, NULL, "prefill: %s", err.msg);
+    cache_put(j);
     for (size_t i = 0; i < j->n_prompt; i++) muser_sampler_accept(j->smp, j->prompt[i]);
     muser_detok_stream_init(&j->ds, sv->g.tok);
     j->piece_cap = muser_detok_stream_min_cap(sv->g.tok) + 256;
@@ -806,10 +913,17 @@ static enum MHD_Result do_metrics(server *sv, struct MHD_Connection *c)
                             "muser_generation_tokens_total %llu\n"
                             "# HELP muser_engine_passes_total passes the engine ran\n# TYPE muser_engine_passes_total counter\n"
                             "muser_engine_passes_total %llu\n"
+                            "# HELP muser_prefix_cache_hits_total prompts that started from a cached prefix\n"
+                            "# TYPE muser_prefix_cache_hits_total counter\nmuser_prefix_cache_hits_total %llu\n"
+                            "# HELP muser_prefix_cache_misses_total prompts that found no cached prefix\n"
+                            "# TYPE muser_prefix_cache_misses_total counter\nmuser_prefix_cache_misses_total %llu\n"
+                            "# HELP muser_prefix_cache_reused_tokens_total prompt tokens taken from the cache\n"
+                            "# TYPE muser_prefix_cache_reused_tokens_total counter\nmuser_prefix_cache_reused_tokens_total %llu\n"
                             "# HELP muser_requests_total requests by outcome\n# TYPE muser_requests_total counter\n",
-                            snap.running, snap.waiting, snap.slots ? (double)st.open_seqs / snap.slots : 0.0,
+                            snap.running, snap.waiting, snap.slots ? (double)(st.open_seqs < snap.running ? st.open_seqs : snap.running) / snap.slots : 0.0,
                             (unsigned long long)snap.prompt_tokens, (unsigned long long)snap.gen_tokens,
-                            (unsigned long long)st.passes);
+                            (unsigned long long)st.passes, (unsigned long long)snap.cache_hits,
+                            (unsigned long long)snap.cache_misses, (unsigned long long)snap.cache_reused);
     for (int i = 0; i < 5; i++)
         len += (size_t)snprintf(s + len, 128, "muser_requests_total{outcome=\"%s\"} %llu\n", outcome_name[i],
                                 (unsigned long long)snap.outcome[i]);
@@ -916,6 +1030,8 @@ static void serve_help(FILE *f)
                "  --slots N               requests generating at once (default 4); more wait\n"
                "  --queue N               requests that may wait for a slot before 429 (default 64)\n"
                "  --ctx N                 context per request (default 4096, at most the model's)\n"
+               "  --prefix-cache N        prompts kept for reuse by later prompts that extend them\n"
+               "                          (default 4, at most 64; 0: off)\n"
                "  --api-key KEY           require 'Authorization: Bearer KEY' (not on /health)\n"
                "  --api-key-file F        the same, the key read from F\n"
                "  --drain S               on SIGTERM, seconds to let running requests finish (default 10)\n"
@@ -936,15 +1052,16 @@ int cmd_serve(int argc, char **argv)
     gen_opts o;
     gen_opts_default(&o, 0);
     const char *host = "127.0.0.1", *key_file = NULL;
-    uint64_t port = 8080, slots = 4, queue = 64, ctx = 4096, drain = 10;
+    uint64_t port = 8080, slots = 4, queue = 64, ctx = 4096, drain = 10, pcache = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t *num = !strcmp(a, "--port") ? &port : !strcmp(a, "--slots") ? &slots : !strcmp(a, "--queue") ? &queue
-                        : !strcmp(a, "--ctx") ? &ctx : !strcmp(a, "--drain") ? &drain : NULL;
+                        : !strcmp(a, "--ctx") ? &ctx : !strcmp(a, "--drain") ? &drain
+                        : !strcmp(a, "--prefix-cache") ? &pcache : NULL;
         if (num) {
-            if (!v || !muser_parse_u64(v, num) || (num != &drain && num != &queue && num != &port && *num == 0) ||
-                (num == &port && *num > 65535) ||
+            if (!v || !muser_parse_u64(v, num) || (num != &drain && num != &queue && num != &port && num != &pcache && *num == 0) ||
+                (num == &port && *num > 65535) || (num == &pcache && *num > SERVE_CACHE_MAX) ||
                 (num == &slots && *num > MUSER_STEP_MAX_ROWS))
                 return cli_usage_error("serve", "%s wants a positive number%s", a,
                                        num == &slots ? " up to 64" : num == &port ? " up to 65535" : "");
@@ -989,6 +1106,7 @@ int cmd_serve(int argc, char **argv)
     addr.sin_port = htons((uint16_t)port);
     if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) return cli_usage_error("serve", "--host wants an IPv4 address, got '%s'", host);
     sv.slots = (uint32_t)slots;
+    sv.n_cache = (uint32_t)pcache;
     sv.max_waiting = (uint32_t)queue;
     pthread_mutex_init(&sv.mu, NULL);
     pthread_cond_init(&sv.slot_free, NULL);
@@ -1019,7 +1137,7 @@ int cmd_serve(int argc, char **argv)
     memset(&eo, 0, sizeof eo);
     eo.dev = o.sess;
     eo.dev.n_ctx = sv.n_ctx;
-    eo.max_seqs = sv.slots;
+    eo.max_seqs = sv.slots + sv.n_cache;
     muser_error err = {0};
     if (muser_engine_new(&sv.eng, sv.g.model, &eo, &err)) {
         fprintf(stderr, "muser serve: %s\n", err.msg);
@@ -1033,8 +1151,11 @@ int cmd_serve(int argc, char **argv)
     const char *base = strrchr(path, '/');
     sv.model_name = base ? base + 1 : path;
     sv.backend = muser_backend_name(o.sess.backend);
-    fprintf(stderr, "muser serve: %s on %s, %u slots of %llu tokens (KV cache %.1f MB when all are in use), template %s\n",
-            sv.model_name, sv.backend, sv.slots, (unsigned long long)sv.n_ctx, kv_mb, sv.tpl->name);
+    fprintf(stderr,
+            "muser serve: %s on %s, %u slots of %llu tokens and %u prefix-cache entries (KV cache %.1f MB when all are "
+            "in use), template %s\n",
+            sv.model_name, sv.backend, sv.slots, (unsigned long long)sv.n_ctx, sv.n_cache,
+            kv_mb * (sv.slots + sv.n_cache) / sv.slots, sv.tpl->name);
     sv.ready = 1;
     while (!g_stop) usleep(100 * 1000);
     fprintf(stderr, "muser serve: stopping; draining running requests (up to %llu s)\n", (unsigned long long)drain);
@@ -1055,6 +1176,10 @@ int cmd_serve(int argc, char **argv)
     status = 0;
 out:
     MHD_stop_daemon(d);
+    for (uint32_t i = 0; i < SERVE_CACHE_MAX; i++) {
+        if (sv.cache[i].q) muser_engine_close(sv.cache[i].q);
+        free(sv.cache[i].tokens);
+    }
     muser_engine_free(sv.eng);
     gen_close(&sv.g);
     return status;

@@ -854,6 +854,13 @@ static int cpu_kv_export(const muser_session *s, uint32_t l, kv_plane *meta, uin
     return MUSER_OK;
 }
 
+static int cpu_kv_copy(muser_session *dst, const muser_session *src, muser_error *err)
+{
+    (void)err;
+    kv_copy(&((cpu_seq *)dst->be_state)->kv, &((const cpu_seq *)src->be_state)->kv);
+    return MUSER_OK;
+}
+
 static const muser_backend cpu_backend = {
     .name = "cpu",
     .dev_init = cpu_dev_init,
@@ -867,6 +874,7 @@ static const muser_backend cpu_backend = {
     .commit = cpu_commit,
     .reset = cpu_reset,
     .kv_export = cpu_kv_export,
+    .kv_copy = cpu_kv_copy,
 };
 
 const muser_backend *muser_backend_cpu(void)

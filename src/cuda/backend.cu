@@ -1169,9 +1169,21 @@ static int be_kv_export(const muser_session *s, uint32_t l, kv_plane *meta, uint
     return MUSER_OK;
 }
 
+static int be_kv_copy(muser_session *dst, const muser_session *src, muser_error *err)
+{
+    cu_seq *d = (cu_seq *)dst->be_state;
+    const cu_seq *s = (const cu_seq *)src->be_state;
+    if (d->kv_bytes != s->kv_bytes) return muser_errorf(err, MUSER_E_ARG, "cuda: KV copy between caches of two sizes");
+    CU_TRY(cudaMemcpyAsync(d->kv_mem, s->kv_mem, s->kv_bytes, cudaMemcpyDeviceToDevice, d->c->st), "KV copy");
+    CU_TRY(cudaStreamSynchronize(d->c->st), "KV copy");
+    for (uint32_t l = 0; l < d->kv.n_layer; l++) d->kv.planes[l] = s->kv.planes[l]; /* metadata (no host storage) */
+    d->kv.has_checkpoint = false;
+    return MUSER_OK;
+}
+
 static const muser_backend cuda_backend = {
     "cuda", be_dev_init, be_dev_free, be_init,     be_free,  be_forward,  be_step,
-    be_checkpoint, be_rollback, be_commit, be_reset, be_kv_export,
+    be_checkpoint, be_rollback, be_commit, be_reset, be_kv_export, be_kv_copy,
 };
 
 extern "C" const muser_backend *muser_backend_cuda(void)
