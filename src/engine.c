@@ -62,6 +62,7 @@ struct muser_engine {
     pthread_cond_t work;       /* the worker waits here */
     bool stop;
     bool in_pass;              /* a pass runs (the lock is dropped): sessions are not opened then */
+    uint32_t n_opening;        /* callers waiting to open a session: the next pass waits for them */
     pthread_cond_t idle;       /* signalled when a pass ends */
     muser_seq **cand;          /* [max_seqs] decode candidates */
     muser_seq *seqs;           /* open sequences, newest first */
@@ -71,6 +72,9 @@ struct muser_engine {
     muser_pass_rec log[MUSER_ENGINE_LOG];
     uint64_t n_passes, decode_rows, prefill_rows;
     double busy_s;
+    double last_decode_s;      /* the last decode pass's time: the window and a contended chunk scale with it */
+    double prefill_row_s;      /* time per row of the last prefill chunk */
+    bool prefill_turn;         /* a decode pass ran since the last prefill chunk */
     float *scratch;            /* [MUSER_STEP_MAX_ROWS][V] a step's logits */
 };
 
@@ -146,10 +150,12 @@ static uint32_t count_decodes(const muser_engine *e, double *oldest, uint32_t *i
     return n;
 }
 
-static bool any_decoding(const muser_engine *e)
+/* Another sequence decodes (a step of its waits, or it may submit one): a prompt's chunks stay
+ * short for its sake. The prompt's own sequence does not count (a chat's next turn). */
+static bool others_decoding(const muser_engine *e, const muser_seq *self)
 {
     for (const muser_seq *q = e->seqs; q; q = q->next)
-        if (!q->freed && (q->decoding || q->req == REQ_DECODE)) return true;
+        if (q != self && !q->freed && (q->req == REQ_DECODE || q->decoding)) return true;
     return false;
 }
 
@@ -225,6 +231,8 @@ static void run_decode(muser_engine *e)
     e->in_pass = false;
     pthread_cond_broadcast(&e->idle);
     log_pass(e, MUSER_PASS_DECODE, n, nr, 0, reqs[0]->id, t0, t1);
+    e->last_decode_s = t1 - t0;
+    e->prefill_turn = true;
     for (uint32_t r = 0; r < nr; r++) {
         muser_seq *q = reqs[r];
         q->pos = q->s->n_past;
@@ -265,9 +273,20 @@ static void run_rollback(muser_seq *q)
 }
 
 /* The next chunk of the oldest prefill request, the lock dropped. */
-static void run_prefill(muser_engine *e, muser_seq *q, uint32_t waiting)
+static void run_prefill(muser_engine *e, muser_seq *q, uint32_t waiting, bool interleaved)
 {
-    const uint32_t chunk = any_decoding(e) ? e->o.contended_chunk : e->o.prefill_chunk;
+    /* while other sequences decode, contended_chunk rows; while their passes actually alternate
+     * with this prompt's chunks, a chunk about one decode pass long (8 rows at least), so a decode
+     * step waits about a pass for the chunk before it */
+    uint32_t chunk = e->o.prefill_chunk;
+    if (others_decoding(e, q)) {
+        chunk = e->o.contended_chunk;
+        if (interleaved && e->prefill_row_s > 0 && e->last_decode_s > 0) {
+            const double fit = e->last_decode_s / e->prefill_row_s;
+            if (fit < chunk) chunk = fit < 8 ? 8 : (uint32_t)fit;
+            if (chunk > e->o.contended_chunk) chunk = e->o.contended_chunk;
+        }
+    }
     uint32_t c = q->n - q->done < chunk ? q->n - q->done : chunk;
     const bool last = q->done + c == q->n;
     muser_session *s = q->s;
@@ -285,6 +304,7 @@ static void run_prefill(muser_engine *e, muser_seq *q, uint32_t waiting)
     e->in_pass = false;
     pthread_cond_broadcast(&e->idle);
     log_pass(e, MUSER_PASS_PREFILL, c, 1, waiting, q->id, t0, t1);
+    e->prefill_row_s = (t1 - t0) / c;
     q->pos = s->n_past;
     if (rc) {
         fail(q, rc, &err);
@@ -302,6 +322,7 @@ static void *worker(void *arg)
     muser_engine *e = arg;
     pthread_mutex_lock(&e->mu);
     for (;;) {
+        while (e->n_opening && !e->stop) pthread_cond_wait(&e->work, &e->mu);
         reap(e);
         if (e->stop) break;
         for (muser_seq *q = e->seqs; q; q = q->next) /* rollbacks: quick, between passes */
@@ -310,8 +331,24 @@ static void *worker(void *arg)
         double oldest;
         uint32_t idle;
         const uint32_t n_dec = count_decodes(e, &oldest, &idle);
+        muser_seq *p = NULL;
+        for (muser_seq *q = e->seqs; q; q = q->next)
+            if (!q->freed && q->req == REQ_PREFILL && (!p || q->t_submit < p->t_submit)) p = q;
+        /* a waiting prompt gets one chunk after each decode pass: decode outranks prefill, but a
+         * stream of decode steps never starves a prompt */
+        if (p && (!n_dec || e->prefill_turn)) {
+            const bool interleaved = e->prefill_turn;
+            e->prefill_turn = false;
+            run_prefill(e, p, n_dec, interleaved);
+            continue;
+        }
         if (n_dec) {
-            const double wait_until = oldest + e->o.batch_window_us * 1e-6, now = muser_now_s();
+            /* the window: the configured one, or an eighth of the last decode pass (at most 20 ms)
+             * when that is longer, so rows whose callers spend a while between steps (sampling,
+             * streaming) still meet in one pass */
+            double win = e->last_decode_s / 8 < 0.02 ? e->last_decode_s / 8 : 0.02;
+            if (win < e->o.batch_window_us * 1e-6) win = e->o.batch_window_us * 1e-6;
+            const double wait_until = oldest + win, now = muser_now_s();
             /* run now when the window is over, the step is full, or no other decoder could join */
             if (now >= wait_until || n_dec >= e->d->max_rows || idle == 0) {
                 run_decode(e);
@@ -327,13 +364,6 @@ static void *worker(void *arg)
                 ts.tv_nsec -= 1000000000L;
             }
             pthread_cond_timedwait(&e->work, &e->mu, &ts);
-            continue;
-        }
-        muser_seq *p = NULL;
-        for (muser_seq *q = e->seqs; q; q = q->next)
-            if (!q->freed && q->req == REQ_PREFILL && (!p || q->t_submit < p->t_submit)) p = q;
-        if (p) {
-            run_prefill(e, p, n_dec);
             continue;
         }
         pthread_cond_wait(&e->work, &e->mu);
@@ -445,8 +475,11 @@ int muser_engine_open(muser_engine *e, uint64_t n_ctx, muser_seq **out, muser_er
         /* no pass may run while the device gets a session (a GPU session records its graph on
          * the device's stream): wait for the one in flight, then open under the lock, which
          * keeps the worker from starting another */
+        e->n_opening++; /* the worker starts no pass while an open waits (opens would starve) */
         while (e->in_pass) pthread_cond_wait(&e->idle, &e->mu);
         rc = muser_session_open(&q->s, e->d, n_ctx, err);
+        e->n_opening--;
+        pthread_cond_signal(&e->work);
     }
     if (rc) {
         pthread_mutex_unlock(&e->mu);

@@ -3,12 +3,17 @@
  *
  * The engine owns a device (session.h) and one thread that runs every pass on it; any number of
  * caller threads open sequences and submit work, each call blocking until its work is done:
- *   - decode steps that arrive within the batch window (250 µs by default) of the first waiting
- *     one share one small-batch pass (muser_step): the rows' bytes are those of decoding each
- *     alone (SPEC §4 row invariance), so packing never changes an output;
- *   - a prompt runs in chunks (prefill_chunk rows, 512 by default), and in chunks of
- *     contended_chunk rows (64) while any sequence is decoding, so a waiting decode step runs
- *     after at most one such chunk; decode steps always go before the next chunk;
+ *   - decode steps that arrive within the batch window of the first waiting one share one
+ *     small-batch pass (muser_step): the rows' bytes are those of decoding each alone (SPEC §4 row
+ *     invariance), so packing never changes an output. The window is batch_window_us (250 µs by
+ *     default) or an eighth of the last decode pass (at most 20 ms), whichever is longer; a pass
+ *     starts at once when no other decoding sequence could join;
+ *   - a prompt runs in chunks (prefill_chunk rows, 512 by default); while another sequence is
+ *     decoding, in chunks of contended_chunk rows (64 by default), and while decode passes
+ *     actually alternate with its chunks, in chunks about as long as the last decode pass (from
+ *     the last chunk's time per row; 8 rows at least), so a waiting decode step runs after at most
+ *     one such chunk; decode passes and prompt chunks alternate while both wait, so neither
+ *     starves the other, and an open waits for no more than the pass in flight;
  *   - muser_seq_cancel, from any thread, makes the sequence's waiting or running request return
  *     MUSER_E_CANCELLED at the next pass boundary and frees its cache; muser_engine_close frees
  *     the handle;

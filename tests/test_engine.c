@@ -6,7 +6,9 @@
  *      the engine, alone and all at once from 16 threads, give the bytes of each one run on its own
  *      session (SHA-256 over every decode row's logits);
  *   2. decode outranks prefill: while a 4,096-token prompt prefills, a decode step of another
- *      sequence runs after at most one prefill chunk, and that chunk has at most 64 rows;
+ *      sequence runs after at most one prefill chunk, and that chunk has at most 64 rows; and two
+ *      sequences decoding without pause starve neither the opening of a sequence nor its prompt
+ *      (chunks and decode passes alternate);
  *   3. the batch window: steps submitted together share a pass; a lone one runs within the window;
  *   4. cancellation mid-prefill and mid-decode returns MUSER_E_CANCELLED and frees the cache
  *      (the engine's open-sequence and reserved-KV counters return to zero);
@@ -21,6 +23,7 @@
 #include "util.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -34,7 +37,7 @@ static bool g_san;
 static int32_t tok_of(uint32_t k, uint32_t i, uint32_t V) { return (int32_t)((k * 7919u + i * 104729u + 13u) % V); }
 static uint32_t prompt_len(uint32_t k) { return 3 + 11 * k; } /* 3 .. 168: chunks of 64 end anywhere */
 
-static muser_engine *engine_new(uint32_t window_us, uint64_t n_ctx, uint64_t budget)
+static muser_engine *engine_on(const muser_model *m, uint32_t window_us, uint64_t n_ctx, uint64_t budget)
 {
     muser_engine_opts o;
     memset(&o, 0, sizeof o);
@@ -45,8 +48,13 @@ static muser_engine *engine_new(uint32_t window_us, uint64_t n_ctx, uint64_t bud
     o.kv_budget_bytes = budget;
     muser_error err = {0};
     muser_engine *e = NULL;
-    CHECK_OK(muser_engine_new(&e, g_m, &o, &err), &err);
+    CHECK_OK(muser_engine_new(&e, m, &o, &err), &err);
     return e;
+}
+
+static muser_engine *engine_new(uint32_t window_us, uint64_t n_ctx, uint64_t budget)
+{
+    return engine_on(g_m, window_us, n_ctx, budget);
 }
 
 /* ---- 1. outputs equal the session driven directly ---- */
@@ -235,6 +243,90 @@ static void outranks(void)
     free(rec);
     free(tok);
     muser_engine_free(e);
+}
+
+/* ---- 2b. a stream of decode steps does not starve a prompt ---- */
+typedef struct spin_job {
+    muser_seq *q;
+    atomic_int *stop;
+    uint32_t steps, cap, delay_us;
+    int rc;
+} spin_job;
+
+static void *spin_thread(void *arg)
+{
+    spin_job *j = arg;
+    muser_error err = {0};
+    usleep(j->delay_us); /* the second starts while the first one's pass runs: out of step */
+    while (!atomic_load(j->stop) && j->steps < j->cap && !j->rc) {
+        j->rc = muser_seq_decode(j->q, (int32_t)(j->steps % 7), NULL, &err);
+        j->steps++;
+        usleep(300); /* a caller's sampling: shorter than a pass, so the two fall out of step */
+    }
+    return NULL;
+}
+
+static void no_starving(void)
+{
+    /* the trained default model: its passes are long beside a caller's time between steps */
+    const char *src = getenv("MUSER_SOURCE_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/default.gguf", src ? src : ".");
+    muser_error err = {0};
+    muser_model *m = NULL;
+    CHECK_OK(muser_model_load(&m, path, &err), &err);
+    if (!m) return;
+    const uint32_t V = m->hp.n_vocab, P = 300;
+    muser_engine *e = engine_on(m, 1, 1024, 0); /* a 1 µs window: the decoders fall out of step */
+    if (!e) return;
+    atomic_int stop = 0;
+    spin_job sj[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        sj[i] = (spin_job){.stop = &stop, .cap = 600, .delay_us = i ? 1500u : 0u};
+        CHECK_OK(muser_engine_open(e, 0, &sj[i].q, &err), &err);
+        pthread_create(&th[i], NULL, spin_thread, &sj[i]);
+    }
+    while (sj[0].steps < 3 || sj[1].steps < 3) usleep(100);
+    muser_seq *c = NULL;
+    const double t_open = muser_now_s();
+    CHECK_OK(muser_engine_open(e, 0, &c, &err), &err);
+    const double t_opened = muser_now_s();
+    int32_t *tok = malloc(P * sizeof *tok);
+    for (uint32_t i = 0; i < P; i++) tok[i] = tok_of(9, i, V);
+    const double t_submit = muser_now_s();
+    CHECK_OK(muser_seq_prefill(c, tok, P, NULL, &err), &err);
+    const bool spinning = sj[0].steps < sj[0].cap && sj[1].steps < sj[1].cap;
+    atomic_store(&stop, 1);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    muser_pass_rec *rec = malloc(MUSER_ENGINE_LOG * sizeof *rec);
+    const uint32_t np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
+    uint32_t chunks = 0, between = 0, worst = 0, before = 0, opening = 0;
+    for (uint32_t i = 0; i < np; i++) {
+        opening += rec[i].kind == MUSER_PASS_DECODE && rec[i].t_start > t_open && rec[i].t_start < t_opened;
+        before += !chunks && rec[i].kind == MUSER_PASS_DECODE && rec[i].t_start >= t_submit;
+        if (rec[i].kind == MUSER_PASS_PREFILL && rec[i].first_seq == muser_seq_id(c)) {
+            if (chunks++ && between > worst) worst = between;
+            between = 0;
+        } else if (chunks && rec[i].kind == MUSER_PASS_DECODE) {
+            between++;
+        }
+    }
+    printf("no starving: a %u-token prompt beside two sequences decoding without pause opened after %u decode "
+           "pass%s, started after %u and ran in %u chunks, at most %u decode pass%s between two\n", P, opening, opening == 1 ? "" : "es",
+           before, chunks, worst, worst == 1 ? "" : "es");
+    CHECKF(before <= 1, "the prompt waited for %u decode passes before its first chunk", before);
+    CHECKF(opening <= 1, "opening the prompt's sequence waited for %u decode passes", opening);
+    CHECKF(spinning, "the prompt finished only after the decoders stopped (%u, %u steps)", sj[0].steps, sj[1].steps);
+    CHECK(sj[0].rc == 0 && sj[1].rc == 0);
+    CHECKF(chunks >= (P + 63) / 64, "%u chunks, want %u or more", chunks, (P + 63) / 64);
+    CHECKF(worst <= 1, "%u decode passes between two chunks of a waiting prompt", worst);
+    for (int i = 0; i < 2; i++) muser_engine_close(sj[i].q);
+    muser_engine_close(c);
+    free(rec);
+    free(tok);
+    muser_engine_free(e);
+    muser_model_free(m);
 }
 
 /* ---- 3. the batch window ---- */
@@ -536,6 +628,7 @@ int main(void)
     if (!g_m) return 1;
     outputs();
     outranks();
+    no_starving();
     window();
     cancel_and_budget();
     threads();
