@@ -249,7 +249,8 @@ static void outranks(void)
 typedef struct spin_job {
     muser_seq *q;
     atomic_int *stop;
-    uint32_t steps, cap, delay_us;
+    atomic_uint steps; /* read by the main thread while the spinner runs */
+    uint32_t cap, delay_us;
     int rc;
 } spin_job;
 
@@ -258,9 +259,9 @@ static void *spin_thread(void *arg)
     spin_job *j = arg;
     muser_error err = {0};
     usleep(j->delay_us); /* the second starts while the first one's pass runs: out of step */
-    while (!atomic_load(j->stop) && j->steps < j->cap && !j->rc) {
-        j->rc = muser_seq_decode(j->q, (int32_t)(j->steps % 7), NULL, &err);
-        j->steps++;
+    for (uint32_t n = 0; !atomic_load(j->stop) && n < j->cap && !j->rc; n++) {
+        j->rc = muser_seq_decode(j->q, (int32_t)(n % 7), NULL, &err);
+        atomic_store(&j->steps, n + 1);
         usleep(300); /* a caller's sampling: shorter than a pass, so the two fall out of step */
     }
     return NULL;
@@ -283,11 +284,15 @@ static void no_starving(void)
     spin_job sj[2];
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
-        sj[i] = (spin_job){.stop = &stop, .cap = 600, .delay_us = i ? 1500u : 0u};
+        memset(&sj[i], 0, sizeof sj[i]);
+        sj[i].stop = &stop;
+        sj[i].cap = 600;
+        sj[i].delay_us = i ? 1500u : 0u;
+        atomic_init(&sj[i].steps, 0);
         CHECK_OK(muser_engine_open(e, 0, &sj[i].q, &err), &err);
         pthread_create(&th[i], NULL, spin_thread, &sj[i]);
     }
-    while (sj[0].steps < 3 || sj[1].steps < 3) usleep(100);
+    while (atomic_load(&sj[0].steps) < 3 || atomic_load(&sj[1].steps) < 3) usleep(100);
     muser_seq *c = NULL;
     const double t_open = muser_now_s();
     CHECK_OK(muser_engine_open(e, 0, &c, &err), &err);
@@ -296,7 +301,8 @@ static void no_starving(void)
     for (uint32_t i = 0; i < P; i++) tok[i] = tok_of(9, i, V);
     const double t_submit = muser_now_s();
     CHECK_OK(muser_seq_prefill(c, tok, P, NULL, &err), &err);
-    const bool spinning = sj[0].steps < sj[0].cap && sj[1].steps < sj[1].cap;
+    const uint32_t s0 = atomic_load(&sj[0].steps), s1 = atomic_load(&sj[1].steps);
+    const bool spinning = s0 < sj[0].cap && s1 < sj[1].cap;
     atomic_store(&stop, 1);
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     muser_pass_rec *rec = malloc(MUSER_ENGINE_LOG * sizeof *rec);
@@ -317,7 +323,7 @@ static void no_starving(void)
            before, chunks, worst, worst == 1 ? "" : "es");
     CHECKF(before <= 1, "the prompt waited for %u decode passes before its first chunk", before);
     CHECKF(opening <= 1, "opening the prompt's sequence waited for %u decode passes", opening);
-    CHECKF(spinning, "the prompt finished only after the decoders stopped (%u, %u steps)", sj[0].steps, sj[1].steps);
+    CHECKF(spinning, "the prompt finished only after the decoders stopped (%u, %u steps)", s0, s1);
     CHECK(sj[0].rc == 0 && sj[1].rc == 0);
     CHECKF(chunks >= (P + 63) / 64, "%u chunks, want %u or more", chunks, (P + 63) / 64);
     CHECKF(worst <= 1, "%u decode passes between two chunks of a waiting prompt", worst);
