@@ -572,7 +572,7 @@ static int oracle_step(muser_device *d, const muser_step_rows *rows, float *logi
             k++;
         rc = oracle_run(rows->seq[i], rows->tokens + i, k - i, logits ? logits + i * V : NULL, true, err);
         if (!rc && rows->tap) /* the oracle keeps no residual per row: a tap is not its job */
-            rc = muser_errorf(err, MUSER_E_UNSUPPORTED, "oracle: the hidden-state tap is not implemented");
+            rc = muser_errorf(err, MUSER_E_UNSUPPORTED, "oracle: the f64 oracle offers no hidden-state tap (it keeps no per-row residual); tap on the cpu backend");
         done = k;
         i = k;
     }
