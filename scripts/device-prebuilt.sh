@@ -6,7 +6,8 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all),
-#                                               # and glimmer, skip, ab, abm, ncu, timeline (below)
+#                                               # and glimmer, parallel, engine, serve, skip, ab, abm,
+#                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
 # `--pack` also writes them xz-compressed (~6 MB) into .devbin-pack/ (git-ignored): carry
 # .devbin-pack and .deps and run `tar xJf .devbin-pack/bin.tar.xz && bash scripts/device-prebuilt.sh …`.
@@ -16,7 +17,8 @@ set -u
 if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     B=${MUSER_BUILD_DIR:-build-cuda}
     mkdir -p .devbin
-    cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/tests/test_rows" "$B/bench/kbench_matvec" \
+    cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/tests/test_rows" "$B/tests/test_engine" \
+        "$B/tests/test_spec" "$B/bench/bench_serve" "$B/bench/kbench_matvec" \
         "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
         "$B/bench/kbench_persist" .devbin/
     # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
@@ -57,6 +59,28 @@ for step in $steps; do
             (cd "$W" && MUSER_SOURCE_DIR="$OLDPWD" timeout -k 5 200 "$OLDPWD/$D/test_rows") >"$OUT/test_rows.log" 2>&1
             note "test_rows rc=$? :: $(grep -E 'invariance|oracle|test_rows' "$OUT/test_rows.log" | tr '\n' ';')"
         fi
+        ;;
+    engine)
+        # the engine and speculation on the GPU: the same bytes as the session driven directly
+        for t in test_engine test_spec; do
+            (cd "$W" && MUSER_SOURCE_DIR="$OLDPWD" timeout -k 5 240 "$OLDPWD/$D/$t") >"$OUT/$t.log" 2>&1
+            note "$t rc=$? :: $(grep -E '^CUDA|^SKIP|outputs|copy:|greedy|test_' "$OUT/$t.log" | tr '\n' ';')"
+        done
+        ;;
+    serve)
+        # muser serve --backend cuda on the synthesized Glimmer under bench_serve (1, 4, 16 streams),
+        # and `muser run` decode beside `muser bench` (the host's share of a token)
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        timeout -k 5 120 "$D/muser" run -m /tmp/g.gguf --backend cuda -n 128 --temp 0 -p "Once upon a time" \
+            >"$OUT/run.log" 2>"$OUT/run.err"
+        note "run rc=$? :: $(grep -iE 'tok/s' "$OUT/run.err" | tail -2 | tr '\n' ' ')"
+        mkdir -p "$W/sb"
+        ln -sf "$PWD/$D/muser" "$W/sb/muser"
+        mkdir -p "$W/sb/bench" && ln -sf "$PWD/$D/bench_serve" "$W/sb/bench/bench_serve"
+        TMPDIR=$W SERVE_ARGS="--backend cuda" timeout -k 5 300 sh scripts/serve-bench.sh /tmp/g.gguf "$W/sb" \
+            >"$OUT/serve.log" 2>&1
+        note "serve rc=$?"
+        grep -E '^==|aggregate|tok/s|p50|p99' "$OUT/serve.log" | sed 's/^/    /' >>"$S"
         ;;
     parity)
         "$D/muser" synth --preset small -o "$W/small.gguf" >/dev/null 2>&1

@@ -15,7 +15,8 @@ python3 -c 'print(("And it came to pass in those days, that there went out a dec
 echo "== 8 streams idle"; $B/bench/bench_serve --port $PORT --requests 8 --concurrency 8 --max-tokens 48 --prompt "And God said"
 echo "== 8 streams while a long prompt arrives"
 ( sleep 1; $B/bench/bench_serve --port $PORT --requests 1 --concurrency 1 --max-tokens 1 --prompt-file "${TMPDIR:-/tmp}/serve-bench-long.txt" > "${TMPDIR:-/tmp}/serve-bench-long.out" 2>&1 ) &
+LP=$!
 $B/bench/bench_serve --port $PORT --requests 8 --concurrency 8 --max-tokens 48 --prompt "And God said"
-wait %1 2>/dev/null; sleep 0.5; echo "-- the long prompt:"; cat "${TMPDIR:-/tmp}/serve-bench-long.out"
+wait $LP 2>/dev/null; sleep 0.5; echo "-- the long prompt:"; cat "${TMPDIR:-/tmp}/serve-bench-long.out"
 curl -s http://127.0.0.1:$PORT/metrics | grep -E "^muser_prompt_tokens_total|^muser_engine_passes"
 kill -TERM $SP; wait $SP

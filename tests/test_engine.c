@@ -16,7 +16,8 @@
  *      fails only its own step;
  *   6. 16 threads open, prefill, decode, cancel and close at random for a bounded time;
  *   7. a copy (muser_seq_copy_from): a sequence forked from a prefilled one decodes the bytes of the
- *      session driven directly, and so does the source after it, each on its own cache. */
+ *      session driven directly, and so does the source after it, each on its own cache.
+ * Where a GPU is present, 1 and 7 run again on CUDA (else a visible SKIP line). */
 #include "check.h"
 #include "engine.h"
 #include "synth.h"
@@ -33,6 +34,7 @@
 
 static muser_model *g_m;
 static bool g_san;
+static muser_backend_kind g_backend = MUSER_BACKEND_CPU; /* outputs() and copy() run on each */
 
 static int32_t tok_of(uint32_t k, uint32_t i, uint32_t V) { return (int32_t)((k * 7919u + i * 104729u + 13u) % V); }
 static uint32_t prompt_len(uint32_t k) { return 3 + 11 * k; } /* 3 .. 168: chunks of 64 end anywhere */
@@ -41,7 +43,7 @@ static muser_engine *engine_on(const muser_model *m, uint32_t window_us, uint64_
 {
     muser_engine_opts o;
     memset(&o, 0, sizeof o);
-    o.dev.backend = MUSER_BACKEND_CPU;
+    o.dev.backend = g_backend;
     o.dev.n_threads = 2;
     o.dev.n_ctx = n_ctx;
     o.batch_window_us = window_us;
@@ -90,6 +92,7 @@ static void direct(uint32_t k, float *logits)
     const uint32_t V = g_m->hp.n_vocab, P = prompt_len(k);
     muser_session_opts o;
     memset(&o, 0, sizeof o);
+    o.backend = g_backend;
     o.n_threads = 2;
     o.n_ctx = 256;
     muser_error err = {0};
@@ -639,6 +642,28 @@ int main(void)
     cancel_and_budget();
     threads();
     copy();
+    /* the engine on the GPU: the same bytes as the session driven directly there */
+    bool cuda = false;
+#ifdef MUSER_HAVE_CUDA
+    {
+        muser_session_opts so2;
+        memset(&so2, 0, sizeof so2);
+        so2.backend = MUSER_BACKEND_CUDA;
+        so2.n_ctx = 256;
+        muser_session *s = NULL;
+        muser_error e2 = {0};
+        cuda = muser_session_new(&s, g_m, &so2, &e2) == 0;
+        muser_session_free(s);
+    }
+#endif
+    if (cuda) {
+        g_backend = MUSER_BACKEND_CUDA;
+        printf("CUDA:\n");
+        outputs();
+        copy();
+    } else {
+        printf("SKIP: the CUDA half (no GPU, or built without CUDA)\n");
+    }
     muser_model_free(g_m);
     printf("test_engine: %d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;

@@ -1,4 +1,5 @@
-/* test_spec.c — speculative decoding (spec.h) on the CPU.
+/* test_spec.c — speculative decoding (spec.h) on the CPU, and part 1 again on CUDA where a GPU is
+ * present (else a visible SKIP line).
  *
  *   1. greedy: plain greedy decoding through the engine against speculation with the n-gram
  *      drafter (n 2, 3) and the committed draft model, draft lengths 1, 2, 3, 7, 15, on prompts
@@ -20,6 +21,8 @@
 
 #define GEN 90
 
+static muser_backend_kind g_backend = MUSER_BACKEND_CPU; /* greedy() runs on each */
+
 typedef struct out {
     int32_t ids[GEN];
     float lp[GEN];
@@ -32,6 +35,7 @@ static muser_engine *engine(const muser_model *m)
 {
     muser_engine_opts o;
     memset(&o, 0, sizeof o);
+    o.dev.backend = g_backend;
     o.dev.n_threads = 2;
     o.dev.n_ctx = 512;
     muser_error err = {0};
@@ -122,7 +126,7 @@ static void greedy(const muser_model *m, const muser_model *draft, const char *w
             muser_error err = {0};
             muser_drafter *d = NULL;
             if (dk < 2) CHECK_OK(muser_drafter_ngram_new(&d, 2 + (uint32_t)dk, &err), &err);
-            else CHECK_OK(muser_drafter_model_new(&d, draft, m, MUSER_BACKEND_CPU, 2, 512, &err), &err);
+            else CHECK_OK(muser_drafter_model_new(&d, draft, m, g_backend, 2, 512, &err), &err);
             if (!d) continue;
             out got;
             speculate(e, d, ks[ki], prompt, np, 0.0f, 1, &got);
@@ -252,6 +256,27 @@ int main(void)
         CHECK(muser_drafter_model_new(&d, tiny, def, MUSER_BACKEND_CPU, 1, 64, &err) == MUSER_E_ARG);
         printf("mismatched draft: %s\n", err.msg);
         CHECK(strstr(err.msg, "vocabulary") != NULL);
+    }
+    /* on the GPU: speculation changes no token, logprob or cache byte there either */
+    bool cuda = false;
+#ifdef MUSER_HAVE_CUDA
+    if (tiny) {
+        muser_session_opts o;
+        memset(&o, 0, sizeof o);
+        o.backend = MUSER_BACKEND_CUDA;
+        o.n_ctx = 64;
+        muser_session *s = NULL;
+        cuda = muser_session_new(&s, tiny, &o, &err) == 0;
+        muser_session_free(s);
+    }
+#endif
+    if (cuda) {
+        g_backend = MUSER_BACKEND_CUDA;
+        printf("CUDA:\n");
+        if (def) greedy(def, draft, "default (trained)", prompt, 100);
+        if (tiny) greedy(tiny, NULL, "tiny", prompt, 30);
+    } else {
+        printf("SKIP: the CUDA half (no GPU, or built without CUDA)\n");
     }
     muser_model_free(def);
     muser_model_free(draft);
