@@ -10,6 +10,9 @@
  * gate·up pair and a Q4_K LM head; Q6_K: gate and up apart, then SiLU·up), Q8_0 and the float
  * formats on the general path; tiny's geometry takes the CUDA-core attention (v1), Glimmer's
  * tensor-core attention is checked by test_cuda_attn.
+ * The prefill route (every format, muse and llama): one call of 70 tokens against the oracle at
+ * every position, the same bytes in chunks of 5, then decode on the cache it wrote; its GEMM per
+ * format and layout against the f64 dot, and a row's bytes alone and among 70.
  * SKIP (77) when built without CUDA or when no GPU is present. */
 #include "check.h"
 #include "quant.h"
@@ -211,7 +214,146 @@ static void matvec_checks(void)
     free(y);
     free(w);
 }
+
+/* The prefill route's GEMM (muser_cuda_gemm_check) per format and layout against the f64 dot of the
+ * same bytes, |y − ref| ≤ 1e-5·Σ|w·x|, for 1, 5 and 70 input rows (two row tiles, one partial);
+ * and every row's bytes the same whatever rows share the call (row 3 alone against row 3 of 70). */
+static void gemm_checks(void)
+{
+    const uint32_t types[] = {12 /* Q4_K */, 14 /* Q6_K */, 8 /* Q8_0 */, 1 /* F16 */, 30 /* BF16 */, 0 /* F32 */};
+    const uint32_t cols = 768, rows_of[2] = {144, 40}, NX = 70;
+    float *wf = malloc((size_t)144 * cols * sizeof(float)), *x = malloc((size_t)NX * cols * sizeof(float));
+    float *deq = malloc(cols * sizeof(float)), *y = malloc((size_t)NX * 144 * sizeof(float));
+    float *y1 = malloc((size_t)144 * sizeof(float));
+    uint8_t *w = malloc((size_t)144 * quant_row_bytes(0, cols));
+    uint64_t st = 54321;
+    for (uint32_t i = 0; i < 144 * cols; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        wf[i] = (float)((double)(st >> 11) / 9007199254740992.0 * 2 - 1);
+    }
+    for (uint32_t i = 0; i < NX * cols; i++) { /* rows of very different magnitudes */
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(st >> 11) / 9007199254740992.0 * 4 - 2) * ldexpf(1.f, (int)(i / cols % 9) * 7 - 28);
+    }
+    uint32_t runs = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const uint32_t type = types[ti];
+        const uint64_t rb = quant_row_bytes(type, cols);
+        for (uint32_t r = 0; r < 144; r++) CHECK(quant_quantize_row(type, wf + (size_t)r * cols, w + r * rb, cols) == 0);
+        for (int si = 0; si < 2; si++) {
+            const uint32_t rows = rows_of[si], ns[3] = {1, 5, NX};
+            for (int ni = 0; ni < 3; ni++) {
+                const uint32_t n = ns[ni];
+                uint32_t layout = 0;
+                muser_error err = {0};
+                CHECK_OK(muser_cuda_gemm_check(type, rows, cols, w, n, x, y, &layout, &err), &err);
+                double worst = 0;
+                for (uint32_t r = 0; r < rows; r++) {
+                    CHECK(quant_dequantize_row(type, w + r * rb, deq, cols) == 0);
+                    for (uint32_t i = 0; i < n; i++) {
+                        const float *xi = x + (size_t)i * cols;
+                        double mag = 0;
+                        for (uint32_t k = 0; k < cols; k++) mag += fabs((double)deq[k] * xi[k]);
+                        const double ref = quant_dot_f64(type, w + r * rb, xi, cols);
+                        const double d = fabs((double)y[(size_t)i * rows + r] - ref) / (1e-5 * mag);
+                        if (!(d <= worst)) worst = d; /* NaN (an unwritten output) sticks */
+                    }
+                }
+                CHECKF(worst <= 1.0, "gemm type %u rows %u n %u (layout %u): error %.3g of the bound", type, rows, n,
+                       layout, worst);
+                runs++;
+            }
+            /* row invariance: row 3 of the 70-row call equals row 3 computed alone */
+            muser_error err = {0};
+            CHECK_OK(muser_cuda_gemm_check(type, rows, cols, w, 1, x + 3 * cols, y1, NULL, &err), &err);
+            CHECKF(!memcmp(y1, y + 3 * rows, rows * sizeof(float)), "gemm type %u rows %u: row 3 alone differs", type,
+                   rows);
+        }
+    }
+    printf("prefill gemm checks: %u runs (%zu formats x 2 layouts x 1, 5, 70 rows), rows alone = rows in a call\n", runs,
+           sizeof types / sizeof types[0]);
+    free(wf);
+    free(x);
+    free(deq);
+    free(y);
+    free(y1);
+    free(w);
+}
 #endif
+
+/* The prefill route (one call of n tokens, every row's logits) against the oracle, per position;
+ * the same bytes when the call is cut into chunks of 5; then 4 decode steps on the cache it wrote,
+ * against the oracle's. */
+static void prefill_one(muser_arch arch, int type, uint32_t n)
+{
+    char path[256];
+    snprintf(path, sizeof path, "test_cuda_pf_%d_%d.gguf", type, (int)getpid());
+    muser_synth_opts so;
+    muser_synth_opts_default(&so);
+    so.arch = arch;
+    so.preset = MUSER_SYNTH_TINY;
+    so.type = type;
+    so.n_threads = 2;
+    muser_error err = {0};
+    muser_model *m = NULL;
+    CHECK_OK(muser_synth_write(&so, path, NULL, &err), &err);
+    CHECK_OK(muser_model_load(&m, path, &err), &err);
+    unlink(path);
+    if (!m) return;
+    const uint32_t V = m->hp.n_vocab, ND = 4;
+    muser_session_opts o;
+    memset(&o, 0, sizeof o);
+    o.backend = MUSER_BACKEND_CUDA;
+    o.n_ctx = n + ND;
+    muser_session *sc = NULL, *s5 = NULL, *so_ = NULL;
+    CHECK_OK(muser_session_new(&sc, m, &o, &err), &err);
+    o.max_batch = 5;
+    CHECK_OK(muser_session_new(&s5, m, &o, &err), &err);
+    o.max_batch = 0;
+    o.backend = MUSER_BACKEND_ORACLE;
+    CHECK_OK(muser_session_new(&so_, m, &o, &err), &err);
+    int32_t *tok = malloc((n + ND) * sizeof *tok);
+    float *lc = malloc((size_t)(n + ND) * V * sizeof(float)), *l5 = malloc((size_t)n * V * sizeof(float));
+    float *lo = malloc((size_t)(n + ND) * V * sizeof(float));
+    uint64_t x = 4242 + (uint64_t)type;
+    for (uint32_t i = 0; i < n + ND; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((x >> 33) % V);
+    }
+    if (sc && s5 && so_) {
+        CHECK_OK(muser_session_forward(sc, tok, n, lc, true, &err), &err);
+        CHECK_OK(muser_session_forward(s5, tok, n, l5, true, &err), &err);
+        CHECK_OK(muser_session_forward(so_, tok, n, lo, true, &err), &err);
+        for (uint32_t i = n; i < n + ND; i++) {
+            CHECK_OK(muser_session_forward(sc, &tok[i], 1, lc + (size_t)i * V, false, &err), &err);
+            CHECK_OK(muser_session_forward(so_, &tok[i], 1, lo + (size_t)i * V, false, &err), &err);
+        }
+        double worst = 0;
+        int top_bad = 0;
+        for (uint32_t i = 0; i < n + ND; i++) {
+            uint32_t ta, tb;
+            double gap;
+            const double d = max_dlsm(lc + (size_t)i * V, lo + (size_t)i * V, V, &ta, &tb, &gap);
+            if (!(d <= worst)) worst = d;
+            if (gap > 1e-3 && ta != tb) top_bad++;
+        }
+        const bool same5 = !memcmp(lc, l5, (size_t)n * V * sizeof(float));
+        printf("%-6s type %3d: prefill of %u (window %u) + %u decode steps, max |dlogsoftmax| %.3g, top-1 mismatches "
+               "%d; chunks of 5 %s\n", muser_arch_name(arch), type, n, m->hp.swa_window, ND, worst, top_bad,
+               same5 ? "give the same bytes" : "DIFFER");
+        CHECKF(worst <= 1e-3, "prefill: max |dlogsoftmax| %.3g > 1e-3", worst);
+        CHECK(top_bad == 0);
+        CHECKF(same5, "prefill in chunks of 5 differs from one chunk");
+    }
+    free(tok);
+    free(lc);
+    free(l5);
+    free(lo);
+    muser_session_free(sc);
+    muser_session_free(s5);
+    muser_session_free(so_);
+    muser_model_free(m);
+}
 
 int main(void)
 {
@@ -228,8 +370,12 @@ int main(void)
     const int types[] = {12 /* Q4_K */, 14 /* Q6_K */, 8 /* Q8_0 */, 1 /* F16 */, 30 /* BF16 */, 0 /* F32 */};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) parity_one(MUSER_ARCH_MUSE, types[i], 20, false);
     parity_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 20, false);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) prefill_one(MUSER_ARCH_MUSE, types[i], 70);
+    prefill_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 70);
+    prefill_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 40);
 #ifdef MUSER_HAVE_CUDA
     matvec_checks();
+    gemm_checks();
 #endif
     printf("test_cuda: %d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;

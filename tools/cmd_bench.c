@@ -423,7 +423,68 @@ out:
     return rc;
 }
 
-/* The CUDA lane: one muser_cuda_bench call over every depth (weights uploaded once). */
+#ifdef MUSER_HAVE_CUDA
+/* The CUDA prefill route: per depth, that many tokens prefilled untimed, then --prompt tokens timed
+ * (one call; the route cuts it into its chunks), on one session. */
+static int bench_cuda_prefill(const bench_opts *o, const muser_model *m)
+{
+    const uint64_t lim = m->hp.n_ctx_train;
+    uint64_t most = 0; /* the deepest depth whose prompt fits the model's context */
+    for (uint32_t i = 0; i < o->n_ctx; i++)
+        if (o->ctx[i] > most && o->ctx[i] + o->prompt + 1 <= lim) most = o->ctx[i];
+    muser_session_opts so;
+    memset(&so, 0, sizeof so);
+    so.backend = MUSER_BACKEND_CUDA;
+    so.n_ctx = most + o->prompt + 1;
+    if (o->max_batch) so.max_batch = o->max_batch;
+    muser_error err = {0};
+    muser_session *s = NULL;
+    if (muser_session_new(&s, m, &so, &err)) {
+        fprintf(stderr, "muser bench: %s\n", err.msg);
+        return 1;
+    }
+    const uint32_t V = m->hp.n_vocab;
+    const uint64_t n_tok = most + o->prompt;
+    int32_t *tok = malloc(n_tok * sizeof *tok);
+    if (!tok) {
+        muser_session_free(s);
+        fprintf(stderr, "muser bench: out of memory\n");
+        return 1;
+    }
+    uint64_t x = 99;
+    for (uint64_t i = 0; i < n_tok; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((x >> 33) % V);
+    }
+    int rc = 0;
+    for (uint32_t i = 0; i < o->n_ctx && !rc; i++) {
+        muser_session_reset(s);
+        const uint64_t depth = o->ctx[i];
+        if (depth + o->prompt + 1 > lim) {
+            printf("ctx %-7llu prefill %5u tok: skipped (past the model's context of %llu)\n", (unsigned long long)depth,
+                   o->prompt, (unsigned long long)lim);
+            continue;
+        }
+        for (uint64_t p = 0; p < depth && !rc; p += 4096) { /* the context, untimed */
+            const uint32_t k = (uint32_t)(depth - p < 4096 ? depth - p : 4096);
+            rc = muser_session_prefill(s, tok + p, k, NULL, &err);
+        }
+        const double t0 = muser_now_s();
+        if (!rc) rc = muser_session_prefill(s, tok + depth, o->prompt, NULL, &err);
+        const double dt = muser_now_s() - t0;
+        if (rc) break;
+        printf("ctx %-7llu prefill %5u tok: %8.1f tok/s (%.3f s to the first token)\n", (unsigned long long)depth,
+               o->prompt, o->prompt / dt, dt);
+    }
+    if (rc) fprintf(stderr, "muser bench: %s\n", err.msg);
+    free(tok);
+    muser_session_free(s);
+    return rc ? 1 : 0;
+}
+#endif
+
+/* The CUDA lane: one muser_cuda_bench call over every depth (weights uploaded once), then the
+ * prefill route when --prompt is given. */
 static int bench_cuda(const bench_opts *o, const muser_model *m)
 {
 #ifdef MUSER_HAVE_CUDA
@@ -442,7 +503,7 @@ static int bench_cuda(const bench_opts *o, const muser_model *m)
                "of %.1f GB/s\n",
                (unsigned long long)rows[i].ctx, rows[i].gen, rows[i].tok_per_s, rows[i].ms_per_token,
                rows[i].bytes_per_token / 1e6, rows[i].gbs, rows[i].pct_of_read, res.read_gbs);
-    return 0;
+    return o->prompt ? bench_cuda_prefill(o, m) : 0;
 #else
     (void)o;
     (void)m;

@@ -26,6 +26,7 @@ extern "C" {
 }
 #include "cuda/cuda_backend.h"
 #include "cuda/ops.cuh"
+#include "cuda/prefill.cuh"
 
 #define CU_TRY(call, what)                                                                          \
     do {                                                                                            \
@@ -57,6 +58,9 @@ typedef struct cu_plane {
  * its x in L1 (cu_ldx reads x non-coherently; see there). That is what lets the tails trigger early. */
 enum { XS_STACK, XS_OPROJ, XS_GU, XS_DOWN, XS_N };
 
+typedef struct cu_pf cu_pf;
+static void pf_free(cu_pf *pf);
+
 typedef struct cu_ctx {
     const muser_model *m;
     int device, n_sm;
@@ -87,6 +91,7 @@ typedef struct cu_ctx {
     uint32_t skip;             /* MUSER_CUDA_SKIP: op families left out of the route (timing only; the
                                 * logits are then meaningless), a mask of 1 << SK_* */
     double upload_s;
+    cu_pf *pf;                 /* the prefill route's workspace, made at the first prefill (pf_ws) */
 } cu_ctx;
 
 /* A session on the device: its KV planes, their host metadata, its per-token device state and
@@ -704,6 +709,7 @@ static void ctx_free(cu_ctx *c)
     if (c->h_logits) cudaFreeHost(c->h_logits);
     if (c->h_flags) cudaFreeHost(c->h_flags);
     if (c->st) cudaStreamDestroy(c->st);
+    pf_free(c->pf);
     free(c->step_logits);
     free(c->layers);
     free(c);
@@ -958,6 +964,344 @@ static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, mu
     return MUSER_OK;
 }
 
+/* ---- the prefill route ---------------------------------------------------------------------------
+ * src/forward.c's op sequence over a chunk of one session's consecutive rows (fwd_run with these
+ * ops), each op a few kernels of prefill.cu on the context's stream; no graph (the kernels are
+ * large). The matrices run as f16-pair GEMMs on tensor cores (prefill.cuh says why that keeps
+ * SPEC §4), the last row's logits through the decode route's LM head (all rows': the GEMM). */
+#define PF_ROWS_MAX 512u
+
+struct cu_pf {
+    uint32_t rows;                    /* chunk capacity */
+    float *buf[FWD_BUF_COUNT];        /* [rows][width] */
+    uint32_t width[FWD_BUF_COUNT];
+    __half *xh, *xl;                  /* [rows][kmax] a matrix input's f16 pair */
+    float *rs;                        /* [rows] its inverse row scales */
+    __half *wh, *wl;                  /* [wcap] a matrix's (or an LM-head slab's) f16 pair */
+    size_t wcap;                      /* elements of each */
+    uint16_t *sk, *sv;                /* [n_layer][rows][KVD] the pass's staged K/V */
+    int32_t *tok;                     /* [rows] */
+    int32_t *d_bad;                   /* non-finite logits of the pass */
+    float *logits;                    /* [rows][V] every row's logits (made when first wanted) */
+    void *mem;                        /* one allocation for all but logits */
+    /* the pass in flight */
+    cu_seq *sq;
+    float *out;                       /* host: the logits the caller wants (NULL: none) */
+};
+
+static void pf_free(cu_pf *pf)
+{
+    if (!pf) return;
+    cudaFree(pf->mem);
+    cudaFree(pf->logits);
+    free(pf);
+}
+
+/* The workspace for chunks of up to `rows` rows, made once per device. */
+static int pf_ws(cu_ctx *c, uint32_t rows, muser_error *err)
+{
+    if (c->pf && c->pf->rows >= rows) return MUSER_OK;
+    pf_free(c->pf);
+    c->pf = NULL;
+    const muser_hparams *hp = &c->m->hp;
+    cu_pf *pf = (cu_pf *)calloc(1, sizeof *pf);
+    if (!pf) return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory");
+    const uint32_t E = hp->n_embd, F = hp->n_ff, QD = hp->n_head * hp->head_dim, KD = hp->n_head_kv * hp->head_dim;
+    const uint32_t w[FWD_BUF_COUNT] = {[FWD_H] = E, [FWD_X] = E, [FWD_Q] = QD, [FWD_K] = KD, [FWD_V] = KD,
+                                       [FWD_G] = QD, [FWD_O] = QD, [FWD_SUB] = E, [FWD_FG] = F, [FWD_FU] = F};
+    size_t wcap = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const cu_layer *L = &c->layers[l];
+        const mv_mat *ms[] = {&L->q, &L->k, &L->v, &L->gate, &L->o, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        for (const mv_mat *mm : ms)
+            if ((size_t)mm->rows * mm->cols > wcap) wcap = (size_t)mm->rows * mm->cols;
+    }
+    if ((size_t)PF_TN * E > wcap) wcap = (size_t)PF_TN * E; /* at least one GEMM tile of LM-head rows */
+    const uint32_t kmax = E > QD ? (E > F ? E : F) : (QD > F ? QD : F);
+    size_t off = 0, at[FWD_BUF_COUNT + 8];
+    int k = 0;
+    for (int b = 0; b < FWD_BUF_COUNT; b++) at[k++] = off, off = align256(off + (size_t)rows * w[b] * sizeof(float));
+    const size_t o_xh = off; off = align256(off + (size_t)rows * kmax * 2);
+    const size_t o_xl = off; off = align256(off + (size_t)rows * kmax * 2);
+    const size_t o_rs = off; off = align256(off + (size_t)rows * 4);
+    const size_t o_wh = off; off = align256(off + wcap * 2);
+    const size_t o_wl = off; off = align256(off + wcap * 2);
+    const size_t stage = (size_t)hp->n_layer * rows * KD * 2;
+    const size_t o_sk = off; off = align256(off + stage);
+    const size_t o_sv = off; off = align256(off + stage);
+    const size_t o_tok = off; off = align256(off + (size_t)rows * 4);
+    const size_t o_bad = off; off = align256(off + 4);
+    cudaError_t e = cudaMalloc(&pf->mem, off);
+    if (e) {
+        free(pf);
+        return muser_errorf(err, MUSER_E_NOMEM, "cuda: prefill workspace (%.1f MB for chunks of %u rows): %s", off / 1e6,
+                            rows, cudaGetErrorString(e));
+    }
+    uint8_t *base = (uint8_t *)pf->mem;
+    for (int b = 0; b < FWD_BUF_COUNT; b++) pf->buf[b] = (float *)(base + at[b]), pf->width[b] = w[b];
+    pf->xh = (__half *)(base + o_xh);
+    pf->xl = (__half *)(base + o_xl);
+    pf->rs = (float *)(base + o_rs);
+    pf->wh = (__half *)(base + o_wh);
+    pf->wl = (__half *)(base + o_wl);
+    pf->wcap = wcap;
+    pf->sk = (uint16_t *)(base + o_sk);
+    pf->sv = (uint16_t *)(base + o_sv);
+    pf->tok = (int32_t *)(base + o_tok);
+    pf->d_bad = (int32_t *)(base + o_bad);
+    pf->rows = rows;
+    c->pf = pf;
+    return MUSER_OK;
+}
+
+/* The device copies of a model tensor: a matrix, or a vector (norm weights; NULL for NULL). */
+static const mv_mat *pf_mat(const cu_ctx *c, const muser_tensor *t)
+{
+    const muser_model *m = c->m;
+    if (t == &m->output) return &c->out;
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+        const muser_layer *L = &m->layers[l];
+        const cu_layer *D = &c->layers[l];
+        if (t == &L->attn_q) return &D->q;
+        if (t == &L->attn_k) return &D->k;
+        if (t == &L->attn_v) return &D->v;
+        if (t == &L->attn_gate) return &D->gate;
+        if (t == &L->attn_output) return &D->o;
+        if (t == &L->ffn_gate) return &D->ffn_gate;
+        if (t == &L->ffn_up) return &D->ffn_up;
+        if (t == &L->ffn_down) return &D->ffn_down;
+    }
+    return NULL;
+}
+
+static const float *pf_vec(const cu_ctx *c, const muser_tensor *t)
+{
+    const muser_model *m = c->m;
+    if (!t || !t->data) return NULL;
+    if (t == &m->output_norm) return c->out_norm;
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+        const muser_layer *L = &m->layers[l];
+        const cu_layer *D = &c->layers[l];
+        if (t == &L->attn_norm) return D->attn_norm;
+        if (t == &L->attn_q_norm) return D->q_norm;
+        if (t == &L->attn_k_norm) return D->k_norm;
+        if (t == &L->post_attention_norm) return D->post_attn_norm;
+        if (t == &L->ffn_norm) return D->ffn_norm;
+        if (t == &L->post_ffw_norm) return D->post_ffw_norm;
+    }
+    return NULL;
+}
+
+static cu_plane_meta pf_meta(const kv_plane *pl)
+{
+    cu_plane_meta m;
+    m.origin_logical = pl->origin_logical;
+    m.origin_physical = pl->origin_physical;
+    m.len = pl->len;
+    m.capacity = pl->capacity;
+    return m;
+}
+
+static void pfo_embed(void *be, const fwd_rows *r, bool entry_norm, float eps)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    cudaMemcpyAsync(c->pf->tok, r->tokens, r->n * sizeof(int32_t), cudaMemcpyHostToDevice, c->st);
+    pf_embed(c->st, &c->emb, c->pf->tok, r->n, c->pf->buf[FWD_H], c->m->hp.n_embd, entry_norm, eps);
+}
+
+static void pfo_rmsnorm(void *be, const fwd_rows *r, fwd_buf src, const muser_tensor *w, float eps, fwd_buf dst)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    pf_rmsnorm(c->st, c->pf->buf[src], pf_vec(c, w), eps, c->pf->buf[dst], r->n, c->pf->width[src]);
+}
+
+/* y (row stride ldy) = x · mat^T for n rows: the matrix unpacked in slabs of whole GEMM tiles
+ * that fit the workspace, each slab's GEMM as soon as it is unpacked (the x pair is ready). */
+static void pf_matmul(cu_ctx *c, const mv_mat *mat, uint32_t n, float *y, uint64_t ldy, uint32_t op, float scale,
+                      float cap)
+{
+    cu_pf *pf = c->pf;
+    uint32_t slab = (uint32_t)(pf->wcap / mat->cols);
+    if (slab >= mat->rows) slab = mat->rows;
+    else slab = slab / PF_TN * PF_TN;
+    for (uint32_t r0 = 0; r0 < mat->rows; r0 += slab) {
+        const uint32_t nr = mat->rows - r0 < slab ? mat->rows - r0 : slab;
+        pf_unpack_w(c->st, mat, r0, nr, pf->wh, pf->wl);
+        pf_gemm(c->st, pf->xh, pf->xl, pf->rs, n, pf->wh, pf->wl, nr, mat->cols, y + r0, ldy, op, scale, cap);
+    }
+}
+
+static void pfo_matmul(void *be, const fwd_rows *r, fwd_buf src, const fwd_matmul *mm, uint32_t n_mm)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    cu_pf *pf = c->pf;
+    pf_split_x(c->st, pf->buf[src], pf->width[src], r->n, pf->width[src], pf->xh, pf->xl, pf->rs);
+    for (uint32_t i = 0; i < n_mm; i++)
+        pf_matmul(c, pf_mat(c, mm[i].w), r->n, pf->buf[mm[i].dst], pf->width[mm[i].dst], MV_OP_STORE, 1.f, 0.f);
+}
+
+static void pfo_attn_stage(void *be, const fwd_rows *r, uint32_t l, const muser_tensor *q_norm,
+                           const muser_tensor *k_norm, float eps, bool rope, bool neox)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    cu_pf *pf = c->pf;
+    const muser_hparams *hp = &c->m->hp;
+    const size_t st = (size_t)l * pf->rows * hp->n_head_kv * hp->head_dim;
+    pf_stage(c->st, pf->buf[FWD_Q], pf->buf[FWD_K], pf->buf[FWD_V], pf_vec(c, q_norm), pf_vec(c, k_norm), eps, rope,
+             neox, c->rope_inv, r->pos[0], r->n, hp->n_head, hp->n_head_kv, hp->head_dim, pf->sk + st, pf->sv + st);
+}
+
+static void pfo_attention(void *be, const fwd_rows *r, uint32_t l, uint32_t window, float scale)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    cu_pf *pf = c->pf;
+    const muser_hparams *hp = &c->m->hp;
+    const kv_plane *pl = &pf->sq->kv.planes[l];
+    const cu_plane_meta meta = pf_meta(pl);
+    const size_t st = (size_t)l * pf->rows * hp->n_head_kv * hp->head_dim;
+    pf_attention(c->st, pf->buf[FWD_Q], pf->sk + st, pf->sv + st, pf->sq->pl[l].kp, pf->sq->pl[l].vp, &meta, pl->ring,
+                 r->pos[0], r->n, window, scale, hp->n_head, hp->n_head_kv, hp->head_dim, pf->buf[FWD_O]);
+}
+
+static void pfo_gate(void *be, const fwd_rows *r)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    pf_gate(c->st, c->pf->buf[FWD_O], c->pf->buf[FWD_G], (uint64_t)r->n * c->pf->width[FWD_O]);
+}
+
+static void pfo_swiglu(void *be, const fwd_rows *r)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    pf_swiglu(c->st, c->pf->buf[FWD_FG], c->pf->buf[FWD_FU], (uint64_t)r->n * c->pf->width[FWD_FG]);
+}
+
+static void pfo_tail(void *be, const fwd_rows *r, const muser_tensor *w_post, float eps_post, const muser_tensor *w_next,
+                     float eps_next, fwd_buf dst)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    cu_pf *pf = c->pf;
+    pf_tail(c->st, pf->buf[FWD_SUB], pf->buf[FWD_H], pf_vec(c, w_post), eps_post, pf_vec(c, w_next), eps_next,
+            pf->buf[dst], r->n, c->m->hp.n_embd);
+}
+
+/* The last row: the decode route's LM head (its digits prepared from that row). Every row: the
+ * GEMM over slabs of the head. Then the non-finite count over what was computed. */
+static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_tensor *w, float scale, float cap,
+                       bool all_rows, muser_error *err)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    cu_pf *pf = c->pf;
+    const uint32_t V = c->m->hp.n_vocab, E = c->m->hp.n_embd;
+    const mv_mat *head = pf_mat(c, w);
+    cudaMemsetAsync(pf->d_bad, 0, sizeof(int32_t), c->st);
+    const float *y;
+    if (all_rows) {
+        if (!pf->logits)
+            CU_TRY(cudaMalloc((void **)&pf->logits, (size_t)pf->rows * V * sizeof(float)), "prefill logits");
+        pf_split_x(c->st, pf->buf[src], E, r->n, E, pf->xh, pf->xl, pf->rs);
+        pf_matmul(c, head, r->n, pf->logits, V, MV_OP_SOFTCAP, scale, cap);
+        y = pf->logits;
+    } else {
+        set_site(c, XS_STACK);
+        mv_launch hl;
+        memset(&hl, 0, sizeof hl);
+        seg_set(&hl, head, c->logits, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(head->type));
+        hl.seg[0].scale = scale;
+        hl.seg[0].cap = cap;
+        mv_go(c, c->st, &hl, pf->buf[src] + (size_t)(r->n - 1) * E, 0);
+        y = c->logits;
+    }
+    const uint64_t ny = all_rows ? (uint64_t)r->n * V : V;
+    pf_count_nonfinite(c->st, y, ny, pf->d_bad);
+    int32_t bad = 0;
+    CU_TRY(cudaMemcpyAsync(c->h_flags + 1, pf->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, c->st), "prefill check");
+    CU_TRY(cudaStreamSynchronize(c->st), "prefill");
+    CU_TRY(cudaGetLastError(), "prefill launch");
+    bad = c->h_flags[1];
+    if (bad)
+        return muser_errorf(err, MUSER_E_NUMERIC, "cuda: %d non-finite logits in the prefill of positions %llu..%llu "
+                            "(fail closed)", bad, (unsigned long long)r->pos[0], (unsigned long long)r->pos[r->n - 1]);
+    if (pf->out) {
+        const float *src_rows = all_rows ? y : y; /* [n][V] or the last row's [V] */
+        CU_TRY(cudaMemcpy(pf->out, src_rows, ny * sizeof(float), cudaMemcpyDeviceToHost), "prefill logits copy");
+    }
+    return MUSER_OK;
+}
+
+/* Every layer's staged rows into the planes, after the host metadata took the appends. */
+static int pfo_kv_append_staged(void *be, const fwd_rows *r, muser_error *err)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    cu_pf *pf = c->pf;
+    cu_seq *sq = pf->sq;
+    const muser_hparams *hp = &c->m->hp;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        kv_plane *pl = &sq->kv.planes[l];
+        for (uint32_t i = 0; i < r->n; i++) {
+            const int rc = kv_plane_append(pl, r->pos[i], NULL, NULL, err);
+            if (rc) return rc; /* positions were checked up front: cannot happen */
+        }
+        const cu_plane_meta meta = pf_meta(pl);
+        const size_t st = (size_t)l * pf->rows * hp->n_head_kv * hp->head_dim;
+        pf_store(c->st, pf->sk + st, pf->sv + st, sq->pl[l].kp, sq->pl[l].vp, &meta, pl->ring, r->pos[0], r->n,
+                 hp->n_head_kv, hp->head_dim);
+    }
+    CU_TRY(cudaStreamSynchronize(c->st), "prefill KV store");
+    CU_TRY(cudaGetLastError(), "prefill KV store");
+    return MUSER_OK;
+}
+
+/* r->tap->out[i][slot] = FWD_H row i */
+static void pfo_tap(void *be, const fwd_rows *r, uint32_t slot)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    const uint32_t E = c->m->hp.n_embd;
+    cudaMemcpy2DAsync(r->tap->out + (size_t)slot * E, (size_t)r->tap->n_layers * E * sizeof(float), c->pf->buf[FWD_H],
+                      (size_t)E * sizeof(float), (size_t)E * sizeof(float), r->n, cudaMemcpyDeviceToHost, c->st);
+}
+
+static const fwd_ops pf_ops = {pfo_embed, pfo_rmsnorm,  pfo_matmul, pfo_attn_stage, pfo_attention, pfo_gate,
+                               pfo_swiglu, pfo_tail, pfo_lm_head, pfo_kv_append_staged, pfo_tap};
+
+/* Whether the prefill route takes this model: every matrix's columns a whole number of GEMM steps. */
+static bool pf_model_ok(const cu_ctx *c)
+{
+    const muser_hparams *hp = &c->m->hp;
+    return pf_shape_ok(hp->n_embd) && pf_shape_ok(hp->n_head * hp->head_dim) && pf_shape_ok(hp->n_ff) &&
+           hp->head_dim % 32 == 0 && hp->head_dim <= 128;
+}
+
+/* tokens[0..n) at position p0 of sq in chunks of the workspace's rows; logits as be_forward's.
+ * The caller restores the session on failure. */
+static int pf_forward(cu_seq *sq, const int32_t *tokens, uint32_t n, uint64_t p0, float *logits, bool all_logits,
+                      uint32_t max_batch, muser_error *err)
+{
+    cu_ctx *c = sq->c;
+    const uint32_t chunk = max_batch && max_batch < PF_ROWS_MAX ? max_batch : PF_ROWS_MAX;
+    int rc = pf_ws(c, chunk, err);
+    if (rc) return rc;
+    cu_pf *pf = c->pf;
+    const uint64_t V = c->m->hp.n_vocab;
+    uint64_t pos[PF_ROWS_MAX];
+    for (uint32_t c0 = 0; c0 < n; c0 += chunk) {
+        const uint32_t m = n - c0 < chunk ? n - c0 : chunk;
+        for (uint32_t i = 0; i < m; i++) pos[i] = p0 + c0 + i;
+        fwd_rows r;
+        memset(&r, 0, sizeof r);
+        r.n = m;
+        r.tokens = tokens + c0;
+        r.pos = pos;
+        r.route = FWD_ROUTE_BATCH;
+        const bool last = c0 + m == n;
+        pf->sq = sq;
+        pf->out = !logits ? NULL : all_logits ? logits + (size_t)c0 * V : last ? logits : NULL;
+        rc = fwd_run(&pf_ops, c, c->m, &r, all_logits ? 2 : pf->out ? 1 : 0, err);
+        pf->sq = NULL;
+        if (rc) return rc;
+    }
+    return MUSER_OK;
+}
+
 /* ---- session vtable -------------------------------------------------------------------------- */
 static void be_dev_free(muser_device *d);
 static int be_dev_init(muser_device *d, muser_error *err)
@@ -1042,7 +1386,7 @@ static int seq_restore(cu_seq *sq, bool wraps, muser_error *err)
     return MUSER_OK;
 }
 
-/* n > 1: the decode graph row by row (the prefill route is not on the GPU yet). */
+/* n > 1: the prefill route (pf_forward), or the decode graph row by row for a model it does not take. */
 static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
                       muser_error *err)
 {
@@ -1054,6 +1398,14 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
     bool wraps = false;
     int rc = seq_save(sq, n, &wraps, err);
     if (rc) return rc;
+    if (pf_model_ok(sq->c)) {
+        rc = pf_forward(sq, tokens, n, s->n_past, logits, all_logits, s->opts.max_batch, err);
+        if (rc) {
+            const int r2 = seq_restore(sq, wraps, err);
+            return r2 ? r2 : rc;
+        }
+        return MUSER_OK;
+    }
     for (uint32_t i = 0; i < n; i++) {
         float *out = NULL;
         if (logits && (all_logits || i + 1 == n)) out = all_logits ? logits + (size_t)i * V : logits;
@@ -1442,6 +1794,66 @@ extern "C" int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32
     cudaFree(dy);
     cudaFree(c->xm_site[0]);
     cudaFree(c->weights);
+    if (c->st) cudaStreamDestroy(c->st);
+    free(c);
+    return rc;
+}
+
+/* ---- the prefill GEMM, for tests ------------------------------------------------------------- */
+extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, uint32_t n,
+                                     const float *x, float *y, uint32_t *layout, muser_error *err)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) return muser_errorf(err, MUSER_E_BACKEND, "cuda: no CUDA device");
+    if (!pf_shape_ok(cols)) return muser_errorf(err, MUSER_E_ARG, "cuda: gemm check: %u columns (a multiple of 32)", cols);
+    CU_TRY(cudaSetDevice(0), "set device");
+    cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
+    if (!c) return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory");
+    muser_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = w;
+    t.type = ggml_type;
+    t.rows = rows;
+    t.cols = cols;
+    t.row_bytes = quant_row_bytes(ggml_type, cols);
+    t.name = "check";
+    float *dx = NULL, *dy = NULL, *rs = NULL;
+    __half *xh = NULL, *xl = NULL, *wh = NULL, *wl = NULL;
+    uploader u;
+    memset(&u, 0, sizeof u);
+    mv_mat mat;
+    memset(&mat, 0, sizeof mat);
+    int rc = MUSER_OK;
+    const size_t nx = (size_t)n * cols, nw = (size_t)rows * cols;
+    cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
+    if (!e) e = cudaMalloc((void **)&c->weights, align256((size_t)t.row_bytes * rows));
+    if (!e) e = cudaMalloc((void **)&dx, nx * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&dy, (size_t)n * rows * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&rs, n * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&xh, nx * 2);
+    if (!e) e = cudaMalloc((void **)&xl, nx * 2);
+    if (!e) e = cudaMalloc((void **)&wh, nw * 2);
+    if (!e) e = cudaMalloc((void **)&wl, nw * 2);
+    if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: gemm check: %s", cudaGetErrorString(e));
+    if (!rc) rc = up_open(&u, c, err);
+    if (!rc) rc = up_matrix(&u, &t, &mat, true, err);
+    if (!rc) {
+        if (layout) *layout = mat.type;
+        e = cudaMemcpyAsync(dx, x, nx * sizeof(float), cudaMemcpyHostToDevice, c->st);
+        if (!e) e = cudaMemsetAsync(dy, 0xFF, (size_t)n * rows * sizeof(float), c->st); /* NaN: unwritten shows */
+        if (!e) {
+            pf_split_x(c->st, dx, cols, n, cols, xh, xl, rs);
+            pf_unpack_w(c->st, &mat, 0, rows, wh, wl);
+            pf_gemm(c->st, xh, xl, rs, n, wh, wl, rows, cols, dy, rows, MV_OP_STORE, 1.f, 0.f);
+            e = cudaGetLastError();
+        }
+        if (!e) e = cudaMemcpyAsync(y, dy, (size_t)n * rows * sizeof(float), cudaMemcpyDeviceToHost, c->st);
+        if (!e) e = cudaStreamSynchronize(c->st);
+        if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: gemm check: %s", cudaGetErrorString(e));
+    }
+    up_close(&u);
+    void *bufs[] = {dx, dy, rs, xh, xl, wh, wl, c->weights};
+    for (void *p : bufs) cudaFree(p);
     if (c->st) cudaStreamDestroy(c->st);
     free(c);
     return rc;

@@ -44,6 +44,12 @@ int muser_cuda_bench(const muser_model *m, int device, const uint64_t *ctxs, uin
 int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, const float *x, int tc,
                             int softcap, float scale, float cap, float *y, uint32_t *layout, muser_error *err);
 
+/* The prefill route's matrix product y[n][rows] = x[n][cols] · Wᵀ (prefill.cuh: W unpacked from
+ * the tensor-core layout where the format and shape take it, x split per row, three f16 products
+ * on tensor cores), for tests; *layout as muser_cuda_matvec_check's. cols a multiple of 32. */
+int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, uint32_t n, const float *x,
+                          float *y, uint32_t *layout, muser_error *err);
+
 #ifdef __cplusplus
 }
 #endif

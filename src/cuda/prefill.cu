@@ -1,0 +1,615 @@
+/* prefill.cu — the prefill route's kernels (declarations and numerics: prefill.cuh). */
+#include <math.h>
+
+#include "cuda/prefill.cuh"
+
+/* ---- weights ---------------------------------------------------------------------------------- */
+/* Element e (0..255) of row g + 8h of a Q4_KT unit (mmq.cuh's layout, the inverse of
+ * mmq_repack_q4k): the same f32 arithmetic as mv_elem's Q4_K, d·sc·q − dmin·m. */
+__device__ __forceinline__ float pf_q4kt(const uint8_t *unit, uint32_t g, uint32_t h, uint32_t e)
+{
+    const uint32_t qb = 32 * (e / 64) + e % 32; /* the byte of qs[128] holding e's nibble */
+    const uint32_t P = qb / 32, rem = qb % 32, c = rem / 8, t1 = (rem % 8) / 4, k = rem % 4;
+    const uint32_t G = P / 2, t = 2 * (P % 2) + t1, ci = 4 * G + c, u4 = ci / 2, w = 2 * (ci % 2) + h;
+    const uint8_t byte = unit[(u4 * 32 + 4 * g + t) * 16 + 4 * w + k];
+    const uint32_t q = (e % 64) < 32 ? (byte & 15u) : (byte >> 4);
+    /* scales: sub-block j is item q' = 2h + j/4 of header lane t' with j % 4 = 2(t'&1) + (t'>>1) */
+    const uint32_t j = e / 32, jr = j % 4, ts = 2 * (jr % 2) + jr / 2, qi = 2 * h + j / 4;
+    const uint8_t *hd = unit + 2048 + 32 * g;
+    const uint32_t sw = (uint32_t)hd[8 + 4 * ts] | (uint32_t)hd[9 + 4 * ts] << 8 | (uint32_t)hd[10 + 4 * ts] << 16 |
+                        (uint32_t)hd[11 + 4 * ts] << 24;
+    const uint32_t hw = (uint32_t)hd[24 + 2 * ts] | (uint32_t)hd[25 + 2 * ts] << 8;
+    const uint32_t sc = (sw >> (6 * qi)) & 63u;
+    const uint32_t mn = qi == 0 ? (sw >> 24) & 63u : qi == 1 ? hw & 63u : qi == 2 ? (hw >> 6) & 63u
+                                                                          : ((sw >> 30) << 4) | (hw >> 12);
+    const float d = __half2float(__ushort_as_half((unsigned short)(hd[2 * h] | hd[2 * h + 1] << 8)));
+    const float dmin = __half2float(__ushort_as_half((unsigned short)(hd[4 + 2 * h] | hd[5 + 2 * h] << 8)));
+    return d * (float)sc * (float)q - dmin * (float)mn;
+}
+
+/* Element e of row g + 8r of a Q6_KT unit (mmq6.cuh's layout): d·sc·(q − 32), as mv_elem's Q6_K. */
+__device__ __forceinline__ float pf_q6kt(const uint8_t *unit, uint32_t g, uint32_t r, uint32_t e)
+{
+    const uint32_t c = e / 32, hh = (e % 32) / 16, t = (e % 16) / 4, i = e % 4;
+    uint32_t W[3];
+#pragma unroll
+    for (uint32_t j = 0; j < 3; j++) W[j] = unit[((2 * j + (c >> 2)) * 32 + 4 * g + t) * 16 + 4 * (c & 3) + i];
+    uint32_t Q;
+    if (hh == 0) Q = (r == 0 ? W[0] : W[1]) >> 2;
+    else if (r == 0) Q = W[2] >> 2;
+    else Q = (W[0] & 3u) | (W[1] & 3u) << 2 | (W[2] & 3u) << 4;
+    const int q = (int)(Q ^ 32u) - 32;
+    const float sc = (float)(int8_t)unit[MMQ6_SC + 32 * g + 16 * hh + 2 * c + r];
+    const float d = __half2float(
+        __ushort_as_half((unsigned short)(unit[MMQ6_D + 4 * g + 2 * r] | unit[MMQ6_D + 4 * g + 2 * r + 1] << 8)));
+    return d * sc * (float)q;
+}
+
+__device__ __forceinline__ float pf_elem(const mv_mat &m, uint32_t r, uint32_t c)
+{
+    if (m.type == MV_T_Q4_KT || m.type == MV_T_Q6_KT) {
+        const uint32_t nb = m.cols / 256, tile = r / 16, rr = r % 16;
+        if (m.type == MV_T_Q4_KT)
+            return pf_q4kt(m.data + ((size_t)tile * nb + c / 256) * MMQ_UNIT, rr & 7, rr >> 3, c % 256);
+        return pf_q6kt(m.data + ((size_t)tile * nb + c / 256) * MMQ6_UNIT, rr & 7, rr >> 3, c % 256);
+    }
+    return mv_elem(m, r, c);
+}
+
+/* A thread per 8 consecutive elements of a row. */
+static __global__ void pf_unpack_kernel(const mv_mat m, uint32_t r0, uint32_t nr, __half *__restrict__ wh,
+                                        __half *__restrict__ wl)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per_row = m.cols / 8;
+    if (i >= (size_t)nr * per_row) return;
+    const uint32_t r = (uint32_t)(i / per_row), c0 = (uint32_t)(i % per_row) * 8;
+    __align__(16) __half h[8], l[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const float w = pf_elem(m, r0 + r, c0 + k);
+        h[k] = __float2half_rn(w);
+        l[k] = __float2half_rn(w - __half2float(h[k]));
+    }
+    *(uint4 *)(wh + (size_t)r * m.cols + c0) = *(const uint4 *)h;
+    *(uint4 *)(wl + (size_t)r * m.cols + c0) = *(const uint4 *)l;
+}
+
+void pf_unpack_w(cudaStream_t st, const mv_mat *w, uint32_t r0, uint32_t nr, __half *wh, __half *wl)
+{
+    const size_t n = (size_t)nr * (w->cols / 8);
+    pf_unpack_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(*w, r0, nr, wh, wl);
+}
+
+/* ---- x ---------------------------------------------------------------------------------------- */
+#define PF_ROW_T 256
+/* the block's max of v (all threads call it; red: PF_ROW_T/32 floats of shared memory) */
+__device__ __forceinline__ float pf_block_max(float v, float *red)
+{
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = red[0];
+    for (int w = 1; w < PF_ROW_T / 32; w++) m = fmaxf(m, red[w]);
+    __syncthreads();
+    return m;
+}
+
+/* the block's sum of v in f64, in a fixed order (all threads call it; red: PF_ROW_T/32 doubles) */
+__device__ __forceinline__ double pf_block_sum(double v, double *red)
+{
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0;
+    for (int w = 0; w < PF_ROW_T / 32; w++) s += red[w];
+    __syncthreads();
+    return s;
+}
+
+static __global__ void __launch_bounds__(PF_ROW_T) pf_split_kernel(const float *__restrict__ x, uint64_t ldx, uint32_t K,
+                                                                   __half *__restrict__ xh, __half *__restrict__ xl,
+                                                                   float *__restrict__ rs)
+{
+    __shared__ float red[PF_ROW_T / 32];
+    const float *row = x + (size_t)blockIdx.x * ldx;
+    float m = 0.f;
+    for (uint32_t k = threadIdx.x; k < K; k += PF_ROW_T) m = fmaxf(m, fabsf(row[k]));
+    bool bad = false;
+    for (uint32_t k = threadIdx.x; k < K; k += PF_ROW_T) bad |= !isfinite(row[k]);
+    bad = __syncthreads_or(bad);
+    m = pf_block_max(m, red);
+    /* max|x| < 2^ex; s = 2^(15 − ex) (at most 2^126) so that |x·s| < 2^15, inside f16's range */
+    int ex = 0;
+    if (m > 0.f) frexpf(m, &ex);
+    const int e = min(15 - ex, 126);
+    const float s = bad ? 0.f : ldexpf(1.f, e);
+    if (threadIdx.x == 0) rs[blockIdx.x] = bad ? __int_as_float(0x7FC00000) : ldexpf(1.f, -e);
+    __half *h = xh + (size_t)blockIdx.x * K, *l = xl + (size_t)blockIdx.x * K;
+    for (uint32_t k = threadIdx.x; k < K; k += PF_ROW_T) {
+        const float v = bad ? 0.f : row[k] * s;
+        const __half hv = __float2half_rn(v);
+        h[k] = hv;
+        l[k] = __float2half_rn(v - __half2float(hv));
+    }
+}
+
+void pf_split_x(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint32_t K, __half *xh, __half *xl,
+                float *rs)
+{
+    pf_split_kernel<<<n, PF_ROW_T, 0, st>>>(x, ldx, K, xh, xl, rs);
+}
+
+/* ---- the GEMM ----------------------------------------------------------------------------------
+ * CTA tile PF_TM rows of x × PF_TN rows of w, k in steps of 32, a 3-stage cp.async pipeline; 8
+ * warps as 2 (x rows) × 4 (w rows), each 32 × 32: 2 × 4 mma tiles of m16n8k16, three products per
+ * tile and k-step (hh, hl, lh) into one f32 accumulator, in that order. Rows past n or M are
+ * zero-filled in shared memory and never stored. */
+#define PF_BK 32
+#define PF_LD (PF_BK + 8) /* halves per shared row: 80 bytes, so ldmatrix's 8 rows hit 8 distinct 16-byte slots */
+#define PF_STAGES 3
+#define PF_STAGE_HALVES (2 * PF_TM * PF_LD + 2 * PF_TN * PF_LD)
+#define PF_SMEM ((size_t)PF_STAGES * PF_STAGE_HALVES * sizeof(__half))
+
+__device__ __forceinline__ void pf_cp16(void *smem, const void *gmem, bool valid)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+
+__device__ __forceinline__ void pf_ldsm_x4(uint32_t r[4], const __half *p)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void pf_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+struct pf_gemm_args {
+    const __half *xh, *xl, *wh, *wl;
+    const float *rs;
+    uint32_t n, M, K;
+    float *y;
+    uint64_t ldy;
+    uint32_t op;
+    float scale, cap;
+};
+
+/* stage s's four tiles: x hi, x lo [PF_TM][PF_LD], w hi, w lo [PF_TN][PF_LD] */
+__device__ __forceinline__ void pf_load_stage(const pf_gemm_args &A, __half *sm, uint32_t m0, uint32_t n0, uint32_t k0)
+{
+    __half *ah = sm, *al = ah + PF_TM * PF_LD, *bh = al + PF_TM * PF_LD, *bl = bh + PF_TN * PF_LD;
+    /* 16-byte chunks: 4 per 32-half row; x: PF_TM rows × 4 × 2 tiles, w: PF_TN rows × 4 × 2 */
+    for (uint32_t c = threadIdx.x; c < PF_TM * 4; c += blockDim.x) {
+        const uint32_t r = c / 4, q = c % 4, row = m0 + r;
+        const bool ok = row < A.n;
+        const size_t off = (size_t)(ok ? row : 0) * A.K + k0 + 8 * q;
+        pf_cp16(ah + r * PF_LD + 8 * q, A.xh + off, ok);
+        pf_cp16(al + r * PF_LD + 8 * q, A.xl + off, ok);
+    }
+    for (uint32_t c = threadIdx.x; c < PF_TN * 4; c += blockDim.x) {
+        const uint32_t r = c / 4, q = c % 4, row = n0 + r;
+        const bool ok = row < A.M;
+        const size_t off = (size_t)(ok ? row : 0) * A.K + k0 + 8 * q;
+        pf_cp16(bh + r * PF_LD + 8 * q, A.wh + off, ok);
+        pf_cp16(bl + r * PF_LD + 8 * q, A.wl + off, ok);
+    }
+}
+
+static __global__ void __launch_bounds__(256, 2) pf_gemm_kernel(const pf_gemm_args A)
+{
+    extern __shared__ __align__(16) __half pf_sm[];
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint32_t wm = wid / 4, wn = wid % 4; /* warp's 32 x rows and 32 w rows */
+    const uint32_t n0 = blockIdx.x * PF_TN, m0 = blockIdx.y * PF_TM;
+    const uint32_t KT = A.K / PF_BK;
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[i][j][k] = 0.f;
+#pragma unroll
+    for (uint32_t s = 0; s < PF_STAGES - 1; s++) {
+        if (s < KT) pf_load_stage(A, pf_sm + s * PF_STAGE_HALVES, m0, n0, s * PF_BK);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (uint32_t kt = 0; kt < KT; kt++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(PF_STAGES - 2));
+        __syncthreads();
+        const uint32_t nk = kt + PF_STAGES - 1;
+        if (nk < KT) pf_load_stage(A, pf_sm + (nk % PF_STAGES) * PF_STAGE_HALVES, m0, n0, nk * PF_BK);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const __half *sm = pf_sm + (kt % PF_STAGES) * PF_STAGE_HALVES;
+        const __half *ah = sm, *al = ah + PF_TM * PF_LD, *bh = al + PF_TM * PF_LD, *bl = bh + PF_TN * PF_LD;
+#pragma unroll
+        for (uint32_t kk = 0; kk < PF_BK; kk += 16) {
+            uint32_t xa[2][2][4]; /* [m tile][hi, lo] */
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const uint32_t r = wm * 32 + i * 16 + (lane % 16), c = kk + (lane / 16) * 8;
+                pf_ldsm_x4(xa[i][0], ah + r * PF_LD + c);
+                pf_ldsm_x4(xa[i][1], al + r * PF_LD + c);
+            }
+            uint32_t wb[2][2][4]; /* [pair of n tiles][hi, lo]: b0, b1 of tile 2p, then of 2p + 1 */
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const uint32_t r = wn * 32 + p * 16 + (lane & 7) + ((lane >> 4) << 3), c = kk + ((lane >> 3) & 1) * 8;
+                pf_ldsm_x4(wb[p][0], bh + r * PF_LD + c);
+                pf_ldsm_x4(wb[p][1], bl + r * PF_LD + c);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int p = j / 2, o = 2 * (j % 2);
+                    pf_mma(acc[i][j], xa[i][0], wb[p][0][o], wb[p][0][o + 1]); /* hi · hi */
+                    pf_mma(acc[i][j], xa[i][0], wb[p][1][o], wb[p][1][o + 1]); /* hi · lo */
+                    pf_mma(acc[i][j], xa[i][1], wb[p][0][o], wb[p][0][o + 1]); /* lo · hi */
+                }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    const uint32_t g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int hlf = 0; hlf < 2; hlf++) {
+            const uint32_t row = m0 + wm * 32 + i * 16 + g + 8 * hlf;
+            if (row >= A.n) continue;
+            const float s = A.rs[row];
+            float *yr = A.y + (size_t)row * A.ldy;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const uint32_t col = n0 + wn * 32 + j * 8 + 2 * t + e;
+                    if (col >= A.M) continue;
+                    float v = acc[i][j][2 * hlf + e] * s;
+                    if (A.op == MV_OP_SOFTCAP) {
+                        v = v * A.scale;
+                        if (A.cap > 0.f) v = A.cap * tanhf(v / A.cap);
+                    }
+                    yr[col] = v;
+                }
+        }
+}
+
+void pf_gemm(cudaStream_t st, const __half *xh, const __half *xl, const float *rs, uint32_t n, const __half *wh,
+             const __half *wl, uint32_t M, uint32_t K, float *y, uint64_t ldy, uint32_t op, float scale, float cap)
+{
+    static bool attr = false; /* the dynamic shared memory limit, raised once per process */
+    if (!attr) {
+        cudaFuncSetAttribute(pf_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PF_SMEM);
+        attr = true;
+    }
+    pf_gemm_args A;
+    A.xh = xh;
+    A.xl = xl;
+    A.wh = wh;
+    A.wl = wl;
+    A.rs = rs;
+    A.n = n;
+    A.M = M;
+    A.K = K;
+    A.y = y;
+    A.ldy = ldy;
+    A.op = op;
+    A.scale = scale;
+    A.cap = cap;
+    const dim3 grid((M + PF_TN - 1) / PF_TN, (n + PF_TM - 1) / PF_TM);
+    pf_gemm_kernel<<<grid, 256, PF_SMEM, st>>>(A);
+}
+
+/* ---- per-row operations ----------------------------------------------------------------------- */
+static __global__ void __launch_bounds__(PF_ROW_T) pf_embed_kernel(const mv_mat emb, const int32_t *__restrict__ tokens,
+                                                                   float *__restrict__ h, uint32_t E, bool entry_norm,
+                                                                   float eps)
+{
+    __shared__ double red[PF_ROW_T / 32];
+    float *row = h + (size_t)blockIdx.x * E;
+    const uint32_t tok = (uint32_t)tokens[blockIdx.x];
+    double ss = 0;
+    for (uint32_t k = threadIdx.x; k < E; k += PF_ROW_T) {
+        const float v = mv_elem(emb, tok, k);
+        row[k] = v;
+        ss += (double)v * v;
+    }
+    if (!entry_norm) return;
+    ss = pf_block_sum(ss, red);
+    const float inv = (float)(1.0 / sqrt(ss / (double)E + eps));
+    for (uint32_t k = threadIdx.x; k < E; k += PF_ROW_T) row[k] = row[k] * inv;
+}
+
+void pf_embed(cudaStream_t st, const mv_mat *emb, const int32_t *tokens, uint32_t n, float *h, uint32_t E,
+              bool entry_norm, float eps)
+{
+    pf_embed_kernel<<<n, PF_ROW_T, 0, st>>>(*emb, tokens, h, E, entry_norm, eps);
+}
+
+/* dst = src·inv(ss)·w over one row, ss the sum of squares (the CPU engine's rms_row) */
+__device__ __forceinline__ void pf_norm_row(const float *src, const float *w, float eps, float *dst, uint32_t E, double *red)
+{
+    double ss = 0;
+    for (uint32_t k = threadIdx.x; k < E; k += PF_ROW_T) ss += (double)src[k] * src[k];
+    ss = pf_block_sum(ss, red);
+    const float inv = (float)(1.0 / sqrt(ss / (double)E + eps));
+    for (uint32_t k = threadIdx.x; k < E; k += PF_ROW_T) dst[k] = w ? src[k] * inv * w[k] : src[k] * inv;
+}
+
+static __global__ void __launch_bounds__(PF_ROW_T) pf_rmsnorm_kernel(const float *src, const float *w, float eps, float *dst,
+                                                                     uint32_t E)
+{
+    __shared__ double red[PF_ROW_T / 32];
+    pf_norm_row(src + (size_t)blockIdx.x * E, w, eps, dst + (size_t)blockIdx.x * E, E, red);
+}
+
+void pf_rmsnorm(cudaStream_t st, const float *src, const float *w, float eps, float *dst, uint32_t n, uint32_t E)
+{
+    pf_rmsnorm_kernel<<<n, PF_ROW_T, 0, st>>>(src, w, eps, dst, E);
+}
+
+static __global__ void __launch_bounds__(PF_ROW_T) pf_tail_kernel(const float *__restrict__ sub, float *__restrict__ h,
+                                                                  const float *w_post, float eps_post, const float *w_next,
+                                                                  float eps_next, float *__restrict__ dst, uint32_t E)
+{
+    __shared__ double red[PF_ROW_T / 32];
+    const float *s = sub + (size_t)blockIdx.x * E;
+    float *hr = h + (size_t)blockIdx.x * E;
+    if (w_post) {
+        double ss = 0;
+        for (uint32_t k = threadIdx.x; k < E; k += PF_ROW_T) ss += (double)s[k] * s[k];
+        ss = pf_block_sum(ss, red);
+        const float inv = (float)(1.0 / sqrt(ss / (double)E + eps_post));
+        for (uint32_t k = threadIdx.x; k < E; k += PF_ROW_T) hr[k] += s[k] * inv * w_post[k];
+    } else {
+        for (uint32_t k = threadIdx.x; k < E; k += PF_ROW_T) hr[k] += s[k];
+    }
+    __syncthreads(); /* each thread reads back only what it wrote, but keep the norm's reads ordered */
+    pf_norm_row(hr, w_next, eps_next, dst + (size_t)blockIdx.x * E, E, red);
+}
+
+void pf_tail(cudaStream_t st, const float *sub, float *h, const float *w_post, float eps_post, const float *w_next,
+             float eps_next, float *dst, uint32_t n, uint32_t E)
+{
+    pf_tail_kernel<<<n, PF_ROW_T, 0, st>>>(sub, h, w_post, eps_post, w_next, eps_next, dst, E);
+}
+
+/* A warp per head: norm over D in f64, RoPE at pos, then (k) the f16 stage. */
+__device__ __forceinline__ void pf_head(float *x, const float *w, float eps, bool rope, bool neox, const double *inv_freq,
+                                        uint64_t pos, uint32_t D, uint32_t lane)
+{
+    if (w) {
+        double ss = 0;
+        for (uint32_t d = lane; d < D; d += 32) ss += (double)x[d] * x[d];
+#pragma unroll
+        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+        const float inv = (float)(1.0 / sqrt(ss / (double)D + eps));
+        for (uint32_t d = lane; d < D; d += 32) x[d] = x[d] * inv * w[d];
+        __syncwarp();
+    }
+    if (rope) {
+        for (uint32_t i = lane; i < D / 2; i += 32) {
+            const double a = (double)pos * inv_freq[i];
+            const float c = (float)cos(a), s = (float)sin(a);
+            const uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + D / 2 : 2 * i + 1;
+            const float x0 = x[i0], x1 = x[i1];
+            x[i0] = x0 * c - x1 * s;
+            x[i1] = x0 * s + x1 * c;
+        }
+        __syncwarp();
+    }
+}
+
+static __global__ void pf_stage_kernel(float *q, float *kbuf, const float *__restrict__ v, const float *q_norm,
+                                       const float *k_norm, float eps, bool rope, bool neox,
+                                       const double *__restrict__ inv_freq, uint64_t p0, uint32_t H, uint32_t HKV,
+                                       uint32_t D, uint16_t *__restrict__ sk, uint16_t *__restrict__ sv)
+{
+    const uint32_t i = blockIdx.x, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    const uint64_t pos = p0 + i;
+    const size_t QD = (size_t)H * D, KD = (size_t)HKV * D;
+    for (uint32_t hd = threadIdx.x / 32; hd < H + HKV; hd += nw) {
+        const bool isq = hd < H;
+        float *x = isq ? q + i * QD + (size_t)hd * D : kbuf + i * KD + (size_t)(hd - H) * D;
+        pf_head(x, isq ? q_norm : k_norm, eps, rope, neox, inv_freq, pos, D, lane);
+        if (!isq) {
+            const uint32_t g = hd - H;
+            for (uint32_t d = lane; d < D; d += 32) {
+                sk[i * KD + (size_t)g * D + d] = __half_as_ushort(__float2half_rn(x[d]));
+                sv[i * KD + (size_t)g * D + d] = __half_as_ushort(__float2half_rn(v[i * KD + (size_t)g * D + d]));
+            }
+        }
+    }
+}
+
+void pf_stage(cudaStream_t st, float *q, const float *k, const float *v, const float *q_norm, const float *k_norm,
+              float eps, bool rope, bool neox, const double *inv_freq, uint64_t p0, uint32_t n, uint32_t H,
+              uint32_t HKV, uint32_t D, uint16_t *sk, uint16_t *sv)
+{
+    pf_stage_kernel<<<n, 256, 0, st>>>(q, (float *)k, v, q_norm, k_norm, eps, rope, neox, inv_freq, p0, H, HKV, D, sk, sv);
+}
+
+/* ---- attention ---------------------------------------------------------------------------------
+ * A block per (row, KV head), a warp per query head of the group. Keys in tiles of 32 positions
+ * from the row's first key: K and V rows into shared memory (a row of D + 2 halves, so lane j's
+ * reads of row j fall in distinct banks), lane j scores key j against the warp's q (shared), an
+ * online softmax over the warp, then each lane accumulates its D/32 dimensions. */
+#define PF_KT 32
+static __global__ void pf_attn_kernel(const float *__restrict__ q, const uint16_t *__restrict__ sk,
+                                      const uint16_t *__restrict__ sv, const uint16_t *__restrict__ kp,
+                                      const uint16_t *__restrict__ vp, cu_plane_meta meta, bool ring, uint64_t p0,
+                                      uint32_t window, float scale, uint32_t H, uint32_t HKV, uint32_t D,
+                                      float *__restrict__ out)
+{
+    extern __shared__ __align__(16) uint8_t pf_asm[];
+    const uint32_t G = H / HKV, LD = D + 2;
+    __half *Ks = (__half *)pf_asm, *Vs = Ks + PF_KT * LD;
+    float *qs = (float *)(pf_asm + ((2 * PF_KT * LD * sizeof(__half) + 15) & ~(size_t)15));
+    const uint32_t i = blockIdx.x, g = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t QD = (size_t)H * D, KD = (size_t)HKV * D;
+    const uint64_t pos = p0 + i;
+    const uint64_t lo = window && pos + 1 > window ? pos + 1 - window : 0; /* a consistent cache holds it */
+    for (uint32_t d = threadIdx.x; d < G * D; d += blockDim.x) qs[d] = q[i * QD + (size_t)g * G * D + d];
+    float m = -INFINITY, l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f}; /* dims lane + 32k, k < D/32 */
+    const float *qh = qs + (size_t)w * D;
+    for (uint64_t t0 = lo; t0 <= pos; t0 += PF_KT) {
+        __syncthreads();
+        /* K and V rows of positions t0 .. t0+31 (those <= pos) into shared memory, 8 halves a thread */
+        const uint32_t chunks = PF_KT * (D / 8);
+        for (uint32_t c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
+            const bool isv = c >= chunks;
+            const uint32_t cc = isv ? c - chunks : c, j = cc / (D / 8), d8 = (cc % (D / 8)) * 8;
+            const uint64_t p = t0 + j;
+            uint4 val = make_uint4(0, 0, 0, 0);
+            if (p <= pos) {
+                const uint16_t *src;
+                if (p >= p0) {
+                    src = (isv ? sv : sk) + (size_t)(p - p0) * KD + (size_t)g * D + d8;
+                } else if (ring) {
+                    const uint64_t phys = (meta.origin_physical + p - meta.origin_logical) % meta.capacity;
+                    src = (isv ? vp : kp) + (size_t)phys * KD + (size_t)g * D + d8;
+                } else {
+                    src = (isv ? vp : kp) + ((size_t)g * meta.capacity + p) * D + d8;
+                }
+                val = *(const uint4 *)src;
+            }
+            __half *dst = (isv ? Vs : Ks) + (size_t)j * LD + d8;
+            const uint32_t *vw = (const uint32_t *)&val;
+#pragma unroll
+            for (int u = 0; u < 4; u++) *(uint32_t *)(dst + 2 * u) = vw[u]; /* LD is even: 4-byte aligned */
+        }
+        __syncthreads();
+        if (w >= G) continue;
+        const uint64_t p = t0 + lane;
+        float s = -INFINITY;
+        if (p <= pos) {
+            float a = 0.f;
+            const __half2 *kr = (const __half2 *)(Ks + (size_t)lane * LD);
+            for (uint32_t d = 0; d < D / 2; d++) {
+                const float2 kf = __half22float2(kr[d]);
+                a = fmaf(qh[2 * d], kf.x, a);
+                a = fmaf(qh[2 * d + 1], kf.y, a);
+            }
+            s = a * scale;
+        }
+        float mt = s;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xFFFFFFFFu, mt, o));
+        const float mn = fmaxf(m, mt);
+        const float corr = expf(m - mn); /* m = -inf on the first tile: 0, and acc, l are 0 */
+        const float pj = p <= pos ? expf(s - mn) : 0.f;
+        float ps = pj;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) ps += __shfl_xor_sync(0xFFFFFFFFu, ps, o);
+        l = l * corr + ps;
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[k] *= corr;
+        for (uint32_t j = 0; j < PF_KT; j++) {
+            const float pb = __shfl_sync(0xFFFFFFFFu, pj, j);
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (32 * k < (int)D) acc[k] = fmaf(pb, __half2float(Vs[(size_t)j * LD + lane + 32 * k]), acc[k]);
+        }
+        m = mn;
+    }
+    if (w >= G) return;
+    float *o = out + i * QD + ((size_t)g * G + w) * D;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        if (32 * k < (int)D) o[lane + 32 * k] = acc[k] / l;
+}
+
+int pf_attention(cudaStream_t st, const float *q, const uint16_t *sk, const uint16_t *sv, const uint16_t *kp,
+                 const uint16_t *vp, const cu_plane_meta *meta, bool ring, uint64_t p0, uint32_t n, uint32_t window,
+                 float scale, uint32_t H, uint32_t HKV, uint32_t D, float *out)
+{
+    const uint32_t G = H / HKV;
+    if (D % 32 || D > 128 || G > 32 || G == 0) return -1;
+    const size_t smem = ((2 * PF_KT * (D + 2) * sizeof(__half) + 15) & ~(size_t)15) + (size_t)G * D * sizeof(float);
+    const uint32_t threads = 32 * (G < 4 ? 4 : G); /* at least 128 threads for the tile loads */
+    static bool attr = false;
+    if (!attr) {
+        cudaFuncSetAttribute(pf_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024);
+        attr = true;
+    }
+    pf_attn_kernel<<<dim3(n, HKV), threads, smem, st>>>(q, sk, sv, kp, vp, *meta, ring, p0, window, scale, H, HKV, D, out);
+    return 0;
+}
+
+/* ---- elementwise ------------------------------------------------------------------------------ */
+static __global__ void pf_gate_kernel(float *o, const float *g, uint64_t n)
+{
+    const uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) o[i] *= 1.0f / (1.0f + expf(-g[i]));
+}
+void pf_gate(cudaStream_t st, float *o, const float *g, uint64_t n)
+{
+    pf_gate_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(o, g, n);
+}
+
+static __global__ void pf_swiglu_kernel(float *g, const float *u, uint64_t n)
+{
+    const uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+void pf_swiglu(cudaStream_t st, float *g, const float *u, uint64_t n)
+{
+    pf_swiglu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(g, u, n);
+}
+
+/* a thread per 8 halves of a staged row (K and V) */
+static __global__ void pf_store_kernel(const uint16_t *__restrict__ sk, const uint16_t *__restrict__ sv,
+                                       uint16_t *__restrict__ kp, uint16_t *__restrict__ vp, cu_plane_meta meta, bool ring,
+                                       uint64_t p0, uint32_t n, uint32_t HKV, uint32_t D)
+{
+    const size_t KD = (size_t)HKV * D, per = KD / 8;
+    const size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= (size_t)n * per) return;
+    const uint32_t i = (uint32_t)(c / per), e = (uint32_t)(c % per) * 8;
+    const uint64_t p = p0 + i;
+    /* a ring keeps the last `capacity` positions; an older row of this pass is overwritten by a later one */
+    if (ring && (uint64_t)n - i > meta.capacity) return;
+    size_t dst;
+    if (ring) {
+        const uint64_t phys = (meta.origin_physical + p - meta.origin_logical) % meta.capacity;
+        dst = (size_t)phys * KD + e;
+    } else {
+        const uint32_t g = e / D, d = e % D;
+        dst = ((size_t)g * meta.capacity + p) * D + d;
+    }
+    *(uint4 *)(kp + dst) = *(const uint4 *)(sk + (size_t)i * KD + e);
+    *(uint4 *)(vp + dst) = *(const uint4 *)(sv + (size_t)i * KD + e);
+}
+
+void pf_store(cudaStream_t st, const uint16_t *sk, const uint16_t *sv, uint16_t *kp, uint16_t *vp,
+              const cu_plane_meta *meta, bool ring, uint64_t p0, uint32_t n, uint32_t HKV, uint32_t D)
+{
+    const size_t total = (size_t)n * HKV * D / 8;
+    pf_store_kernel<<<(unsigned)((total + 255) / 256), 256, 0, st>>>(sk, sv, kp, vp, *meta, ring, p0, n, HKV, D);
+}
+
+static __global__ void pf_nonfinite_kernel(const float *y, uint64_t n, int32_t *count)
+{
+    uint32_t bad = 0;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+        bad += !isfinite(y[i]);
+    bad = __reduce_add_sync(0xFFFFFFFFu, bad);
+    if ((threadIdx.x & 31) == 0 && bad) atomicAdd(count, (int32_t)bad);
+}
+
+void pf_count_nonfinite(cudaStream_t st, const float *y, uint64_t n, int32_t *d_count)
+{
+    pf_nonfinite_kernel<<<264, 256, 0, st>>>(y, n, d_count);
+}
