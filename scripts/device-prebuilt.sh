@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all),
-#                                               # and glimmer, parallel, engine, serve, skip, ab, abm,
+#                                               # and glimmer, parallel, prefill, engine, serve, skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
 # `--pack` also writes them xz-compressed (~6 MB) into .devbin-pack/ (git-ignored): carry
@@ -58,6 +58,23 @@ for step in $steps; do
         if [ -x "$D/test_rows" ]; then
             (cd "$W" && MUSER_SOURCE_DIR="$OLDPWD" timeout -k 5 200 "$OLDPWD/$D/test_rows") >"$OUT/test_rows.log" 2>&1
             note "test_rows rc=$? :: $(grep -E 'invariance|oracle|test_rows' "$OUT/test_rows.log" | tr '\n' ';')"
+        fi
+        ;;
+    prefill)
+        # the prefill route on the synthesized Glimmer: pp512 at depths 0 and 4096, one profiled call
+        # (MUSER_CUDA_PROFILE=1: time per op family), and PF_LONG=N tokens from depth 0 when set
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        timeout -k 5 150 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 16 --ctx 0,4096 --prompt 512 \
+            >"$OUT/prefill.log" 2>&1
+        note "prefill rc=$?"
+        grep '^ctx ' "$OUT/prefill.log" | sed 's/^/    /' >>"$S"
+        MUSER_CUDA_PROFILE=1 timeout -k 5 100 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 2 --ctx 0 --prompt 512 \
+            >"$OUT/prefill_profile.log" 2>&1
+        grep -A11 'prefill profile' "$OUT/prefill_profile.log" | sed 's/^/    /' >>"$S"
+        if [ -n "${PF_LONG:-}" ]; then
+            timeout -k 5 400 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 2 --ctx 0 --prompt "$PF_LONG" \
+                >"$OUT/prefill_long.log" 2>&1
+            note "prefill $PF_LONG rc=$? :: $(grep prefill "$OUT/prefill_long.log")"
         fi
         ;;
     engine)

@@ -286,6 +286,11 @@ static void run_prefill(muser_engine *e, muser_seq *q, uint32_t waiting, bool in
             if (fit < chunk) chunk = fit < 8 ? 8 : (uint32_t)fit;
             if (chunk > e->o.contended_chunk) chunk = e->o.contended_chunk;
         }
+        /* a device whose prefill call has a large fixed cost (the GPU: a GEMM tile of rows and the
+         * weights unpacked once per call) gets chunks it runs efficiently, or a prompt would crawl
+         * at a few rows per pass */
+        const uint32_t floor = e->d->prefill_rows < e->o.prefill_chunk ? e->d->prefill_rows : e->o.prefill_chunk;
+        if (chunk < floor) chunk = floor;
     }
     uint32_t c = q->n - q->done < chunk ? q->n - q->done : chunk;
     const bool last = q->done + c == q->n;

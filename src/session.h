@@ -86,6 +86,9 @@ struct muser_device {
     const muser_backend *be;
     void *be_state;
     uint32_t max_rows;        /* rows one muser_step may carry */
+    uint32_t prefill_rows;    /* the fewest rows a prefill call needs to run near its best rate (the
+                               * GPU's GEMM tile; 0: no such floor): the engine's contended chunks
+                               * take at least this many */
     uint32_t n_sessions;      /* sessions open on it */
 };
 

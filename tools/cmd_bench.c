@@ -18,8 +18,9 @@
  * --backend cuda runs the device's own decode lane instead (muser_cuda_bench: the route recorded
  * once as a CUDA graph, greedy tokens fed back on the device, no logits readback), so the numbers
  * are the device's: per depth tok/s, ms/token, weight + KV bytes per token, achieved GB/s and its
- * share of a streaming read of device memory measured in the same run. --prompt and --threads do
- * not apply to it. */
+ * share of a streaming read of device memory measured in the same run. Then the prefill route:
+ * per depth, --prompt tokens in one call after that many untimed (bench_cuda_prefill). --threads
+ * does not apply to it. */
 #include "cli.h"
 #include "cpu/kernels.h"
 #include "engine.h"

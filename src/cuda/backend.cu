@@ -987,7 +987,25 @@ struct cu_pf {
     /* the pass in flight */
     cu_seq *sq;
     float *out;                       /* host: the logits the caller wants (NULL: none) */
+    /* MUSER_CUDA_PROFILE=1: seconds per op family (each op synchronised), printed per call */
+    bool prof;
+    double prof_s[16];
 };
+
+/* The prefill route's op families, for MUSER_CUDA_PROFILE. */
+enum { PFP_EMBED, PFP_NORM, PFP_SPLIT, PFP_UNPACK, PFP_GEMM, PFP_STAGE, PFP_ATTN, PFP_ELEM, PFP_HEAD, PFP_STORE, PFP_N };
+static const char *const pfp_name[PFP_N] = {"embed", "norms+tails", "x split", "w unpack", "gemm", "qk-norm/rope/stage",
+                                            "attention", "gate+swiglu", "lm head", "kv store"};
+/* Run stmt; under MUSER_CUDA_PROFILE, wait for it and add its time to family f. */
+#define PF_T(pf, f, stmt)                                    \
+    do {                                                     \
+        const double t0_ = (pf)->prof ? muser_now_s() : 0;  \
+        stmt;                                                \
+        if ((pf)->prof) {                                    \
+            cudaStreamSynchronize(c->st);                    \
+            (pf)->prof_s[f] += muser_now_s() - t0_;          \
+        }                                                    \
+    } while (0)
 
 static void pf_free(cu_pf *pf)
 {
@@ -1050,6 +1068,8 @@ static int pf_ws(cu_ctx *c, uint32_t rows, muser_error *err)
     pf->tok = (int32_t *)(base + o_tok);
     pf->d_bad = (int32_t *)(base + o_bad);
     pf->rows = rows;
+    const char *pp = getenv("MUSER_CUDA_PROFILE");
+    pf->prof = pp && pp[0] == '1';
     c->pf = pf;
     return MUSER_OK;
 }
@@ -1106,13 +1126,13 @@ static void pfo_embed(void *be, const fwd_rows *r, bool entry_norm, float eps)
 {
     cu_ctx *c = (cu_ctx *)be;
     cudaMemcpyAsync(c->pf->tok, r->tokens, r->n * sizeof(int32_t), cudaMemcpyHostToDevice, c->st);
-    pf_embed(c->st, &c->emb, c->pf->tok, r->n, c->pf->buf[FWD_H], c->m->hp.n_embd, entry_norm, eps);
+    PF_T(c->pf, PFP_EMBED, pf_embed(c->st, &c->emb, c->pf->tok, r->n, c->pf->buf[FWD_H], c->m->hp.n_embd, entry_norm, eps));
 }
 
 static void pfo_rmsnorm(void *be, const fwd_rows *r, fwd_buf src, const muser_tensor *w, float eps, fwd_buf dst)
 {
     cu_ctx *c = (cu_ctx *)be;
-    pf_rmsnorm(c->st, c->pf->buf[src], pf_vec(c, w), eps, c->pf->buf[dst], r->n, c->pf->width[src]);
+    PF_T(c->pf, PFP_NORM, pf_rmsnorm(c->st, c->pf->buf[src], pf_vec(c, w), eps, c->pf->buf[dst], r->n, c->pf->width[src]));
 }
 
 /* y (row stride ldy) = x · mat^T for n rows: the matrix unpacked in slabs of whole GEMM tiles
@@ -1126,8 +1146,8 @@ static void pf_matmul(cu_ctx *c, const mv_mat *mat, uint32_t n, float *y, uint64
     else slab = slab / PF_TN * PF_TN;
     for (uint32_t r0 = 0; r0 < mat->rows; r0 += slab) {
         const uint32_t nr = mat->rows - r0 < slab ? mat->rows - r0 : slab;
-        pf_unpack_w(c->st, mat, r0, nr, pf->wh, pf->wl);
-        pf_gemm(c->st, pf->xh, pf->xl, pf->rs, n, pf->wh, pf->wl, nr, mat->cols, y + r0, ldy, op, scale, cap);
+        PF_T(pf, PFP_UNPACK, pf_unpack_w(c->st, mat, r0, nr, pf->wh, pf->wl));
+        PF_T(pf, PFP_GEMM, pf_gemm(c->st, pf->xh, pf->xl, pf->rs, n, pf->wh, pf->wl, nr, mat->cols, y + r0, ldy, op, scale, cap));
     }
 }
 
@@ -1135,7 +1155,7 @@ static void pfo_matmul(void *be, const fwd_rows *r, fwd_buf src, const fwd_matmu
 {
     cu_ctx *c = (cu_ctx *)be;
     cu_pf *pf = c->pf;
-    pf_split_x(c->st, pf->buf[src], pf->width[src], r->n, pf->width[src], pf->xh, pf->xl, pf->rs);
+    PF_T(pf, PFP_SPLIT, pf_split_x(c->st, pf->buf[src], pf->width[src], r->n, pf->width[src], pf->xh, pf->xl, pf->rs));
     for (uint32_t i = 0; i < n_mm; i++)
         pf_matmul(c, pf_mat(c, mm[i].w), r->n, pf->buf[mm[i].dst], pf->width[mm[i].dst], MV_OP_STORE, 1.f, 0.f);
 }
@@ -1147,8 +1167,9 @@ static void pfo_attn_stage(void *be, const fwd_rows *r, uint32_t l, const muser_
     cu_pf *pf = c->pf;
     const muser_hparams *hp = &c->m->hp;
     const size_t st = (size_t)l * pf->rows * hp->n_head_kv * hp->head_dim;
-    pf_stage(c->st, pf->buf[FWD_Q], pf->buf[FWD_K], pf->buf[FWD_V], pf_vec(c, q_norm), pf_vec(c, k_norm), eps, rope,
-             neox, c->rope_inv, r->pos[0], r->n, hp->n_head, hp->n_head_kv, hp->head_dim, pf->sk + st, pf->sv + st);
+    PF_T(pf, PFP_STAGE, pf_stage(c->st, pf->buf[FWD_Q], pf->buf[FWD_K], pf->buf[FWD_V], pf_vec(c, q_norm), pf_vec(c, k_norm),
+                                 eps, rope, neox, c->rope_inv, r->pos[0], r->n, hp->n_head, hp->n_head_kv, hp->head_dim,
+                                 pf->sk + st, pf->sv + st));
 }
 
 static void pfo_attention(void *be, const fwd_rows *r, uint32_t l, uint32_t window, float scale)
@@ -1159,20 +1180,21 @@ static void pfo_attention(void *be, const fwd_rows *r, uint32_t l, uint32_t wind
     const kv_plane *pl = &pf->sq->kv.planes[l];
     const cu_plane_meta meta = pf_meta(pl);
     const size_t st = (size_t)l * pf->rows * hp->n_head_kv * hp->head_dim;
-    pf_attention(c->st, pf->buf[FWD_Q], pf->sk + st, pf->sv + st, pf->sq->pl[l].kp, pf->sq->pl[l].vp, &meta, pl->ring,
-                 r->pos[0], r->n, window, scale, hp->n_head, hp->n_head_kv, hp->head_dim, pf->buf[FWD_O]);
+    PF_T(pf, PFP_ATTN, pf_attention(c->st, pf->buf[FWD_Q], pf->sk + st, pf->sv + st, pf->sq->pl[l].kp, pf->sq->pl[l].vp, &meta,
+                                    pl->ring, r->pos[0], r->n, window, scale, hp->n_head, hp->n_head_kv, hp->head_dim,
+                                    pf->buf[FWD_O]));
 }
 
 static void pfo_gate(void *be, const fwd_rows *r)
 {
     cu_ctx *c = (cu_ctx *)be;
-    pf_gate(c->st, c->pf->buf[FWD_O], c->pf->buf[FWD_G], (uint64_t)r->n * c->pf->width[FWD_O]);
+    PF_T(c->pf, PFP_ELEM, pf_gate(c->st, c->pf->buf[FWD_O], c->pf->buf[FWD_G], (uint64_t)r->n * c->pf->width[FWD_O]));
 }
 
 static void pfo_swiglu(void *be, const fwd_rows *r)
 {
     cu_ctx *c = (cu_ctx *)be;
-    pf_swiglu(c->st, c->pf->buf[FWD_FG], c->pf->buf[FWD_FU], (uint64_t)r->n * c->pf->width[FWD_FG]);
+    PF_T(c->pf, PFP_ELEM, pf_swiglu(c->st, c->pf->buf[FWD_FG], c->pf->buf[FWD_FU], (uint64_t)r->n * c->pf->width[FWD_FG]));
 }
 
 static void pfo_tail(void *be, const fwd_rows *r, const muser_tensor *w_post, float eps_post, const muser_tensor *w_next,
@@ -1180,8 +1202,8 @@ static void pfo_tail(void *be, const fwd_rows *r, const muser_tensor *w_post, fl
 {
     cu_ctx *c = (cu_ctx *)be;
     cu_pf *pf = c->pf;
-    pf_tail(c->st, pf->buf[FWD_SUB], pf->buf[FWD_H], pf_vec(c, w_post), eps_post, pf_vec(c, w_next), eps_next,
-            pf->buf[dst], r->n, c->m->hp.n_embd);
+    PF_T(pf, PFP_NORM, pf_tail(c->st, pf->buf[FWD_SUB], pf->buf[FWD_H], pf_vec(c, w_post), eps_post, pf_vec(c, w_next),
+                               eps_next, pf->buf[dst], r->n, c->m->hp.n_embd));
 }
 
 /* The last row: the decode route's LM head (its digits prepared from that row). Every row: the
@@ -1208,7 +1230,7 @@ static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_ten
         seg_set(&hl, head, c->logits, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(head->type));
         hl.seg[0].scale = scale;
         hl.seg[0].cap = cap;
-        mv_go(c, c->st, &hl, pf->buf[src] + (size_t)(r->n - 1) * E, 0);
+        PF_T(pf, PFP_HEAD, mv_go(c, c->st, &hl, pf->buf[src] + (size_t)(r->n - 1) * E, 0));
         y = c->logits;
     }
     const uint64_t ny = all_rows ? (uint64_t)r->n * V : V;
@@ -1243,8 +1265,8 @@ static int pfo_kv_append_staged(void *be, const fwd_rows *r, muser_error *err)
         }
         const cu_plane_meta meta = pf_meta(pl);
         const size_t st = (size_t)l * pf->rows * hp->n_head_kv * hp->head_dim;
-        pf_store(c->st, pf->sk + st, pf->sv + st, sq->pl[l].kp, sq->pl[l].vp, &meta, pl->ring, r->pos[0], r->n,
-                 hp->n_head_kv, hp->head_dim);
+        PF_T(pf, PFP_STORE, pf_store(c->st, pf->sk + st, pf->sv + st, sq->pl[l].kp, sq->pl[l].vp, &meta, pl->ring,
+                                     r->pos[0], r->n, hp->n_head_kv, hp->head_dim));
     }
     CU_TRY(cudaStreamSynchronize(c->st), "prefill KV store");
     CU_TRY(cudaGetLastError(), "prefill KV store");
@@ -1299,6 +1321,17 @@ static int pf_forward(cu_seq *sq, const int32_t *tokens, uint32_t n, uint64_t p0
         pf->sq = NULL;
         if (rc) return rc;
     }
+    if (pf->prof) { /* this call's time per family, then zeroed for the next */
+        double total = 0;
+        for (int f = 0; f < PFP_N; f++) total += pf->prof_s[f];
+        fprintf(stderr, "muser: prefill profile, %u rows from position %llu (each op synchronised): %.1f ms\n", n,
+                (unsigned long long)p0, total * 1e3);
+        for (int f = 0; f < PFP_N; f++) {
+            if (pf->prof_s[f] > 0)
+                fprintf(stderr, "  %-20s %9.2f ms  %5.1f%%\n", pfp_name[f], pf->prof_s[f] * 1e3, 100 * pf->prof_s[f] / total);
+            pf->prof_s[f] = 0;
+        }
+    }
     return MUSER_OK;
 }
 
@@ -1311,6 +1344,7 @@ static int be_dev_init(muser_device *d, muser_error *err)
     if (rc) return rc;
     d->be_state = c;
     d->max_rows = MUSER_STEP_MAX_ROWS;
+    d->prefill_rows = pf_model_ok(c) ? PF_TM : 0; /* below one GEMM tile a call costs as much as a tile */
     c->step_logits = (float *)malloc((size_t)MUSER_STEP_MAX_ROWS * d->model->hp.n_vocab * sizeof(float));
     if (!c->step_logits) {
         be_dev_free(d);

@@ -3,72 +3,82 @@
 
 #include "cuda/prefill.cuh"
 
-/* ---- weights ---------------------------------------------------------------------------------- */
-/* Element e (0..255) of row g + 8h of a Q4_KT unit (mmq.cuh's layout, the inverse of
- * mmq_repack_q4k): the same f32 arithmetic as mv_elem's Q4_K, d·sc·q − dmin·m. */
-__device__ __forceinline__ float pf_q4kt(const uint8_t *unit, uint32_t g, uint32_t h, uint32_t e)
+/* ---- weights ----------------------------------------------------------------------------------
+ * A thread unpacks 8 consecutive elements of a row. In the tensor-core layouts those 8 share one
+ * sub-block (one scale and min) and sit in two 4-byte words of the unit, so the header is decoded
+ * once per 8 weights; the arithmetic per weight is mv_elem's (Q4_K d·sc·q − dmin·m, Q6_K
+ * d·sc·(q − 32), in f32). */
+
+/* Elements e0 .. e0+7 (e0 % 8 == 0) of row g + 8h of a Q4_KT unit (mmq.cuh's layout, the inverse
+ * of mmq_repack_q4k: qs byte b = 32P + 8c + 4(t&1) + k of the GGUF block sits in lane t = 2(P&1) +
+ * (t&1) of load u4 = ci/2, word w = 2(ci&1) + h, ci = 4(P/2) + c). */
+__device__ __forceinline__ void pf_q4kt8(const uint8_t *unit, uint32_t g, uint32_t h, uint32_t e0, float out[8])
 {
-    const uint32_t qb = 32 * (e / 64) + e % 32; /* the byte of qs[128] holding e's nibble */
-    const uint32_t P = qb / 32, rem = qb % 32, c = rem / 8, t1 = (rem % 8) / 4, k = rem % 4;
-    const uint32_t G = P / 2, t = 2 * (P % 2) + t1, ci = 4 * G + c, u4 = ci / 2, w = 2 * (ci % 2) + h;
-    const uint8_t byte = unit[(u4 * 32 + 4 * g + t) * 16 + 4 * w + k];
-    const uint32_t q = (e % 64) < 32 ? (byte & 15u) : (byte >> 4);
-    /* scales: sub-block j is item q' = 2h + j/4 of header lane t' with j % 4 = 2(t'&1) + (t'>>1) */
-    const uint32_t j = e / 32, jr = j % 4, ts = 2 * (jr % 2) + jr / 2, qi = 2 * h + j / 4;
+    const uint32_t qb = 32 * (e0 / 64) + e0 % 32, P = qb / 32, c = (qb % 32) / 8;
+    const uint32_t t = 2 * (P % 2), ci = 4 * (P / 2) + c, u4 = ci / 2, w = 2 * (ci % 2) + h;
+    const uint32_t w0 = *(const uint32_t *)(unit + (u4 * 32 + 4 * g + t) * 16 + 4 * w);
+    const uint32_t w1 = *(const uint32_t *)(unit + (u4 * 32 + 4 * g + t + 1) * 16 + 4 * w);
+    const uint32_t sh = (e0 % 64) < 32 ? 0 : 4;
+    /* sub-block j is item q' = 2h + j/4 of header lane t' with j % 4 = 2(t'&1) + (t'>>1) */
+    const uint32_t j = e0 / 32, jr = j % 4, ts = 2 * (jr % 2) + jr / 2, qi = 2 * h + j / 4;
     const uint8_t *hd = unit + 2048 + 32 * g;
-    const uint32_t sw = (uint32_t)hd[8 + 4 * ts] | (uint32_t)hd[9 + 4 * ts] << 8 | (uint32_t)hd[10 + 4 * ts] << 16 |
-                        (uint32_t)hd[11 + 4 * ts] << 24;
-    const uint32_t hw = (uint32_t)hd[24 + 2 * ts] | (uint32_t)hd[25 + 2 * ts] << 8;
+    const uint32_t sw = *(const uint32_t *)(hd + 8 + 4 * ts), hw = *(const unsigned short *)(hd + 24 + 2 * ts);
     const uint32_t sc = (sw >> (6 * qi)) & 63u;
     const uint32_t mn = qi == 0 ? (sw >> 24) & 63u : qi == 1 ? hw & 63u : qi == 2 ? (hw >> 6) & 63u
                                                                           : ((sw >> 30) << 4) | (hw >> 12);
-    const float d = __half2float(__ushort_as_half((unsigned short)(hd[2 * h] | hd[2 * h + 1] << 8)));
-    const float dmin = __half2float(__ushort_as_half((unsigned short)(hd[4 + 2 * h] | hd[5 + 2 * h] << 8)));
-    return d * (float)sc * (float)q - dmin * (float)mn;
-}
-
-/* Element e of row g + 8r of a Q6_KT unit (mmq6.cuh's layout): d·sc·(q − 32), as mv_elem's Q6_K. */
-__device__ __forceinline__ float pf_q6kt(const uint8_t *unit, uint32_t g, uint32_t r, uint32_t e)
-{
-    const uint32_t c = e / 32, hh = (e % 32) / 16, t = (e % 16) / 4, i = e % 4;
-    uint32_t W[3];
+    const float d = __half2float(*(const __half *)(hd + 2 * h)), dmin = __half2float(*(const __half *)(hd + 4 + 2 * h));
 #pragma unroll
-    for (uint32_t j = 0; j < 3; j++) W[j] = unit[((2 * j + (c >> 2)) * 32 + 4 * g + t) * 16 + 4 * (c & 3) + i];
-    uint32_t Q;
-    if (hh == 0) Q = (r == 0 ? W[0] : W[1]) >> 2;
-    else if (r == 0) Q = W[2] >> 2;
-    else Q = (W[0] & 3u) | (W[1] & 3u) << 2 | (W[2] & 3u) << 4;
-    const int q = (int)(Q ^ 32u) - 32;
-    const float sc = (float)(int8_t)unit[MMQ6_SC + 32 * g + 16 * hh + 2 * c + r];
-    const float d = __half2float(
-        __ushort_as_half((unsigned short)(unit[MMQ6_D + 4 * g + 2 * r] | unit[MMQ6_D + 4 * g + 2 * r + 1] << 8)));
-    return d * sc * (float)q;
-}
-
-__device__ __forceinline__ float pf_elem(const mv_mat &m, uint32_t r, uint32_t c)
-{
-    if (m.type == MV_T_Q4_KT || m.type == MV_T_Q6_KT) {
-        const uint32_t nb = m.cols / 256, tile = r / 16, rr = r % 16;
-        if (m.type == MV_T_Q4_KT)
-            return pf_q4kt(m.data + ((size_t)tile * nb + c / 256) * MMQ_UNIT, rr & 7, rr >> 3, c % 256);
-        return pf_q6kt(m.data + ((size_t)tile * nb + c / 256) * MMQ6_UNIT, rr & 7, rr >> 3, c % 256);
+    for (int k = 0; k < 8; k++) {
+        const uint32_t q = (((k < 4 ? w0 : w1) >> (8 * (k % 4))) >> sh) & 15u;
+        out[k] = d * (float)sc * (float)q - dmin * (float)mn;
     }
-    return mv_elem(m, r, c);
 }
 
-/* A thread per 8 consecutive elements of a row. */
+/* Elements e0 .. e0+7 of row g + 8r of a Q6_KT unit (mmq6.cuh's layout): chunk c = e0/32, half
+ * hh, lanes t and t + 1 of 4 elements each; Q = q ^ 32 from the three words W0..W2. */
+__device__ __forceinline__ void pf_q6kt8(const uint8_t *unit, uint32_t g, uint32_t r, uint32_t e0, float out[8])
+{
+    const uint32_t c = e0 / 32, hh = (e0 % 32) / 16, t0 = (e0 % 16) / 4;
+    uint32_t W[2][3];
+#pragma unroll
+    for (uint32_t tt = 0; tt < 2; tt++)
+#pragma unroll
+        for (uint32_t j = 0; j < 3; j++)
+            W[tt][j] = *(const uint32_t *)(unit + ((2 * j + (c >> 2)) * 32 + 4 * g + t0 + tt) * 16 + 4 * (c & 3));
+    const float sc = (float)(int8_t)unit[MMQ6_SC + 32 * g + 16 * hh + 2 * c + r];
+    const float d = __half2float(*(const __half *)(unit + MMQ6_D + 4 * g + 2 * r));
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const uint32_t *Wk = W[k / 4], b = 8 * (k % 4);
+        uint32_t Q;
+        if (hh == 0) Q = ((r == 0 ? Wk[0] : Wk[1]) >> b & 255u) >> 2;
+        else if (r == 0) Q = (Wk[2] >> b & 255u) >> 2;
+        else Q = (Wk[0] >> b & 3u) | (Wk[1] >> b & 3u) << 2 | (Wk[2] >> b & 3u) << 4;
+        out[k] = d * sc * (float)((int)(Q ^ 32u) - 32);
+    }
+}
+
 static __global__ void pf_unpack_kernel(const mv_mat m, uint32_t r0, uint32_t nr, __half *__restrict__ wh,
                                         __half *__restrict__ wl)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per_row = m.cols / 8;
     if (i >= (size_t)nr * per_row) return;
-    const uint32_t r = (uint32_t)(i / per_row), c0 = (uint32_t)(i % per_row) * 8;
+    const uint32_t r = (uint32_t)(i / per_row), c0 = (uint32_t)(i % per_row) * 8, row = r0 + r;
+    float v[8];
+    if (m.type == MV_T_Q4_KT || m.type == MV_T_Q6_KT) {
+        const uint32_t nb = m.cols / 256, rr = row % 16;
+        const size_t unit = (size_t)(row / 16) * nb + c0 / 256;
+        if (m.type == MV_T_Q4_KT) pf_q4kt8(m.data + unit * MMQ_UNIT, rr & 7, rr >> 3, c0 % 256, v);
+        else pf_q6kt8(m.data + unit * MMQ6_UNIT, rr & 7, rr >> 3, c0 % 256, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = mv_elem(m, row, c0 + k);
+    }
     __align__(16) __half h[8], l[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        const float w = pf_elem(m, r0 + r, c0 + k);
-        h[k] = __float2half_rn(w);
-        l[k] = __float2half_rn(w - __half2float(h[k]));
+        h[k] = __float2half_rn(v[k]);
+        l[k] = __float2half_rn(v[k] - __half2float(h[k]));
     }
     *(uint4 *)(wh + (size_t)r * m.cols + c0) = *(const uint4 *)h;
     *(uint4 *)(wl + (size_t)r * m.cols + c0) = *(const uint4 *)l;
@@ -142,15 +152,21 @@ void pf_split_x(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint3
 }
 
 /* ---- the GEMM ----------------------------------------------------------------------------------
- * CTA tile PF_TM rows of x × PF_TN rows of w, k in steps of 32, a 3-stage cp.async pipeline; 8
- * warps as 2 (x rows) × 4 (w rows), each 32 × 32: 2 × 4 mma tiles of m16n8k16, three products per
- * tile and k-step (hh, hl, lh) into one f32 accumulator, in that order. Rows past n or M are
- * zero-filled in shared memory and never stored. */
+ * CTA tile PF_TM rows of x × PF_TN rows of w, k in steps of 32, a 2-stage cp.async pipeline; 8
+ * warps as 2 (x rows) × 4 (w rows), each (PF_TM/2) × 32: PF_TM/32 × 4 mma tiles of m16n8k16,
+ * three products per tile and k-step (hh, hl, lh) into one f32 accumulator, in that order. x
+ * tiles are the grid's fastest index, so the CTAs that read one w tile run together and w comes
+ * from DRAM about once. Rows past n or M are zero-filled in shared memory and never stored. */
 #define PF_BK 32
 #define PF_LD (PF_BK + 8) /* halves per shared row: 80 bytes, so ldmatrix's 8 rows hit 8 distinct 16-byte slots */
-#define PF_STAGES 3
+/* Two stages of 40 KB so that two CTAs (123 registers a thread) share an SM: 6% faster on
+ * Glimmer's pp512 than three stages at one CTA per SM, and than 64-row x tiles at three stages
+ * (bench/RESULTS.md, "Prefill on the GPU"). */
+#define PF_STAGES 2
+#define PF_MT (PF_TM / 32) /* m16 tiles per warp */
 #define PF_STAGE_HALVES (2 * PF_TM * PF_LD + 2 * PF_TN * PF_LD)
 #define PF_SMEM ((size_t)PF_STAGES * PF_STAGE_HALVES * sizeof(__half))
+#define PF_MINB 2
 
 __device__ __forceinline__ void pf_cp16(void *smem, const void *gmem, bool valid)
 {
@@ -189,7 +205,7 @@ struct pf_gemm_args {
 __device__ __forceinline__ void pf_load_stage(const pf_gemm_args &A, __half *sm, uint32_t m0, uint32_t n0, uint32_t k0)
 {
     __half *ah = sm, *al = ah + PF_TM * PF_LD, *bh = al + PF_TM * PF_LD, *bl = bh + PF_TN * PF_LD;
-    /* 16-byte chunks: 4 per 32-half row; x: PF_TM rows × 4 × 2 tiles, w: PF_TN rows × 4 × 2 */
+    /* 16-byte chunks: 4 per 32-half row */
     for (uint32_t c = threadIdx.x; c < PF_TM * 4; c += blockDim.x) {
         const uint32_t r = c / 4, q = c % 4, row = m0 + r;
         const bool ok = row < A.n;
@@ -206,16 +222,16 @@ __device__ __forceinline__ void pf_load_stage(const pf_gemm_args &A, __half *sm,
     }
 }
 
-static __global__ void __launch_bounds__(256, 2) pf_gemm_kernel(const pf_gemm_args A)
+static __global__ void __launch_bounds__(256, PF_MINB) pf_gemm_kernel(const pf_gemm_args A)
 {
     extern __shared__ __align__(16) __half pf_sm[];
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const uint32_t wm = wid / 4, wn = wid % 4; /* warp's 32 x rows and 32 w rows */
-    const uint32_t n0 = blockIdx.x * PF_TN, m0 = blockIdx.y * PF_TM;
+    const uint32_t wm = wid / 4, wn = wid % 4; /* the warp's PF_TM/2 x rows and 32 w rows */
+    const uint32_t n0 = blockIdx.y * PF_TN, m0 = blockIdx.x * PF_TM;
     const uint32_t KT = A.K / PF_BK;
-    float acc[2][4][4];
+    float acc[PF_MT][4][4];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < PF_MT; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -235,13 +251,6 @@ static __global__ void __launch_bounds__(256, 2) pf_gemm_kernel(const pf_gemm_ar
         const __half *ah = sm, *al = ah + PF_TM * PF_LD, *bh = al + PF_TM * PF_LD, *bl = bh + PF_TN * PF_LD;
 #pragma unroll
         for (uint32_t kk = 0; kk < PF_BK; kk += 16) {
-            uint32_t xa[2][2][4]; /* [m tile][hi, lo] */
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const uint32_t r = wm * 32 + i * 16 + (lane % 16), c = kk + (lane / 16) * 8;
-                pf_ldsm_x4(xa[i][0], ah + r * PF_LD + c);
-                pf_ldsm_x4(xa[i][1], al + r * PF_LD + c);
-            }
             uint32_t wb[2][2][4]; /* [pair of n tiles][hi, lo]: b0, b1 of tile 2p, then of 2p + 1 */
 #pragma unroll
             for (int p = 0; p < 2; p++) {
@@ -250,23 +259,28 @@ static __global__ void __launch_bounds__(256, 2) pf_gemm_kernel(const pf_gemm_ar
                 pf_ldsm_x4(wb[p][1], bl + r * PF_LD + c);
             }
 #pragma unroll
-            for (int i = 0; i < 2; i++)
+            for (int i = 0; i < PF_MT; i++) {
+                uint32_t xa[2][4]; /* hi, lo */
+                const uint32_t r = wm * (PF_TM / 2) + i * 16 + (lane % 16), c = kk + (lane / 16) * 8;
+                pf_ldsm_x4(xa[0], ah + r * PF_LD + c);
+                pf_ldsm_x4(xa[1], al + r * PF_LD + c);
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const int p = j / 2, o = 2 * (j % 2);
-                    pf_mma(acc[i][j], xa[i][0], wb[p][0][o], wb[p][0][o + 1]); /* hi · hi */
-                    pf_mma(acc[i][j], xa[i][0], wb[p][1][o], wb[p][1][o + 1]); /* hi · lo */
-                    pf_mma(acc[i][j], xa[i][1], wb[p][0][o], wb[p][0][o + 1]); /* lo · hi */
+                    pf_mma(acc[i][j], xa[0], wb[p][0][o], wb[p][0][o + 1]); /* hi · hi */
+                    pf_mma(acc[i][j], xa[0], wb[p][1][o], wb[p][1][o + 1]); /* hi · lo */
+                    pf_mma(acc[i][j], xa[1], wb[p][0][o], wb[p][0][o + 1]); /* lo · hi */
                 }
+            }
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     const uint32_t g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < PF_MT; i++)
 #pragma unroll
         for (int hlf = 0; hlf < 2; hlf++) {
-            const uint32_t row = m0 + wm * 32 + i * 16 + g + 8 * hlf;
+            const uint32_t row = m0 + wm * (PF_TM / 2) + i * 16 + g + 8 * hlf;
             if (row >= A.n) continue;
             const float s = A.rs[row];
             float *yr = A.y + (size_t)row * A.ldy;
@@ -308,7 +322,7 @@ void pf_gemm(cudaStream_t st, const __half *xh, const __half *xl, const float *r
     A.op = op;
     A.scale = scale;
     A.cap = cap;
-    const dim3 grid((M + PF_TN - 1) / PF_TN, (n + PF_TM - 1) / PF_TM);
+    const dim3 grid((n + PF_TM - 1) / PF_TM, (M + PF_TN - 1) / PF_TN);
     pf_gemm_kernel<<<grid, 256, PF_SMEM, st>>>(A);
 }
 

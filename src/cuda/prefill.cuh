@@ -19,7 +19,7 @@
 #include "cuda/ops.cuh"
 
 /* Rows of one GEMM tile (the chunk's rows) and of its weight tile. */
-#define PF_TM 64
+#define PF_TM 128
 #define PF_TN 128
 
 /* Whether the prefill GEMM takes a matrix of this shape: K a multiple of 32. */
