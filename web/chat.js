@@ -15,6 +15,7 @@ const state = {
   key: sessionStorage.getItem(KEY_STORE) || "",
   model: null, // the /v1/models entry
   history: [], // {role, content} of the conversation's finished turns
+  conversation: 0, // counts new chats: a reply that ends after one is not part of the new one
   busy: null, // the AbortController of the reply in flight
 };
 
@@ -217,6 +218,11 @@ class ReplyView {
     this.body.append(document.createTextNode(text));
   }
 
+  end() { // the bytes of a character the reply did not finish
+    const rest = this.decoder.decode();
+    if (rest) this.addText(rest);
+  }
+
   // ttft and the rate in ms / tok/s (null: not known yet); finish: stop, length, stopped, error
   showStats({ ttft, tps, n, finish }) {
     const parts = [];
@@ -284,6 +290,7 @@ async function send(text) {
   };
   for (const k of ["temperature", "top_p", "max_tokens", "seed", "top_logprobs"]) if (s[k] !== undefined) body[k] = s[k];
 
+  const conversation = state.conversation;
   const user = addUser(text);
   const view = new ReplyView();
   const ctl = new AbortController();
@@ -328,11 +335,14 @@ async function send(text) {
     });
     if (!r.finish) throw new ApiError(0, "the stream ended before the reply did (did the server stop?)");
   } catch (e) {
-    if (ctl.signal.aborted) r.finish = "stopped";
-    else error = e instanceof ApiError ? e : new ApiError(0, `cannot reach the server: ${e.message}`);
+    if (ctl.signal.aborted) r.finish = r.finish || "stopped";
+    else if (e instanceof ApiError) error = e;
+    else error = new ApiError(0, e instanceof TypeError ? `cannot reach the server: ${e.message}` : `a bad reply from the server: ${e.message}`);
   } finally {
     setBusy(null);
   }
+  view.end();
+  if (conversation !== state.conversation) return; // a new chat began meanwhile
   if (error) {
     r.finish = r.finish || "error";
     addError(error);
@@ -471,6 +481,7 @@ $("stop").addEventListener("click", () => {
 $("new-chat").addEventListener("click", () => {
   if (state.busy) state.busy.abort();
   state.history = [];
+  state.conversation++;
   hideTip();
   log.querySelectorAll(".msg").forEach((m) => m.remove());
   $("empty").hidden = false;

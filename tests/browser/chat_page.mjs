@@ -68,6 +68,22 @@ function watch(page) {
   return errors;
 }
 
+// Clicks the button with that id from inside the page as the newest reply shows its n-th token
+// (at once, unlike a click from outside that a fast reply would outrun).
+function clickAtToken(page, id, n) {
+  return page.evaluate(([id, n]) => {
+    const log = document.getElementById("log");
+    const obs = new MutationObserver(() => {
+      const m = [...log.querySelectorAll(".msg.assistant")].pop();
+      if (m && m.querySelectorAll(".tok").length >= n) {
+        obs.disconnect();
+        document.getElementById(id).click();
+      }
+    });
+    obs.observe(log, { childList: true, subtree: true });
+  }, [id, n]);
+}
+
 async function settings(page, s) {
   for (const [id, v] of Object.entries(s)) await page.fill(`#${id}`, String(v));
 }
@@ -239,17 +255,7 @@ async function desktop(browser) {
   let stopped = null;
   for (let attempt = 1; attempt <= 3 && !stopped; attempt++) {
     const cancelled0 = await metric(A, CANCELLED);
-    await page.evaluate(() => {
-      const log = document.getElementById("log");
-      const obs = new MutationObserver(() => {
-        const m = [...log.querySelectorAll(".msg.assistant")].pop();
-        if (m && m.querySelectorAll(".tok").length >= 3) {
-          obs.disconnect();
-          document.getElementById("stop").click();
-        }
-      });
-      obs.observe(log, { childList: true, subtree: true });
-    });
+    await clickAtToken(page, "stop", 3);
     check(await page.isHidden("#stop"), "the stop button shows with no reply running");
     await page.fill("#input", "Tell me a long story.");
     await page.press("#input", "Enter");
@@ -268,6 +274,17 @@ async function desktop(browser) {
   check(stopped.toks.length < 400, `stop: ${stopped.toks.length} tokens shown of 400`);
   check(await page.isVisible("#send"), "stop: the send button is not back");
   ok(`stop: the reply ends 'stopped' after ${stopped.toks.length} tokens; the server counts it cancelled and muser_requests_running is 0`);
+
+  // a new chat while a reply streams: that reply is no part of the new conversation
+  await clickAtToken(page, "new-chat", 3);
+  await page.fill("#input", "Tell me a long story.");
+  await page.press("#input", "Enter");
+  await page.waitForFunction(() => !document.querySelector(".msg") && !document.getElementById("send").hidden, null, { timeout: WAIT });
+  await settings(page, { max_tokens: 12 });
+  await say(page, q1);
+  const w3 = await chat(A, { messages: [{ role: "user", content: q1 }], temperature: 0, top_p: 1, max_tokens: 12, top_logprobs: 5, logprobs: true });
+  sameReply(await lastReply(page), w3.json, "after a new chat during a reply");
+  ok("a new chat during a reply: the next request carries none of it");
 
   check(!errors.length, `the page logged errors:\n${errors.join("\n")}`);
   await ctx.close();
