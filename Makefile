@@ -24,7 +24,8 @@ build: configure
 run: build
 	./$(BUILD)/muser run -n 120 --temp 0.7 --seed $(or $(SEED),4) -p "$(or $(PROMPT),The Lord is my shepherd;)"
 
-test: build
+# deps first: an existing build directory still gets the test-only packages (Chromium).
+test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 1800
 
 # ASan + UBSan build of the whole suite (CUDA off).

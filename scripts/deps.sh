@@ -7,16 +7,29 @@ libcjson-dev libmicrohttpd-dev libedit-dev"
 # node + npm run the tiktoken comparison test (tests/cli_tiktoken.sh skips without them). A node
 # installed some other way (e.g. nodesource's nodejs, which conflicts with Debian's npm) is kept.
 command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
+# Chromium runs the chat page's browser test (tests/cli_serve_browser.sh skips without it): installed
+# as root with the rest; without root its absence is only reported, it does not stop the build.
+TEST_PKGS="chromium"
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=""
 for p in $PKGS; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+    installed "$p" || missing="$missing $p"
 done
-[ -z "$missing" ] && exit 0
+missing_test=""
+for p in $TEST_PKGS; do
+    installed "$p" || missing_test="$missing_test $p"
+done
+[ -z "$missing$missing_test" ] && exit 0
 if [ "$(id -u)" != 0 ]; then
-    echo "muser: missing Debian packages:$missing" >&2
-    echo "run as root:  apt-get update && apt-get install -y$missing" >&2
+    if [ -z "$missing" ]; then
+        echo "muser: the browser test skips without$missing_test; run as root:  apt-get install -y$missing_test" >&2
+        exit 0
+    fi
+    echo "muser: missing Debian packages:$missing$missing_test" >&2
+    echo "run as root:  apt-get update && apt-get install -y$missing$missing_test" >&2
     exit 1
 fi
+missing="$missing$missing_test"
 echo "muser: installing$missing" >&2
 export DEBIAN_FRONTEND=noninteractive
 if [ ! -f /var/lib/apt/periodic/muser-updated ]; then

@@ -1,5 +1,5 @@
 # cli_serve.sh — `muser serve` end to end on the trained default model, over loopback with curl:
-# every route, streaming (SSE, [DONE], usage), stop strings held back and never leaked, logprobs,
+# every route and the chat page's files, streaming (SSE, [DONE], usage), stop strings held back and never leaked, logprobs,
 # the prefix cache (a warm prompt gives the cold bytes), the error cases (malformed JSON, wrong types, unknown fields, context too long, ranges, 413,
 # 404, 405, 401 with an API key, 429), 16 parallel streaming clients whose text and logprobs equal
 # the same requests run one at a time with the same seeds, a disconnect mid-stream freeing its
@@ -29,7 +29,20 @@ post() { curl -s -o "$DIR/body" -w '%{http_code}' -H 'Content-Type: application/
 
 start --slots 4 -t 2
 [ "$(curl -s "$U/health")" = '{"status":"ok"}' ] || fail "health"
-curl -s "$U/v1/models" | grep -q '"context_length":512' || fail "models: context length"
+curl -s "$U/v1/models" >"$DIR/models"
+grep -q '"context_length":512' "$DIR/models" || fail "models: context length: $(cat "$DIR/models")"
+grep -q '"backend":"cpu"' "$DIR/models" || fail "models: backend: $(cat "$DIR/models")"
+grep -q '"slots":4' "$DIR/models" || fail "models: slots: $(cat "$DIR/models")"
+# the chat page (web/, embedded): its files with their types and a strict CSP; GET only
+curl -s -D "$DIR/page.h" -o "$DIR/page" "$U/"
+grep -qi '^content-type: text/html; charset=utf-8' "$DIR/page.h" || fail "GET /: $(cat "$DIR/page.h")"
+grep -qi "^content-security-policy: default-src 'none'; script-src 'self'" "$DIR/page.h" || fail "GET /: no CSP: $(cat "$DIR/page.h")"
+cmp -s "$DIR/page" "$MUSER_SOURCE_DIR/web/index.html" || fail "GET / is not web/index.html"
+curl -s -D "$DIR/js.h" -o "$DIR/js" "$U/chat.js"
+grep -qi '^content-type: text/javascript' "$DIR/js.h" && cmp -s "$DIR/js" "$MUSER_SOURCE_DIR/web/chat.js" || fail "GET /chat.js"
+[ "$(curl -s -o /dev/null -w '%{http_code} %{content_type}' "$U/chat.css")" = "200 text/css; charset=utf-8" ] || fail "GET /chat.css"
+[ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$U/")" = 405 ] || fail "POST / is not 405"
+echo "chat page: /, /chat.js, /chat.css with their types and CSP; /v1/models: context_length, backend, slots"
 
 # completions, greedy, logprobs with alternatives
 code=$(post "$U/v1/completions" -d '{"prompt":"The Lord is my shepherd;","max_tokens":16,"temperature":0,"logprobs":3}')
@@ -146,6 +159,7 @@ start --slots 1 --queue 0 --api-key sesame -t 2
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sesamf' "$U/v1/models")" = 401 ] || fail "wrong key"
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sesame' "$U/v1/models")" = 200 ] || fail "the key"
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/health")" = 200 ] || fail "health needs no key"
+[ "$(curl -s -o /dev/null -w '%{http_code} %{content_type}' "$U/")" = "200 text/html; charset=utf-8" ] || fail "the page needs no key"
 c=none
 for attempt in 1 2 3 4 5; do # a long request holds the one slot (it may end early at an end token: retry)
     curl -sN -H 'Authorization: Bearer sesame' "$U/v1/completions" \

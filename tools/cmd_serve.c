@@ -7,10 +7,12 @@
  * produced by MHD's content reader, token by token; a client that goes away makes MHD free the
  * reader, which cancels the sequence and frees its slot. SIGTERM (or SIGINT) stops accepting,
  * waits up to --drain seconds for running requests, cancels the rest and exits 0.
+ * GET / and its files are the chat page (web/, embedded at build time: serve_page.h).
  * docs/serve.md lists the routes, fields, errors and metrics. */
 #include "chat_template.h"
 #include "cli.h"
 #include "generate.h"
+#include "serve_page.h"
 #include "serve_req.h"
 #include "util.h"
 
@@ -99,6 +101,23 @@ static enum MHD_Result reply(struct MHD_Connection *c, int status, const char *t
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(r, "Content-Type", type);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+/* A file of the chat page, from the binary. The policy lets the page load its own files only and
+ * talk to this server only: no inline script or style, nothing from elsewhere, no framing. */
+static enum MHD_Result reply_page(struct MHD_Connection *c, const web_file *f)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(f->size, (void *)f->data, MHD_RESPMEM_PERSISTENT);
+    MHD_add_response_header(r, "Content-Type", f->content_type);
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                            "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result rc = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r);
     return rc;
 }
@@ -961,6 +980,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     const bool post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
+    const web_file *page = web_file_find(url);
+    if (page) { /* no key: the page asks for one; served while the model loads */
+        if (!get && strcmp(method, "HEAD")) return simple_error(c, 405, "invalid_request_error", "method_not_allowed", "use GET");
+        return reply_page(c, page);
+    }
     if (!strcmp(url, "/health")) {
         if (!get) return simple_error(c, 405, "invalid_request_error", "method_not_allowed", "use GET");
         return sv->ready ? reply(c, 200, "application/json", strdup("{\"status\":\"ok\"}"))
@@ -1022,8 +1046,9 @@ static void serve_help(FILE *f)
     fprintf(f, "usage: muser serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--slots N] [--ctx N]\n"
                "                   [--api-key KEY | --api-key-file F] [options]\n\n"
                "An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions,\n"
-               "/tokenize, /detokenize; GET /v1/models, /health, /metrics. The decode steps of all\n"
-               "running requests share passes; a request's output does not depend on its neighbours.\n\n"
+               "/tokenize, /detokenize; GET /v1/models, /health, /metrics, and a chat page at /.\n"
+               "The decode steps of all running requests share passes; a request's output does not\n"
+               "depend on its neighbours.\n\n"
                "options:\n"
                "  --host ADDR             IPv4 address to listen on (default 127.0.0.1)\n"
                "  --port N                TCP port (default 8080; 0: any free one, printed)\n"
