@@ -659,7 +659,7 @@ int cmd_bench(int argc, char **argv)
     cpu_kernels kn; /* the table the CPU engine picks (cpuid, MUSER_SIMD), for the report */
     cpu_kernels_init(&kn, false);
     printf("backend %s, %u threads, simd %s; bandwidth %.2f GB/s (%s, %u threads)\n",
-           muser_backend_name((muser_backend_kind)o.backend), threads, kn.simd ? "avx2" : "scalar",
+           muser_backend_name((muser_backend_kind)o.backend), threads, kn.level,
            bw, bw_name, threads);
     int rc = 0;
     for (uint32_t c = 0; c < o.n_ctx && rc == 0; c++)

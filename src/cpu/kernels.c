@@ -773,23 +773,55 @@ static TGT_INLINE void gemm_mk(int MR, const float *X, const float *P, uint64_t 
     }
 }
 
-static TGT void gemm_panel_avx2(const float *Xp, uint64_t m, const float *panel, uint64_t K,
-                                float *C, uint64_t ldc, uint32_t nc)
-{
-    for (uint64_t i = 0, r; i < m; i += r) {
-        r = gemm_group(m, i);
-        const float *X = Xp + i * K;
-        float *Ci = C + i * ldc;
-        switch (r) {
-        case 6: gemm_mk(6, X, panel, K, Ci, ldc, nc); break;
-        case 5: gemm_mk(5, X, panel, K, Ci, ldc, nc); break;
-        case 4: gemm_mk(4, X, panel, K, Ci, ldc, nc); break;
-        case 3: gemm_mk(3, X, panel, K, Ci, ldc, nc); break;
-        case 2: gemm_mk(2, X, panel, K, Ci, ldc, nc); break;
-        default: gemm_mk(1, X, panel, K, Ci, ldc, nc); break;
-        }
+/* A GEMM over the chunk's row groups (gemm_group) with micro-kernel MK, each group size its own
+ * instance (MR a constant, so the accumulators stay in registers). */
+#define GEMM_PANEL_FN(ATTR, NAME, MK)                                                              \
+    static ATTR void NAME(const float *Xp, uint64_t m, const float *panel, uint64_t K, float *C,  \
+                          uint64_t ldc, uint32_t nc)                                               \
+    {                                                                                              \
+        for (uint64_t i = 0, r; i < m; i += r) {                                                   \
+            r = gemm_group(m, i);                                                                  \
+            const float *X = Xp + i * K;                                                           \
+            float *Ci = C + i * ldc;                                                               \
+            switch (r) {                                                                           \
+            case 6: MK(6, X, panel, K, Ci, ldc, nc); break;                                        \
+            case 5: MK(5, X, panel, K, Ci, ldc, nc); break;                                        \
+            case 4: MK(4, X, panel, K, Ci, ldc, nc); break;                                        \
+            case 3: MK(3, X, panel, K, Ci, ldc, nc); break;                                        \
+            case 2: MK(2, X, panel, K, Ci, ldc, nc); break;                                        \
+            default: MK(1, X, panel, K, Ci, ldc, nc); break;                                       \
+            }                                                                                      \
+        }                                                                                          \
     }
+GEMM_PANEL_FN(TGT, gemm_panel_avx2, gemm_mk)
+
+/* ---- AVX-512F: the GEMM micro-kernel at twice the width ----
+ * One zmm holds a panel row's 16 outputs, so MR rows keep MR accumulators; each is the same
+ * sequential FMA chain over K as gemm_mk's two ymm halves (the same operations on every output,
+ * in the same order), so the two give the same bits and only the width differs. */
+#define TGT512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define TGT512_INLINE __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline
+
+static TGT512_INLINE void gemm_mk512(int MR, const float *X, const float *P, uint64_t K, float *C, uint64_t ldc,
+                                     uint32_t nc)
+{
+    __m512 c[CPU_MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+        c[i] = _mm512_setzero_ps();
+    for (uint64_t k = 0; k < K; k++) {
+        const __m512 w = _mm512_loadu_ps(P + k * CPU_PANEL);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++)
+            c[i] = _mm512_fmadd_ps(_mm512_set1_ps(X[k * MR + i]), w, c[i]);
+    }
+    const __mmask16 keep = (__mmask16)((1u << nc) - 1u);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+        _mm512_mask_storeu_ps(C + (uint64_t)i * ldc, keep, c[i]);
 }
+
+GEMM_PANEL_FN(TGT512, gemm_panel_avx512, gemm_mk512)
 
 static TGT void axpy_f16_avx2(float *o, float p, const uint16_t *v, uint32_t n)
 {
@@ -903,6 +935,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
 {
     *k = (cpu_kernels){
         .simd = false,
+        .level = "scalar",
         .xsums = xsums_scalar,
         .dot_row = dot_row_scalar,
         .dot_rows = dot_rows_scalar,
@@ -929,6 +962,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         return;
     *k = (cpu_kernels){
         .simd = true,
+        .level = "avx2",
         .xsums = xsums_avx2,
         .dot_row = dot_row_avx2,
         .dot_rows = dot_rows_avx2,
@@ -945,6 +979,11 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         .sigmoid_gate = sigmoid_gate_avx2,
         .logit_finish = logit_finish_avx2,
     };
+    /* AVX-512F widens the GEMM (MUSER_SIMD=avx2 keeps the AVX2 table, for tests) */
+    if (__builtin_cpu_supports("avx512f") && !(env && !strcmp(env, "avx2"))) {
+        k->level = "avx512";
+        k->gemm_panel = gemm_panel_avx512;
+    }
 #else
     (void)force_scalar;
 #endif
