@@ -108,26 +108,28 @@ static int unpack_panel_scalar(uint32_t type, const uint8_t *row0, uint64_t row_
  * or 2 rows would have only 2 or 4 independent FMA chains (latency-bound at a quarter or half of
  * peak): it is taken with the last full group as 4 + 3 or 4 + 4 rows instead. Every output is
  * one sequential sum over K whatever its group, so the grouping changes no bits. */
-static uint64_t gemm_group(uint64_t m, uint64_t i)
+static uint64_t gemm_group_mr(uint64_t m, uint64_t i, uint64_t mr)
 {
     uint64_t full = m;
-    if (m > CPU_MR && m % CPU_MR != 0 && m % CPU_MR <= 2)
-        full = m - CPU_MR - m % CPU_MR;
-    if (i + CPU_MR <= full)
-        return CPU_MR;
-    return m - i > CPU_MR ? 4 : m - i;
+    if (m > mr && m % mr != 0 && m % mr <= 2)
+        full = m - mr - m % mr;
+    if (i + mr <= full)
+        return mr;
+    return m - i > mr ? 4 : m - i;
 }
+static uint64_t gemm_group(uint64_t m, uint64_t i) { return gemm_group_mr(m, i, CPU_MR); }
 
-static void pack_x(const float *X, uint64_t ldx, uint64_t m, uint64_t K, float *Xp)
+static void pack_x_mr(const float *X, uint64_t ldx, uint64_t m, uint64_t K, float *Xp, uint64_t mr)
 {
     for (uint64_t i = 0, r; i < m; i += r) {
-        r = gemm_group(m, i);
+        r = gemm_group_mr(m, i, mr);
         float *dst = Xp + i * K;
         for (uint64_t k = 0; k < K; k++)
             for (uint64_t ii = 0; ii < r; ii++)
                 dst[k * r + ii] = X[(i + ii) * ldx + k];
     }
 }
+static void pack_x(const float *X, uint64_t ldx, uint64_t m, uint64_t K, float *Xp) { pack_x_mr(X, ldx, m, K, Xp, CPU_MR); }
 
 static void gemm_panel_scalar(const float *Xp, uint64_t m, const float *panel, uint64_t K,
                               float *C, uint64_t ldc, uint32_t nc)
@@ -798,30 +800,56 @@ GEMM_PANEL_FN(TGT, gemm_panel_avx2, gemm_mk)
 /* ---- AVX-512F: the GEMM micro-kernel at twice the width ----
  * One zmm holds a panel row's 16 outputs, so MR rows keep MR accumulators; each is the same
  * sequential FMA chain over K as gemm_mk's two ymm halves (the same operations on every output,
- * in the same order), so the two give the same bits and only the width differs. */
+ * in the same order), so the two give the same bits and only the width differs. Groups of up to
+ * CPU_MR512 rows (its own pack_x grouping: which rows share a call changes no bits) keep 12
+ * chains in flight, as gemm_mk's 6 × 2 do. */
+#define CPU_MR512 12
 #define TGT512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #define TGT512_INLINE __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline
 
 static TGT512_INLINE void gemm_mk512(int MR, const float *X, const float *P, uint64_t K, float *C, uint64_t ldc,
                                      uint32_t nc)
 {
-    __m512 c[CPU_MR];
-#pragma GCC unroll 8
+    __m512 c[CPU_MR512];
+#pragma GCC unroll 12
     for (int i = 0; i < MR; i++)
         c[i] = _mm512_setzero_ps();
     for (uint64_t k = 0; k < K; k++) {
         const __m512 w = _mm512_loadu_ps(P + k * CPU_PANEL);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
         for (int i = 0; i < MR; i++)
             c[i] = _mm512_fmadd_ps(_mm512_set1_ps(X[k * MR + i]), w, c[i]);
     }
     const __mmask16 keep = (__mmask16)((1u << nc) - 1u);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int i = 0; i < MR; i++)
         _mm512_mask_storeu_ps(C + (uint64_t)i * ldc, keep, c[i]);
 }
 
-GEMM_PANEL_FN(TGT512, gemm_panel_avx512, gemm_mk512)
+static TGT512 void gemm_panel_avx512(const float *Xp, uint64_t m, const float *panel, uint64_t K, float *C,
+                                     uint64_t ldc, uint32_t nc)
+{
+    for (uint64_t i = 0, r; i < m; i += r) {
+        r = gemm_group_mr(m, i, CPU_MR512);
+        const float *X = Xp + i * K;
+        float *Ci = C + i * ldc;
+        switch (r) {
+        case 12: gemm_mk512(12, X, panel, K, Ci, ldc, nc); break;
+        case 11: gemm_mk512(11, X, panel, K, Ci, ldc, nc); break;
+        case 10: gemm_mk512(10, X, panel, K, Ci, ldc, nc); break;
+        case 9: gemm_mk512(9, X, panel, K, Ci, ldc, nc); break;
+        case 8: gemm_mk512(8, X, panel, K, Ci, ldc, nc); break;
+        case 7: gemm_mk512(7, X, panel, K, Ci, ldc, nc); break;
+        case 6: gemm_mk512(6, X, panel, K, Ci, ldc, nc); break;
+        case 5: gemm_mk512(5, X, panel, K, Ci, ldc, nc); break;
+        case 4: gemm_mk512(4, X, panel, K, Ci, ldc, nc); break;
+        case 3: gemm_mk512(3, X, panel, K, Ci, ldc, nc); break;
+        case 2: gemm_mk512(2, X, panel, K, Ci, ldc, nc); break;
+        default: gemm_mk512(1, X, panel, K, Ci, ldc, nc); break;
+        }
+    }
+}
+static void pack_x12(const float *X, uint64_t ldx, uint64_t m, uint64_t K, float *Xp) { pack_x_mr(X, ldx, m, K, Xp, CPU_MR512); }
 
 static TGT void axpy_f16_avx2(float *o, float p, const uint16_t *v, uint32_t n)
 {
@@ -982,6 +1010,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
     /* AVX-512F widens the GEMM (MUSER_SIMD=avx2 keeps the AVX2 table, for tests) */
     if (__builtin_cpu_supports("avx512f") && !(env && !strcmp(env, "avx2"))) {
         k->level = "avx512";
+        k->pack_x = pack_x12;
         k->gemm_panel = gemm_panel_avx512;
     }
 #else
