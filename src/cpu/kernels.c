@@ -337,6 +337,41 @@ static TGT_INLINE void q4k_scales_vec(const uint8_t *blk, __m256 *dsc, __m256 *d
                              _mm256_and_si256(_mm256_srli_epi32(H_, 2), m30));                 \
     } while (0)
 
+/* Block b of a Q6_K row: prefetch ahead, its 16 scales times d as two vectors of 8 (ds), and each
+ * input's −32 term (offs[r] += ds · the input's 16-sums). */
+static TGT_INLINE void q6k_block_head(const uint8_t *blk, uint64_t b, const cpu_xsums *xs, const int R, __m256 ds[2],
+                                      __m256 *offs)
+{
+    _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
+    _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
+    _mm_prefetch((const char *)blk + CPU_PREFETCH + 192, _MM_HINT_T0);
+    const __m256 d = _mm256_set1_ps(f16_at(blk + 208));
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
+    ds[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
+    ds[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), d);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        offs[r] = _mm256_fmadd_ps(ds[0], _mm256_loadu_ps(xs[r].s16 + b * 16), offs[r]);
+        offs[r] = _mm256_fmadd_ps(ds[1], _mm256_loadu_ps(xs[r].s16 + b * 16 + 8), offs[r]);
+    }
+}
+
+/* The four quarters' 6-bit quants of half n of a Q6_K block, every byte of a lane at once:
+ * ql[0..32), ql[32..64) and qh[0..32) of the half are one load each (A, B, H). */
+static TGT_INLINE void q6k_quarters(const uint8_t *blk, int n, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi32(0x0F0F0F0F), m30 = _mm256_set1_epi32(0x30303030);
+    const uint8_t *QL = blk + 64 * n, *QH = blk + 128 + 32 * n;
+    const __m256i A = _mm256_loadu_si256((const __m256i *)(const void *)QL);
+    const __m256i B = _mm256_loadu_si256((const __m256i *)(const void *)(QL + 32));
+    const __m256i H = _mm256_loadu_si256((const __m256i *)(const void *)QH);
+    q[0] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_and_si256(_mm256_slli_epi32(H, 4), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_and_si256(_mm256_slli_epi32(H, 2), m30));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(A, 4), m4), _mm256_and_si256(H, m30));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(B, 4), m4), _mm256_and_si256(_mm256_srli_epi32(H, 2), m30));
+}
+
 /* ---- one weight row against several inputs (the small-batch route) ----
  * dot_q4k_avx2 / dot_q6k_avx2 with the weight unpacking done once for R inputs: each input's
  * products, accumulators and final sums are the single dot's, in its order (no reassociation: the
@@ -406,7 +441,6 @@ static TGT_INLINE void dot_q4k_multi(const uint8_t *row, const cpu_xsums *xs, co
 static TGT_INLINE void dot_q6k_multi(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
                                      uint64_t ldo)
 {
-    const __m256i m4 = _mm256_set1_epi32(0x0F0F0F0F), m30 = _mm256_set1_epi32(0x30303030);
     const __m256i k0 = _mm256_set1_epi32(0x3F), k1 = _mm256_set1_epi32(0x3F00),
                   k2 = _mm256_set1_epi32(0x3F0000), k3 = _mm256_set1_epi32(0x3F000000);
     const __m256i sel[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
@@ -421,32 +455,12 @@ static TGT_INLINE void dot_q6k_multi(const uint8_t *row, const cpu_xsums *xs, co
     }
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
-        _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 192, _MM_HINT_T0);
-        const __m256 d = _mm256_set1_ps(f16_at(blk + 208));
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
         __m256 ds[2];
-        ds[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
-        ds[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), d);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            offs[r] = _mm256_fmadd_ps(ds[0], _mm256_loadu_ps(xs[r].s16 + b * 16), offs[r]);
-            offs[r] = _mm256_fmadd_ps(ds[1], _mm256_loadu_ps(xs[r].s16 + b * 16 + 8), offs[r]);
-        }
+        q6k_block_head(blk, b, xs, R, ds, offs);
 #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
-            const uint8_t *QL = blk + 64 * n, *QH = blk + 128 + 32 * n;
-            const __m256i A = _mm256_loadu_si256((const __m256i *)(const void *)QL);
-            const __m256i B = _mm256_loadu_si256((const __m256i *)(const void *)(QL + 32));
-            const __m256i H = _mm256_loadu_si256((const __m256i *)(const void *)QH);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_and_si256(_mm256_slli_epi32(H, 4), m30));
-            q[1] = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_and_si256(_mm256_slli_epi32(H, 2), m30));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(A, 4), m4), _mm256_and_si256(H, m30));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(B, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi32(H, 2), m30));
+            q6k_quarters(blk, n, q);
 #pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
                 const __m256 w0 = _mm256_cvtepi32_ps(_mm256_and_si256(q[t], k0)), w1 = _mm256_cvtepi32_ps(_mm256_and_si256(q[t], k1));
@@ -804,8 +818,8 @@ GEMM_PANEL_FN(TGT, gemm_panel_avx2, gemm_mk)
  * CPU_MR512 rows (its own pack_x grouping: which rows share a call changes no bits) keep 12
  * chains in flight, as gemm_mk's 6 × 2 do. */
 #define CPU_MR512 12
-#define TGT512 __attribute__((target("avx512f,avx2,fma,f16c")))
-#define TGT512_INLINE __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline
+#define TGT512 __attribute__((target("avx512f,avx512dq,avx2,fma,f16c")))
+#define TGT512_INLINE __attribute__((target("avx512f,avx512dq,avx2,fma,f16c"), always_inline)) inline
 
 static TGT512_INLINE void gemm_mk512(int MR, const float *X, const float *P, uint64_t K, float *C, uint64_t ldc,
                                      uint32_t nc)
@@ -850,6 +864,166 @@ static TGT512 void gemm_panel_avx512(const float *Xp, uint64_t m, const float *p
     }
 }
 static void pack_x12(const float *X, uint64_t ldx, uint64_t m, uint64_t K, float *Xp) { pack_x_mr(X, ldx, m, K, Xp, CPU_MR512); }
+
+/* The decode dots at 512 bits, the same bits as AVX2's: every zmm is two of dot_q4k_multi's (or
+ * dot_q6k_multi's) ymm side by side — the lo and hi nibbles of one 32-byte group, or two quarters
+ * t of a Q6_K half — with the same operations per lane in the same order, and the final sums
+ * taken in AVX2's order from the two halves. Half the instructions per input: the decode dot is
+ * compute-bound on this machine. Its xsums put each 64-element chunk's two 32-halves of xp side by
+ * side at 8-element granularity (xp512[64c + 16t + 8h + i] = xp[64c + 32h + 8t + i]), so one
+ * 512-bit load fetches what the two ymm loads of AVX2 did. */
+static TGT void xsums_avx512(const float *x, uint64_t n, cpu_xsums *out)
+{
+    xsums_avx2(x, n, out);
+    float tmp[64];
+    for (uint64_t c = 0; c + 64 <= n; c += 64) {
+        memcpy(tmp, out->xp + c, sizeof tmp);
+        for (int t = 0; t < 4; t++)
+            for (int h = 0; h < 2; h++)
+                memcpy(out->xp + c + 16 * t + 8 * h, tmp + 32 * h + 8 * t, 8 * sizeof(float));
+    }
+}
+
+static TGT512_INLINE float hsum_halves(__m512 v) /* hsum256(lo + hi), AVX2's final sum */
+{
+    return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+static TGT512_INLINE void dot_q4k_multi512(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
+                                           uint64_t ldo)
+{
+    const __m512i m0 = _mm512_set1_epi32(0xF), m1 = _mm512_set1_epi32(0xF00), m2 = _mm512_set1_epi32(0xF0000),
+                  m3 = _mm512_set1_epi32(0xF000000);
+    const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+    const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m512 acc[4];
+    __m256 mins[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm512_setzero_ps();
+        mins[r] = _mm256_setzero_ps();
+    }
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
+        _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
+        __m256 dsc, dmn;
+        q4k_scales_vec(blk, &dsc, &dmn);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            mins[r] = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xs[r].s32 + b * 8), mins[r]);
+        const __m512 dz = _mm512_castps256_ps512(dsc);
+        const uint8_t *qs = blk + 16;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * j));
+            const __m512i V = _mm512_srlv_epi32(_mm512_broadcast_i64x4(v), shift); /* [lo nibbles | hi nibbles] */
+            const __m512 w0 = _mm512_cvtepi32_ps(_mm512_and_si512(V, m0)), w1 = _mm512_cvtepi32_ps(_mm512_and_si512(V, m1));
+            const __m512 w2 = _mm512_cvtepi32_ps(_mm512_and_si512(V, m2)), w3 = _mm512_cvtepi32_ps(_mm512_and_si512(V, m3));
+            /* [d·sc of sub-block 2j | of 2j + 1] */
+            const __m512 d = _mm512_permutexvar_ps(_mm512_add_epi32(dsel, _mm512_set1_epi32(2 * j)), dz);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const float *xq = xs[r].xp + b * QK_K + 64 * j;
+                __m512 a = _mm512_mul_ps(w0, _mm512_loadu_ps(xq));
+                a = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xq + 16), a);
+                a = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xq + 32), a);
+                a = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xq + 48), a);
+                acc[r] = _mm512_fmadd_ps(a, d, acc[r]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        out[r * ldo] = hsum_halves(acc[r]) - hsum256(mins[r]);
+}
+
+static TGT512_INLINE void dot_q6k_multi512(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
+                                           uint64_t ldo)
+{
+    const __m512i k0 = _mm512_set1_epi32(0x3F), k1 = _mm512_set1_epi32(0x3F00), k2 = _mm512_set1_epi32(0x3F0000),
+                  k3 = _mm512_set1_epi32(0x3F000000);
+    /* quarters (0, 1) and (2, 3): AVX2's sel[t] side by side */
+    const __m512i sel[2] = {_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                            _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7)};
+    __m512 acc[4][2];
+    __m256 offs[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        offs[r] = _mm256_setzero_ps();
+    }
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
+        __m256 ds[2];
+        q6k_block_head(blk, b, xs, R, ds, offs);
+#pragma GCC unroll 2
+        for (int n = 0; n < 2; n++) {
+            __m256i q[4];
+            q6k_quarters(blk, n, q);
+            const __m512 dsz = _mm512_castps256_ps512(ds[n]);
+#pragma GCC unroll 2
+            for (int p = 0; p < 2; p++) {
+                const __m512i Q = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * p]), q[2 * p + 1], 1);
+                const __m512 w0 = _mm512_cvtepi32_ps(_mm512_and_si512(Q, k0)), w1 = _mm512_cvtepi32_ps(_mm512_and_si512(Q, k1));
+                const __m512 w2 = _mm512_cvtepi32_ps(_mm512_and_si512(Q, k2)), w3 = _mm512_cvtepi32_ps(_mm512_and_si512(Q, k3));
+                const __m512 sc = _mm512_permutexvar_ps(sel[p], dsz);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const float *yt = xs[r].xp + b * QK_K + 128 * n + 64 * p;
+                    __m512 a = _mm512_mul_ps(w0, _mm512_loadu_ps(yt));
+                    __m512 c = _mm512_mul_ps(w1, _mm512_loadu_ps(yt + 16));
+                    a = _mm512_fmadd_ps(w2, _mm512_loadu_ps(yt + 32), a);
+                    c = _mm512_fmadd_ps(w3, _mm512_loadu_ps(yt + 48), c);
+                    acc[r][p] = _mm512_fmadd_ps(_mm512_add_ps(a, c), sc, acc[r][p]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        const __m512 a01 = acc[r][0], a23 = acc[r][1];
+        const __m256 s01 = _mm256_add_ps(_mm512_castps512_ps256(a01), _mm512_extractf32x8_ps(a01, 1));
+        const __m256 s23 = _mm256_add_ps(_mm512_castps512_ps256(a23), _mm512_extractf32x8_ps(a23, 1));
+        out[r * ldo] = hsum256(_mm256_add_ps(s01, s23)) - 32.0f * hsum256(offs[r]);
+    }
+}
+
+static TGT512 void dot_q4k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 1, nb, o, ldo); }
+static TGT512 void dot_q4k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 2, nb, o, ldo); }
+static TGT512 void dot_q4k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 3, nb, o, ldo); }
+static TGT512 void dot_q4k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 4, nb, o, ldo); }
+static TGT512 void dot_q6k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 1, nb, o, ldo); }
+static TGT512 void dot_q6k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 2, nb, o, ldo); }
+static TGT512 void dot_q6k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 3, nb, o, ldo); }
+static TGT512 void dot_q6k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 4, nb, o, ldo); }
+static const dot_multi_fn dot_q4k_z[CPU_DOT_GROUP] = {dot_q4k_z1, dot_q4k_z2, dot_q4k_z3, dot_q4k_z4};
+static const dot_multi_fn dot_q6k_z[CPU_DOT_GROUP] = {dot_q6k_z1, dot_q6k_z2, dot_q6k_z3, dot_q6k_z4};
+
+static TGT512 float dot_row_avx512(uint32_t type, const void *row, const float *x, const cpu_xsums *xs, uint64_t n)
+{
+    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
+        float o;
+        (type == GGML_TYPE_Q4_K ? dot_q4k_z1 : dot_q6k_z1)(row, xs, n / QK_K, &o, 1);
+        return o;
+    }
+    return dot_row_avx2(type, row, x, xs, n);
+}
+
+static TGT512 void dot_rows_avx512(uint32_t type, const void *row, const float *x, uint64_t ldx, const cpu_xsums *xs,
+                                   uint32_t m, uint64_t n, float *out, uint64_t ldo)
+{
+    const dot_multi_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_z : type == GGML_TYPE_Q6_K ? dot_q6k_z : NULL;
+    if (!f) {
+        dot_rows_avx2(type, row, x, ldx, xs, m, n, out, ldo);
+        return;
+    }
+    for (uint32_t i = 0; i < m; i += CPU_DOT_GROUP) {
+        const uint32_t g = m - i < CPU_DOT_GROUP ? m - i : CPU_DOT_GROUP;
+        f[g - 1](row, xs + i, n / QK_K, out + i * ldo, ldo);
+    }
+}
 
 static TGT void axpy_f16_avx2(float *o, float p, const uint16_t *v, uint32_t n)
 {
@@ -1008,8 +1182,11 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         .logit_finish = logit_finish_avx2,
     };
     /* AVX-512F widens the GEMM (MUSER_SIMD=avx2 keeps the AVX2 table, for tests) */
-    if (__builtin_cpu_supports("avx512f") && !(env && !strcmp(env, "avx2"))) {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && !(env && !strcmp(env, "avx2"))) {
         k->level = "avx512";
+        k->xsums = xsums_avx512;
+        k->dot_row = dot_row_avx512;
+        k->dot_rows = dot_rows_avx512;
         k->pack_x = pack_x12;
         k->gemm_panel = gemm_panel_avx512;
     }

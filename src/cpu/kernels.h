@@ -37,7 +37,7 @@ typedef struct cpu_xsums {
 
 typedef struct cpu_kernels {
     bool simd;         /* AVX2+FMA+F16C */
-    const char *level; /* "scalar", "avx2", or "avx512" (the AVX2 table with AVX-512F's GEMM) */
+    const char *level; /* "scalar", "avx2", or "avx512" (the AVX2 table with AVX-512's GEMM and K-quant dots) */
     /* sums and lane order of x (n a multiple of 32, or else only whole groups are filled) */
     void (*xsums)(const float *x, uint64_t n, cpu_xsums *out);
     /* Dot of one weight row (type, n elements) with f32 x; xs are x's sums (Q4_K / Q6_K use
@@ -84,8 +84,8 @@ typedef struct cpu_kernels {
 } cpu_kernels;
 
 /* The kernel table: AVX2 when the CPU has AVX2+FMA+F16C and MUSER_SIMD is not "0", unless
- * force_scalar; with AVX-512F also its GEMM micro-kernel (the same bits at twice the width)
- * unless MUSER_SIMD is "avx2". */
+ * force_scalar; with AVX-512F+DQ also its GEMM micro-kernel and Q4_K / Q6_K decode dots (the same
+ * bits at twice the width; their xsums keep xp in a 512-bit order) unless MUSER_SIMD is "avx2". */
 void cpu_kernels_init(cpu_kernels *k, bool force_scalar);
 
 #endif
