@@ -34,6 +34,7 @@ struct muser_seq {
     muser_engine *e;
     uint64_t id;
     uint64_t n_ctx, kv_bytes;
+    uint32_t open_waited;      /* passes that ended while its open waited (muser_seq_open_waited) */
     muser_session *s;          /* NULL once freed (cancelled) */
     bool cancelled, freed, decoding;
     uint64_t pos;              /* tokens held, as of the last pass (read under the lock) */
@@ -481,7 +482,9 @@ int muser_engine_open(muser_engine *e, uint64_t n_ctx, muser_seq **out, muser_er
          * the device's stream): wait for the one in flight, then open under the lock, which
          * keeps the worker from starting another */
         e->n_opening++; /* the worker starts no pass while an open waits (opens would starve) */
+        const uint64_t asked = e->n_passes;
         while (e->in_pass) pthread_cond_wait(&e->idle, &e->mu);
+        q->open_waited = (uint32_t)(e->n_passes - asked);
         rc = muser_session_open(&q->s, e->d, n_ctx, err);
         e->n_opening--;
         pthread_cond_signal(&e->work);
@@ -619,6 +622,8 @@ uint64_t muser_seq_pos(const muser_seq *q)
 }
 
 uint64_t muser_seq_id(const muser_seq *q) { return q->id; }
+
+uint32_t muser_seq_open_waited(const muser_seq *q) { return q->open_waited; }
 
 const muser_model *muser_seq_model(const muser_seq *q) { return q->e->d->model; }
 

@@ -91,6 +91,9 @@ int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err);
 int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err);
 uint64_t muser_seq_pos(const muser_seq *q); /* tokens the sequence holds */
 uint64_t muser_seq_id(const muser_seq *q);
+/* The passes that ended while this sequence's open waited for the device: at most the one in
+ * flight when it was asked (the engine starts none while an open waits). */
+uint32_t muser_seq_open_waited(const muser_seq *q);
 const muser_model *muser_seq_model(const muser_seq *q);
 /* muser_session_kv_sha256 of the sequence's cache (not while a request of it runs). */
 int muser_seq_kv_sha256(muser_seq *q, char hex[65], muser_error *err);
