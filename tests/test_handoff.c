@@ -383,22 +383,25 @@ static void faults(const muser_model *m)
     rig r;
     const rig_opts o = {.tile_rows = 64};
     if (!rig_start(&r, m, &o)) return rig_stop(&r);
-    plan(HX_TILE, 1, HANDOFF_FAULT_FLIP);
-    refused(&r, NULL, 200, 0, "tile 1 (layer 7, positions 0..64): the MAC does not verify", "flipped tile bit");
-    plan(HX_MANIFEST, 0, HANDOFF_FAULT_FLIP);
-    refused(&r, NULL, 200, 0, "the manifest's MAC does not verify", "flipped manifest bit");
-    plan(HX_TILE, 2, HANDOFF_FAULT_DROP);
-    refused(&r, NULL, 200, 0, "1 of 14 tiles missing, the first tile 2", "missing tile");
-    plan(HX_TILE, 5, HANDOFF_FAULT_DUP);
-    refused(&r, NULL, 200, 120, "arrived twice", "repeated tile (delta)");
-    plan(HX_LOGITS, 14, HANDOFF_FAULT_DROP);
-    refused(&r, NULL, 200, 0, "without the logits row", "missing logits");
-    plan(HX_TILE, 3, HANDOFF_FAULT_OVERSIZE);
-    refused(&r, NULL, 200, 0, "a frame of 67108865 bytes; the manifest says", "oversized frame");
-    plan(HX_TILE, 3, HANDOFF_FAULT_CLOSE);
-    refused(&r, NULL, 200, 0, "after 3 of 14 tiles", "truncated stream");
-    plan(HX_MANIFEST, 0, HANDOFF_FAULT_CLOSE);
-    refused(&r, NULL, 200, 0, "while we were reading the manifest", "closed before the manifest");
+    const struct {
+        uint32_t type, index;
+        handoff_fault act;
+        uint32_t cut;
+        const char *want, *label;
+    } cases[] = { /* 200 tokens of tiny in tiles of 64 rows: 8 FULL tiles, then 6 ring tiles */
+        {HX_TILE, 1, HANDOFF_FAULT_FLIP, 0, "tile 1 (layer 7, positions 0..64): the MAC does not verify", "flipped tile bit"},
+        {HX_MANIFEST, 0, HANDOFF_FAULT_FLIP, 0, "the manifest's MAC does not verify", "flipped manifest bit"},
+        {HX_TILE, 2, HANDOFF_FAULT_DROP, 0, "1 of 14 tiles missing, the first tile 2", "missing tile"},
+        {HX_TILE, 5, HANDOFF_FAULT_DUP, 120, "arrived twice", "repeated tile (delta)"},
+        {HX_LOGITS, 14, HANDOFF_FAULT_DROP, 0, "without the logits row", "missing logits"},
+        {HX_TILE, 3, HANDOFF_FAULT_OVERSIZE, 0, "a frame of 67108865 bytes; the manifest says", "oversized frame"},
+        {HX_TILE, 3, HANDOFF_FAULT_CLOSE, 0, "after 3 of 14 tiles", "truncated stream"},
+        {HX_MANIFEST, 0, HANDOFF_FAULT_CLOSE, 0, "while we were reading the manifest", "closed before the manifest"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        plan(cases[i].type, cases[i].index, cases[i].act);
+        refused(&r, NULL, 200, cases[i].cut, cases[i].want, cases[i].label);
+    }
     /* a client that waits 400 ms at most (the others wait 20 s: a loaded machine is no stall) */
     handoff_client *quick = NULL;
     muser_error err = {0};
@@ -423,25 +426,23 @@ static void wrong_identity(const muser_model *m, const muser_model *other)
     uint8_t other_id[HX_MODEL_ID_BYTES];
     muser_error err = {0};
     CHECK_OK(handoff_model_id(other, NULL, other_id, &err), &err);
-    rig r;
-    rig_opts o = {.tile_rows = 64, .consumer_model = other_id};
+    const struct {
+        rig_opts o;
+        const char *want, *label;
+    } cases[] = {
+        {{.tile_rows = 64, .consumer_model = other_id}, "refused: wrong model: the consumer has", "wrong model"},
+        {{.tile_rows = 64, .consumer_key = "other/hmac.key"}, "the request's MAC does not verify", "wrong HMAC key"},
+        /* a consumer certificate of another CA (trusting the right one): the producer refuses it */
+        {{.tile_rows = 64, .consumer_dir = "mixed"}, "unknown ca", "consumer cert of another CA"},
+        /* a producer certificate of another CA: the consumer refuses it */
+        {{.tile_rows = 64, .producer_dir = "other/producer"}, "certificate verify failed", "producer cert of another CA"},
+    };
     plan(0, 0, HANDOFF_FAULT_NONE);
-    if (rig_start(&r, m, &o)) refused(&r, NULL, 40, 0, "refused: wrong model: the consumer has", "wrong model");
-    rig_stop(&r);
-
-    o = (rig_opts){.tile_rows = 64, .consumer_key = "other/hmac.key"};
-    if (rig_start(&r, m, &o)) refused(&r, NULL, 40, 0, "the request's MAC does not verify", "wrong HMAC key");
-    rig_stop(&r);
-
-    /* a consumer certificate of another CA (trusting the right one): the producer refuses it */
-    o = (rig_opts){.tile_rows = 64, .consumer_dir = "mixed"};
-    if (rig_start(&r, m, &o)) refused(&r, NULL, 40, 0, "unknown ca", "consumer cert of another CA");
-    rig_stop(&r);
-
-    /* a producer certificate of another CA: the consumer refuses it */
-    o = (rig_opts){.tile_rows = 64, .producer_dir = "other/producer"};
-    if (rig_start(&r, m, &o)) refused(&r, NULL, 40, 0, "certificate verify failed", "producer cert of another CA");
-    rig_stop(&r);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rig r;
+        if (rig_start(&r, m, &cases[i].o)) refused(&r, NULL, 40, 0, cases[i].want, cases[i].label);
+        rig_stop(&r);
+    }
 }
 
 static void replay(const muser_model *m)

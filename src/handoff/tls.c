@@ -198,44 +198,34 @@ static int ssl_retry_or_fail(hx_conn *c, int r, const char *doing, const char *w
     return muser_errorf(err, MUSER_E_IO, "%s: TLS while %s %s: %s", c->peer, doing, what, why);
 }
 
-int hx_read(hx_conn *c, void *buf, size_t n, const char *what, muser_error *err)
+/* Exactly n bytes in (or out), waiting whenever TLS asks to. */
+static int ssl_io(hx_conn *c, uint8_t *p, size_t n, bool out, const char *what, muser_error *err)
 {
-    uint8_t *p = buf;
-    size_t got = 0;
+    size_t done = 0;
     ERR_clear_error();
-    while (got < n) {
+    while (done < n) {
         size_t k = 0;
-        const int r = SSL_read_ex(c->ssl, p + got, n - got, &k);
+        const int r = out ? SSL_write_ex(c->ssl, p + done, n - done, &k) : SSL_read_ex(c->ssl, p + done, n - done, &k);
         if (r == 1) {
-            got += k;
-            c->bytes_in += k;
+            done += k;
+            *(out ? &c->bytes_out : &c->bytes_in) += k;
             continue;
         }
-        const int rc = ssl_retry_or_fail(c, r, "reading", what, err);
+        const int rc = ssl_retry_or_fail(c, r, out ? "writing" : "reading", what, err);
         if (rc)
             return rc;
     }
     return MUSER_OK;
 }
 
+int hx_read(hx_conn *c, void *buf, size_t n, const char *what, muser_error *err)
+{
+    return ssl_io(c, buf, n, false, what, err);
+}
+
 int hx_write(hx_conn *c, const void *buf, size_t n, const char *what, muser_error *err)
 {
-    const uint8_t *p = buf;
-    size_t put = 0;
-    ERR_clear_error();
-    while (put < n) {
-        size_t k = 0;
-        const int r = SSL_write_ex(c->ssl, p + put, n - put, &k);
-        if (r == 1) {
-            put += k;
-            c->bytes_out += k;
-            continue;
-        }
-        const int rc = ssl_retry_or_fail(c, r, "writing", what, err);
-        if (rc)
-            return rc;
-    }
-    return MUSER_OK;
+    return ssl_io(c, (uint8_t *)buf, n, true, what, err);
 }
 
 /* ---- connections ---- */
@@ -289,11 +279,13 @@ int hx_connect(hx_conn *c, const hx_auth *a, const char *host, uint16_t port, ui
     const int g = getaddrinfo(host, service, &hints, &res);
     if (g != 0)
         return muser_errorf(err, MUSER_E_IO, "%s: cannot resolve the host: %s", c->peer, gai_strerror(g));
-    int rc = muser_errorf(err, MUSER_E_IO, "%s: no address to connect to", c->peer);
+    int rc = MUSER_E_IO; /* the message comes with the attempt that failed, or below */
+    bool tried = false;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
         c->fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
         if (c->fd < 0)
             continue;
+        tried = true;
         set_socket_options(c->fd);
         int r = connect(c->fd, ai->ai_addr, ai->ai_addrlen);
         if (r != 0 && errno == EINPROGRESS) {
@@ -315,6 +307,8 @@ int hx_connect(hx_conn *c, const hx_auth *a, const char *host, uint16_t port, ui
         c->fd = -1;
     }
     freeaddrinfo(res);
+    if (rc && !tried)
+        muser_errorf(err, MUSER_E_IO, "%s: no address to connect to: %s", c->peer, strerror(errno));
     if (!rc)
         rc = handshake(c, a, err);
     if (rc)
