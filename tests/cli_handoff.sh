@@ -24,6 +24,8 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; for f in "$DIR"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -5 "$f"; }; done; exit 1; }
 command -v openssl >/dev/null || { echo "SKIP: the openssl CLI is not installed"; exit 77; }
+# the producer logs a session when its thread ends, just after the consumer is done: wait for it
+wait_log() { for _ in $(seq 1 100); do grep -q "$1" "$2" && return 0; sleep 0.05; done; return 1; }
 
 sh "$SRC/scripts/make-test-certs.sh" "$DIR/c" >/dev/null || fail "make-test-certs.sh"
 sh "$SRC/scripts/make-test-certs.sh" "$DIR/o" >/dev/null || fail "make-test-certs.sh (second CA)"
@@ -93,7 +95,7 @@ start_producer "$DIR/producer.log" "${PRE[@]}" -- --host "$HOST"
     >"$DIR/remote.txt" 2>"$DIR/remote.log" || fail "remote run: $(tail -2 "$DIR/remote.log")"
 cmp -s "$DIR/local.txt" "$DIR/remote.txt" || fail "remote text '$(cat "$DIR/remote.txt")' != local '$(cat "$DIR/local.txt")'"
 grep -q "remote prefill from $HOST:$PORT: session" "$DIR/remote.log" || fail "no remote prefill line"
-grep -q "session .* [0-9]* tokens from 0, [0-9]* tiles" "$DIR/producer.log" || fail "no session line from the producer"
+wait_log "session .* [0-9]* tokens from 0, [0-9]* tiles" "$DIR/producer.log" || fail "no session line from the producer"
 echo "remote run ($HOST:$PORT) == local run: $(head -c 60 "$DIR/local.txt")..."
 
 # ---- refused: exit 1, one line, no text ----
@@ -166,7 +168,7 @@ if command -v curl >/dev/null; then
     done
     "${CPRE[@]}" curl -s "http://127.0.0.1:$RP/metrics" | grep -q '^muser_prefix_cache_hits_total 1' ||
         fail "serve: the second prompt did not start from the cached first"
-    grep -q "tokens from [1-9][0-9]*," "$DIR/producer.log" || fail "serve: no delta session (from a warm prefix) at the producer"
+    wait_log "tokens from [1-9][0-9]*," "$DIR/producer.log" || fail "serve: no delta session (from a warm prefix) at the producer"
     echo "serve --remote-prefill == local serve (2 prompts, the second a delta: $(grep -o 'tokens from [1-9][0-9]*, [0-9]* tiles' "$DIR/producer.log" | tail -1))"
 else
     echo "note: curl is not installed; the muser serve part is skipped"

@@ -264,9 +264,7 @@ static void streaming(const muser_model *m)
     int32_t t[400];
     make_tokens(t, n, V);
     hx_layer ly[64];
-    for (uint32_t l = 0; l < m->hp.n_layer; l++)
-        ly[l] = (hx_layer){muser_layer_is_swa(&m->hp, l), m->hp.n_head_kv, m->hp.head_dim,
-                           muser_layer_is_swa(&m->hp, l) ? m->hp.swa_window : 0};
+    handoff_layers(&m->hp, ly);
     uint32_t n_full = 0;
     for (uint32_t l = 0; l < m->hp.n_layer; l++) n_full += !ly[l].ring;
     plan(0, 0, HANDOFF_FAULT_NONE);
@@ -522,7 +520,11 @@ static void bad_clients(const muser_model *m)
     if (fd >= 0) close(fd);
     exact(&r, 40, 0, "after garbage instead of TLS");
     handoff_producer_stats st;
-    handoff_producer_stats_get(r.p, &st);
+    for (int i = 0; i < 100; i++) { /* a session counts when its thread ends, just after the consumer's install */
+        handoff_producer_stats_get(r.p, &st);
+        if (st.refused >= 2 && st.sessions >= 2) break;
+        usleep(50 * 1000);
+    }
     CHECKF(st.refused >= 2 && st.sessions >= 2, "producer stats: %llu refused, %llu served", (unsigned long long)st.refused,
            (unsigned long long)st.sessions);
     rig_stop(&r);

@@ -189,10 +189,7 @@ static int expect(fetch *f, const muser_model *mo, const int32_t *tokens, uint32
     w->n_vocab = hp->n_vocab;
     w->layers = calloc(hp->n_layer, sizeof *w->layers);
     if (!w->layers) return muser_errorf(err, MUSER_E_NOMEM, "out of memory");
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        const bool ring = muser_layer_is_swa(hp, l);
-        w->layers[l] = (hx_layer){ring, hp->n_head_kv, hp->head_dim, ring ? hp->swa_window : 0};
-    }
+    handoff_layers(hp, w->layers);
     return MUSER_OK;
 }
 

@@ -30,6 +30,8 @@
  * PATH.sha256 and trusted while the file's size and mtime match what the cache records (a cache
  * that cannot be written is skipped; path NULL: no cache). */
 int handoff_model_id(const muser_model *m, const char *path, uint8_t id[HX_MODEL_ID_BYTES], muser_error *err);
+/* The model's planes as a manifest lists them (out: [n_layer]): ring and window, or FULL. */
+void handoff_layers(const muser_hparams *hp, hx_layer *out);
 
 /* ---- producer ---- */
 

@@ -1,6 +1,6 @@
-/* model_id.c — a model's identity for the handoff: SHA-256 of its file, cached in PATH.sha256
- * as one line "sha256 HEX size N mtime SEC.NSEC" (handoff.h). Hashing a 16.7 GB file costs tens
- * of seconds; the cache makes it once per file version. */
+/* model_id.c — what the handoff says about a model: its identity, SHA-256 of its file, cached in
+ * PATH.sha256 as one line "sha256 HEX size N mtime SEC.NSEC" (hashing a 16.7 GB file costs tens
+ * of seconds; the cache makes it once per file version), and its planes' shapes (handoff.h). */
 #include "handoff/handoff.h"
 
 #include <errno.h>
@@ -56,4 +56,12 @@ int handoff_model_id(const muser_model *m, const char *path, uint8_t id[HX_MODEL
         if (!ok) unlink(tmp);
     }
     return MUSER_OK;
+}
+
+void handoff_layers(const muser_hparams *hp, hx_layer *out)
+{
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const bool ring = muser_layer_is_swa(hp, l);
+        out[l] = (hx_layer){ring, hp->n_head_kv, hp->head_dim, ring ? hp->swa_window : 0};
+    }
 }

@@ -170,7 +170,7 @@ static void *prefill_main(void *arg)
         rc = muser_seq_kv_rows(s->q, tl->layer, tl->pos0, tl->n_rows, k, k + half / sizeof(uint16_t), &err);
         if (!rc) slot_push(s, f, HX_TILE, t, (uint32_t)(2 * half));
     }
-    rc = rc ? rc : prefill_to(s, m->n_tokens, &err); /* a prompt of ring layers only, or none listed */
+    rc = rc ? rc : prefill_to(s, m->n_tokens, &err); /* the last tile reached the end already: a guard for the logits row */
     for (int last = 0; last < 2 && !rc; last++) {
         frame_slot *f = slot_acquire(s);
         if (!f) {
@@ -513,10 +513,7 @@ int handoff_producer_start(handoff_producer **out, muser_engine *e, const handof
     p->layers = rc ? NULL : calloc(hp->n_layer, sizeof *p->layers);
     p->conns = rc ? NULL : calloc(p->o.max_conns, sizeof *p->conns);
     if (!rc && (!p->layers || !p->conns)) rc = muser_errorf(err, MUSER_E_NOMEM, "producer: out of memory");
-    for (uint32_t l = 0; !rc && l < hp->n_layer; l++) {
-        const bool ring = muser_layer_is_swa(hp, l);
-        p->layers[l] = (hx_layer){ring, hp->n_head_kv, hp->head_dim, ring ? hp->swa_window : 0};
-    }
+    if (!rc) handoff_layers(hp, p->layers);
     if (!rc) rc = hx_auth_load(&p->auth, o->tls_dir, o->key_file, true, err);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(o->port)};
     const char *host = o->host ? o->host : "127.0.0.1";
