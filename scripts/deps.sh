@@ -3,7 +3,9 @@
 # missing. Without root it prints the exact apt-get line and fails.
 set -eu
 PKGS="build-essential cmake pkg-config clang libclang-rt-dev libssl-dev libpcre2-dev curl \
-libcjson-dev libmicrohttpd-dev libedit-dev"
+libcjson-dev libmicrohttpd-dev libedit-dev openssl iproute2"
+# openssl (the CLI) makes the remote-prefill tests' certificates (scripts/make-test-certs.sh);
+# iproute2 (ip netns) lets tests/cli_handoff.sh put producer and consumer in two namespaces.
 # node + npm run the tiktoken comparison test (tests/cli_tiktoken.sh skips without them). A node
 # installed some other way (e.g. nodesource's nodejs, which conflicts with Debian's npm) is kept.
 command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"

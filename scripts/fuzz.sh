@@ -6,11 +6,12 @@
 #   tok_load  fuzz/fuzz_tok_load.c  muser_tokenizer_load on hostile tokenizer.ggml.* metadata
 #   model     fuzz/fuzz_model.c     muser_model_bind (+ a 1-token oracle forward) on mutated models
 #   serve     fuzz/fuzz_serve.c     `muser serve`'s request decoding (tools/serve_req.c) on JSON bodies
+#   handoff   fuzz/fuzz_handoff.c   the remote-prefill frames, request, manifest and stream (src/handoff/wire.c)
 #
 #   scripts/fuzz.sh --short [TARGET...]          gguf 20 s, the others 15 s each
 #   scripts/fuzz.sh --long [SECONDS] [TARGET...] default 3600 s per target
 #   scripts/fuzz.sh --seeds                      regenerate fuzz/corpus/gguf/ with fuzz/make_seeds.c
-# TARGET defaults to gguf (what tests/cli_fuzz_gguf.sh runs); "all" runs the four in turn.
+# TARGET defaults to gguf (what tests/cli_fuzz_gguf.sh runs); "all" runs them all in turn.
 # MUSER_FUZZ_SECONDS overrides the time per target; MUSER_FUZZ_JOBS=N runs N workers (--long).
 #
 # Exits non-zero on a finding (the crashing input is left in $MUSER_FUZZ_DIR as crash-*, or
@@ -47,12 +48,12 @@ case "$MODE" in
     if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then LONG_SECONDS=$1; shift; fi
     LONG_SECONDS=${LONG_SECONDS:-${MUSER_FUZZ_SECONDS:-3600}} ;;
   *) echo "usage: scripts/fuzz.sh [--short | --long [SECONDS] | --seeds]" \
-          "[gguf|tok|tok_load|model|all ...]" >&2
+          "[gguf|tok|tok_load|model|serve|handoff|all ...]" >&2
      exit 2 ;;
 esac
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(gguf)
-[ "${TARGETS[0]}" = all ] && TARGETS=(gguf tok tok_load model serve)
+[ "${TARGETS[0]}" = all ] && TARGETS=(gguf tok tok_load model serve handoff)
 
 S=$ROOT/src
 TOK_SOURCES=("$S/tokenizer.c" "$S/vocab_o200k.c" "$S/gguf.c" "$S/util.c")
@@ -72,12 +73,13 @@ build() {
     tok | tok_load) srcs=("${TOK_SOURCES[@]}"); libs+=(-lpcre2-8) ;;
     model) srcs=("${ENGINE_SOURCES[@]}"); libs+=(-lpthread) ;;
     serve) srcs=("$ROOT/tools/serve_req.c"); libs+=(-lcjson) ;;
-    *) echo "fuzz.sh: unknown target '$target' (gguf, tok, tok_load, model, serve, all)" >&2; return 2 ;;
+    handoff) srcs=("$S/handoff/wire.c" "$S/util.c") ;;
+    *) echo "fuzz.sh: unknown target '$target' (gguf, tok, tok_load, model, serve, handoff, all)" >&2; return 2 ;;
   esac
   local bin=$dir/fuzz_$target
   local all=("$ROOT/fuzz/fuzz_$target.c" "${srcs[@]}")
   # Up to date when newer than every source, header and this script (reruns skip the build).
-  if [ -x "$bin" ] && [ -z "$(find "${all[@]}" "$ROOT"/fuzz/*.h "$ROOT"/tools/*.h "$S"/*.h "$S"/cpu/*.h \
+  if [ -x "$bin" ] && [ -z "$(find "${all[@]}" "$ROOT"/fuzz/*.h "$ROOT"/tools/*.h "$S"/*.h "$S"/cpu/*.h "$S"/handoff/*.h \
         "$ROOT/include" "$ROOT/scripts/fuzz.sh" -newer "$bin" 2>/dev/null | head -n 1)" ]; then
     echo "fuzz.sh: $bin is up to date"
     return 0
@@ -91,7 +93,7 @@ build() {
   for src in "${all[@]}"; do
     local obj=$OUT/obj/$(basename "$(dirname "$src")")-$(basename "$src" .c).o
     objs+=("$obj")
-    if [ -f "$obj" ] && [ -z "$(find "$src" "$ROOT"/fuzz/*.h "$ROOT"/tools/*.h "$S"/*.h "$S"/cpu/*.h \
+    if [ -f "$obj" ] && [ -z "$(find "$src" "$ROOT"/fuzz/*.h "$ROOT"/tools/*.h "$S"/*.h "$S"/cpu/*.h "$S"/handoff/*.h \
           "$ROOT/include" "$ROOT/scripts/fuzz.sh" -newer "$obj" 2>/dev/null | head -n 1)" ]; then
       continue
     fi

@@ -21,5 +21,5 @@ def refresh(m):
     return "### muser %s\n\n```\n%s\n```" % (cmd, help_of(cmd))
 
 
-text = re.sub(r"### muser (\w+)\n\n```\n.*?\n```", refresh, text, flags=re.S)
+text = re.sub(r"### muser ([\w-]+)\n\n```\n.*?\n```", refresh, text, flags=re.S)
 open(path, "w", encoding="utf-8").write(text)

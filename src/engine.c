@@ -627,14 +627,67 @@ uint32_t muser_seq_open_waited(const muser_seq *q) { return q->open_waited; }
 
 const muser_model *muser_seq_model(const muser_seq *q) { return q->e->d->model; }
 
-int muser_seq_kv_sha256(muser_seq *q, char hex[65], muser_error *err)
+muser_engine *muser_seq_engine(const muser_seq *q) { return q->e; }
+
+uint64_t muser_seq_ctx(const muser_seq *q) { return q->n_ctx; }
+
+/* The session of an idle sequence (no request of it runs or waits, so no pass touches it), for a
+ * call outside the lock; NULL with err filled when it is busy or cancelled. */
+static muser_session *idle_session(muser_seq *q, muser_error *err)
 {
     muser_engine *e = q->e;
     pthread_mutex_lock(&e->mu);
-    muser_session *s = q->freed || q->req != REQ_NONE ? NULL : q->s;
+    muser_session *s = q->freed || q->cancelled || q->req != REQ_NONE ? NULL : q->s;
     pthread_mutex_unlock(&e->mu);
-    if (!s) return muser_errorf(err, MUSER_E_ARG, "sequence %llu is busy or cancelled", (unsigned long long)q->id);
-    return muser_session_kv_sha256(s, hex, err);
+    if (!s) muser_errorf(err, MUSER_E_ARG, "sequence %llu is busy or cancelled", (unsigned long long)q->id);
+    return s;
+}
+
+int muser_seq_kv_sha256(muser_seq *q, char hex[65], muser_error *err)
+{
+    muser_session *s = idle_session(q, err);
+    return s ? muser_session_kv_sha256(s, hex, err) : MUSER_E_ARG;
+}
+
+int muser_seq_kv_rows(muser_seq *q, uint32_t l, uint64_t pos0, uint32_t n, uint16_t *k, uint16_t *v,
+                      muser_error *err)
+{
+    muser_session *s = idle_session(q, err);
+    return s ? muser_session_kv_rows(s, l, pos0, n, k, v, err) : MUSER_E_ARG;
+}
+
+int muser_seq_kv_import(muser_seq *q, uint32_t l, uint64_t n_past, uint64_t pos0, uint32_t n, const uint16_t *k,
+                        const uint16_t *v, muser_error *err)
+{
+    muser_session *s = idle_session(q, err);
+    return s ? muser_session_kv_import(s, l, n_past, pos0, n, k, v, err) : MUSER_E_ARG;
+}
+
+int muser_seq_install(muser_seq *q, muser_seq *gen, uint64_t n_past, muser_error *err)
+{
+    if (!q || !gen || q == gen) return muser_errorf(err, MUSER_E_ARG, "muser_seq_install: two sequences wanted");
+    if (q->e != gen->e || q->n_ctx != gen->n_ctx)
+        return muser_errorf(err, MUSER_E_ARG, "muser_seq_install: the sequences need one engine and one context");
+    muser_engine *e = q->e;
+    pthread_mutex_lock(&e->mu);
+    int rc = MUSER_OK;
+    if (q->cancelled || q->freed || gen->cancelled || gen->freed)
+        rc = muser_errorf(err, MUSER_E_CANCELLED, "install: sequence %llu was cancelled",
+                          (unsigned long long)(q->cancelled || q->freed ? q->id : gen->id));
+    else if (q->req != REQ_NONE || gen->req != REQ_NONE)
+        rc = muser_errorf(err, MUSER_E_ARG, "install: sequence %llu has a request running",
+                          (unsigned long long)(q->req != REQ_NONE ? q->id : gen->id));
+    /* no pass touches either session (neither has a request), so the seal (metadata) and the swap
+     * (pointers) need no pass boundary */
+    if (!rc) rc = muser_session_kv_seal(gen->s, n_past, err);
+    if (!rc) rc = muser_session_swap(q->s, gen->s, err);
+    if (!rc) {
+        q->pos = q->s->n_past;
+        gen->pos = gen->s->n_past;
+        q->decoding = gen->decoding = false;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
 }
 
 uint32_t muser_engine_passes(muser_engine *e, muser_pass_rec *out, uint32_t max)

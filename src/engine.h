@@ -98,6 +98,22 @@ const muser_model *muser_seq_model(const muser_seq *q);
 /* muser_session_kv_sha256 of the sequence's cache (not while a request of it runs). */
 int muser_seq_kv_sha256(muser_seq *q, char hex[65], muser_error *err);
 
+/* Remote prefill (src/handoff), on idle sequences (no request running; not while another thread
+ * uses or cancels the same handle). muser_seq_kv_rows: K/V rows the sequence holds
+ * (muser_session_kv_rows), e.g. a producer's between its prompt's chunks. muser_seq_kv_import:
+ * rows into a detached generation, a sequence only its caller knows (muser_session_kv_import).
+ * muser_seq_install: the atomic swap, under the engine's lock and outside any pass of q or gen:
+ * gen is sealed at n_past (muser_session_kv_seal) and q takes its cache at position n_past, gen
+ * q's old one (the caller closes gen). Refused with q unchanged: other engines or contexts, a
+ * busy or cancelled sequence. */
+int muser_seq_kv_rows(muser_seq *q, uint32_t l, uint64_t pos0, uint32_t n, uint16_t *k, uint16_t *v,
+                      muser_error *err);
+int muser_seq_kv_import(muser_seq *q, uint32_t l, uint64_t n_past, uint64_t pos0, uint32_t n, const uint16_t *k,
+                        const uint16_t *v, muser_error *err);
+int muser_seq_install(muser_seq *q, muser_seq *gen, uint64_t n_past, muser_error *err);
+muser_engine *muser_seq_engine(const muser_seq *q);
+uint64_t muser_seq_ctx(const muser_seq *q); /* its context */
+
 /* Copies the newest passes (at most max) oldest first; returns how many. */
 uint32_t muser_engine_passes(muser_engine *e, muser_pass_rec *out, uint32_t max);
 void muser_engine_stats_get(muser_engine *e, muser_engine_stats *out);

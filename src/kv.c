@@ -56,6 +56,26 @@ static void plane_reset_meta(kv_plane *pl)
     pl->next_pos = 0;
 }
 
+void kv_plane_shape(kv_plane *pl, const muser_hparams *hp, uint32_t l, uint64_t n_ctx)
+{
+    memset(pl, 0, sizeof *pl);
+    pl->ring = muser_layer_is_swa(hp, l);
+    pl->n_head_kv = hp->n_head_kv;
+    pl->head_dim = hp->head_dim;
+    pl->capacity = pl->ring ? hp->swa_window : n_ctx;
+}
+
+void kv_plane_meta_after(kv_plane *pl, uint64_t n)
+{
+    /* plane_advance n times from empty, in closed form: a ring keeps the last capacity
+     * positions and its origin has moved once per dropped position, so origin_physical ==
+     * origin_logical mod capacity */
+    pl->len = pl->ring && n > pl->capacity ? pl->capacity : n;
+    pl->origin_logical = n - pl->len;
+    pl->origin_physical = pl->ring ? pl->origin_logical % pl->capacity : 0;
+    pl->next_pos = n;
+}
+
 int kv_init(muser_kv *kv, const muser_hparams *hp, uint64_t n_ctx, bool with_storage,
             muser_error *err)
 {
@@ -77,11 +97,7 @@ int kv_init(muser_kv *kv, const muser_hparams *hp, uint64_t n_ctx, bool with_sto
     }
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         kv_plane *pl = &kv->planes[l];
-        pl->ring = muser_layer_is_swa(hp, l);
-        pl->n_head_kv = hp->n_head_kv;
-        pl->head_dim = hp->head_dim;
-        pl->capacity = pl->ring ? hp->swa_window : n_ctx;
-        plane_reset_meta(pl);
+        kv_plane_shape(pl, hp, l, n_ctx);
         if (!with_storage)
             continue;
         const uint64_t bytes = plane_elems(pl) * sizeof(uint16_t);
@@ -192,6 +208,35 @@ const uint16_t *kv_plane_v(const kv_plane *pl, uint32_t h, uint64_t p)
 uint64_t kv_plane_first_pos(const kv_plane *pl)
 {
     return pl->next_pos - pl->len;
+}
+
+void kv_plane_read_rows(const kv_plane *pl, uint64_t pos0, uint64_t n, uint16_t *k, uint16_t *v)
+{
+    const uint64_t re = plane_row_elems(pl), D = pl->head_dim;
+    for (uint64_t i = 0; i < n; i++)
+        for (uint32_t h = 0; h < pl->n_head_kv; h++) {
+            memcpy(k + i * re + h * D, kv_plane_k(pl, h, pos0 + i), D * sizeof(uint16_t));
+            memcpy(v + i * re + h * D, kv_plane_v(pl, h, pos0 + i), D * sizeof(uint16_t));
+        }
+}
+
+void kv_plane_import(kv_plane *pl, const kv_plane *meta, uint64_t pos0, uint64_t n, const uint16_t *k,
+                     const uint16_t *v)
+{
+    uint16_t *sk = pl->k, *sv = pl->v;
+    *pl = *meta;
+    pl->k = sk;
+    pl->v = sv;
+    if (!sk)
+        return;
+    const uint64_t re = plane_row_elems(pl), D = pl->head_dim;
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t r = plane_physical(pl, pos0 + i);
+        for (uint32_t h = 0; h < pl->n_head_kv; h++) {
+            memcpy(sk + plane_offset(pl, h, r), k + i * re + h * D, D * sizeof(uint16_t));
+            memcpy(sv + plane_offset(pl, h, r), v + i * re + h * D, D * sizeof(uint16_t));
+        }
+    }
 }
 
 /* Physical row where a ring checkpoint's saved row i lives: the row next_pos + i would take. */

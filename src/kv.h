@@ -47,6 +47,14 @@ typedef struct muser_kv {
     kv_checkpoint_plane *ckpt;/* [n_layer], allocated once */
 } muser_kv;
 
+/* Layer l's plane geometry (ring or FULL, heads, capacity: the window or n_ctx), empty, no
+ * storage: what kv_init gives each plane. */
+void kv_plane_shape(kv_plane *pl, const muser_hparams *hp, uint32_t l, uint64_t n_ctx);
+/* pl's metadata becomes that of n appends from empty, the shape a local prefill of n tokens
+ * leaves (a ring: the last min(n, capacity) positions, origin_physical = origin_logical mod
+ * capacity); n <= capacity for a FULL plane. Storage untouched. */
+void kv_plane_meta_after(kv_plane *pl, uint64_t n);
+
 /* n_ctx: context limit (FULL capacity). with_storage=false allocates metadata only (device). */
 int kv_init(muser_kv *kv, const muser_hparams *hp, uint64_t n_ctx, bool with_storage,
             muser_error *err);
@@ -60,6 +68,15 @@ const uint16_t *kv_plane_k(const kv_plane *pl, uint32_t h, uint64_t p);
 const uint16_t *kv_plane_v(const kv_plane *pl, uint32_t h, uint64_t p);
 /* Oldest logical position still stored (for a ring after wrapping). */
 uint64_t kv_plane_first_pos(const kv_plane *pl);
+
+/* Rows of logical positions [pos0, pos0 + n) (all stored) into k and v, token-major:
+ * [n][HKV*D] f16 each — the layout a remote-prefill tile carries. */
+void kv_plane_read_rows(const kv_plane *pl, uint64_t pos0, uint64_t n, uint16_t *k, uint16_t *v);
+/* A remote install's write: pl's metadata becomes meta's (its storage kept), then the
+ * token-major rows of positions [pos0, pos0 + n) land at the physical rows meta maps them to.
+ * The caller checked meta (kv_plane_meta_after) and that the rows are positions it holds. */
+void kv_plane_import(kv_plane *pl, const kv_plane *meta, uint64_t pos0, uint64_t n, const uint16_t *k,
+                     const uint16_t *v);
 
 /* Undo for one forward call of any length (fail closed: a call that errors anywhere must leave
  * the cache byte-identical): every plane's metadata and, for rings, the rows the call's appends

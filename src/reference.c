@@ -641,6 +641,24 @@ static int oracle_kv_copy(muser_session *dst, const muser_session *src, muser_er
     return MUSER_OK;
 }
 
+static int oracle_kv_rows(const muser_session *s, uint32_t l, uint64_t pos0, uint32_t n, uint16_t *k,
+                        uint16_t *v, muser_error *err)
+{
+    (void)err;
+    kv_plane_read_rows(&((const oracle_state *)s->be_state)->kv.planes[l], pos0, n, k, v);
+    return MUSER_OK;
+}
+
+static int oracle_kv_import(muser_session *s, uint32_t l, const kv_plane *meta, uint64_t pos0, uint32_t n,
+                          const uint16_t *k, const uint16_t *v, muser_error *err)
+{
+    (void)err;
+    muser_kv *kv = &((oracle_state *)s->be_state)->kv;
+    kv_plane_import(&kv->planes[l], meta, pos0, n, k, v);
+    kv->has_checkpoint = false;
+    return MUSER_OK;
+}
+
 static const muser_backend oracle_backend = {
     .name = "oracle",
     .dev_init = oracle_dev_init,
@@ -655,6 +673,8 @@ static const muser_backend oracle_backend = {
     .reset = oracle_reset,
     .kv_export = oracle_kv_export,
     .kv_copy = oracle_kv_copy,
+    .kv_rows = oracle_kv_rows,
+    .kv_import = oracle_kv_import,
 };
 
 const muser_backend *muser_backend_oracle(void)

@@ -329,6 +329,85 @@ int muser_session_copy(muser_session *dst, const muser_session *src, muser_error
     return MUSER_OK;
 }
 
+/* Layer l's shape when the cache holds n_past positions (what a local prefill leaves). */
+static int shape_after(const muser_session *s, uint32_t l, uint64_t n_past, kv_plane *meta, muser_error *err)
+{
+    const muser_hparams *hp = &s->model->hp;
+    if (l >= hp->n_layer)
+        return muser_errorf(err, MUSER_E_ARG, "KV rows: layer %u of a model of %u layers", l, hp->n_layer);
+    if (n_past > s->opts.n_ctx)
+        return muser_errorf(err, MUSER_E_CONTEXT_FULL, "KV rows: %llu positions exceed the context of %llu",
+                            (unsigned long long)n_past, (unsigned long long)s->opts.n_ctx);
+    kv_plane_shape(meta, hp, l, s->opts.n_ctx);
+    kv_plane_meta_after(meta, n_past);
+    return MUSER_OK;
+}
+
+/* Rows [pos0, pos0 + n) must be positions the shape holds. */
+static int check_held(const kv_plane *meta, uint32_t l, uint64_t pos0, uint32_t n, muser_error *err)
+{
+    const uint64_t first = kv_plane_first_pos(meta);
+    if (pos0 < first || pos0 > meta->next_pos || n > meta->next_pos - pos0)
+        return muser_errorf(err, MUSER_E_ARG,
+                            "KV rows: positions %llu..%llu of layer %u, which holds %llu..%llu",
+                            (unsigned long long)pos0, (unsigned long long)(pos0 + n), l,
+                            (unsigned long long)first, (unsigned long long)meta->next_pos);
+    return MUSER_OK;
+}
+
+int muser_session_kv_rows(const muser_session *s, uint32_t l, uint64_t pos0, uint32_t n, uint16_t *k,
+                          uint16_t *v, muser_error *err)
+{
+    if (!s || (n && (!k || !v)))
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_kv_rows: NULL argument");
+    kv_plane meta;
+    int rc = shape_after(s, l, s->n_past, &meta, err);
+    if (!rc)
+        rc = check_held(&meta, l, pos0, n, err);
+    return rc || !n ? rc : s->be->kv_rows(s, l, pos0, n, k, v, err);
+}
+
+int muser_session_kv_import(muser_session *s, uint32_t l, uint64_t n_past, uint64_t pos0, uint32_t n,
+                            const uint16_t *k, const uint16_t *v, muser_error *err)
+{
+    if (!s || (n && (!k || !v)))
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_kv_import: NULL argument");
+    kv_plane meta;
+    int rc = shape_after(s, l, n_past, &meta, err);
+    if (!rc)
+        rc = check_held(&meta, l, pos0, n, err);
+    return rc ? rc : s->be->kv_import(s, l, &meta, pos0, n, k, v, err);
+}
+
+int muser_session_kv_seal(muser_session *s, uint64_t n_past, muser_error *err)
+{
+    if (!s)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_kv_seal: NULL session");
+    kv_plane meta;
+    int rc = MUSER_OK;
+    for (uint32_t l = 0; l < s->model->hp.n_layer && !rc; l++)
+        if (!(rc = shape_after(s, l, n_past, &meta, err)))
+            rc = s->be->kv_import(s, l, &meta, 0, 0, NULL, NULL, err);
+    if (!rc)
+        s->n_past = n_past;
+    return rc;
+}
+
+int muser_session_swap(muser_session *a, muser_session *b, muser_error *err)
+{
+    if (!a || !b)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_swap: NULL session");
+    if (a->dev != b->dev || a->opts.n_ctx != b->opts.n_ctx)
+        return muser_errorf(err, MUSER_E_ARG, "session swap: the sessions need one device and one context");
+    void *st = a->be_state;
+    const uint64_t n = a->n_past;
+    a->be_state = b->be_state;
+    a->n_past = b->n_past;
+    b->be_state = st;
+    b->n_past = n;
+    return MUSER_OK;
+}
+
 int muser_session_kv_sha256(const muser_session *s, char hex[65], muser_error *err)
 {
     if (!s || !hex)

@@ -78,6 +78,15 @@ typedef struct muser_backend {
                      muser_error *err);
     /* dst's cache becomes a byte copy of src's (same device, same context). */
     int (*kv_copy)(muser_session *dst, const muser_session *src, muser_error *err);
+    /* Layer l's K/V at logical positions [pos0, pos0 + n) (held; session.c checked), token-major:
+     * [n][HKV*D] f16 each (kv_plane_read_rows). */
+    int (*kv_rows)(const muser_session *s, uint32_t l, uint64_t pos0, uint32_t n, uint16_t *k,
+                   uint16_t *v, muser_error *err);
+    /* Remote install into a session nothing runs on: layer l's metadata becomes *meta (session.c
+     * made it: a local prefill's shape) and the token-major rows of positions [pos0, pos0 + n)
+     * land where meta places them (n == 0: the metadata only; kv_plane_import). */
+    int (*kv_import)(muser_session *s, uint32_t l, const kv_plane *meta, uint64_t pos0, uint32_t n,
+                     const uint16_t *k, const uint16_t *v, muser_error *err);
 } muser_backend;
 
 struct muser_device {
@@ -133,6 +142,23 @@ void muser_session_reset(muser_session *s);
 /* dst (empty or not) becomes a copy of src: its cache bytes and position (same device, same
  * context; a prefix cache forks a prompt's cache this way). */
 int muser_session_copy(muser_session *dst, const muser_session *src, muser_error *err);
+/* Remote prefill (src/handoff). muser_session_kv_rows: layer l's K/V rows of positions
+ * [pos0, pos0 + n), token-major [n][HKV*D] f16 each; refused unless the cache holds them all.
+ * muser_session_kv_import: into a detached session (one nothing runs on and nobody reads until
+ * muser_session_swap), the rows of positions [pos0, pos0 + n) that a cache of n_past positions
+ * holds, placed as a local prefill of n_past tokens places them (a ring at origin_physical =
+ * origin mod capacity); the layer's metadata becomes that shape; s->n_past does not move.
+ * muser_session_kv_seal: every layer takes the shape of n_past positions and s->n_past = n_past,
+ * once every row was imported. Refused, with nothing written: a layer out of range, n_past past
+ * the context, rows a cache of n_past positions does not hold. */
+int muser_session_kv_rows(const muser_session *s, uint32_t l, uint64_t pos0, uint32_t n, uint16_t *k,
+                          uint16_t *v, muser_error *err);
+int muser_session_kv_import(muser_session *s, uint32_t l, uint64_t n_past, uint64_t pos0, uint32_t n,
+                            const uint16_t *k, const uint16_t *v, muser_error *err);
+int muser_session_kv_seal(muser_session *s, uint64_t n_past, muser_error *err);
+/* a and b (one device, one context) exchange their caches and positions: the atomic swap of a
+ * remote install (nothing is copied; neither may be in a call). */
+int muser_session_swap(muser_session *a, muser_session *b, muser_error *err);
 /* SHA-256 over every plane's metadata and the K/V rows of the positions it holds, in layer and
  * position order: two caches with the same content (the same history on one backend, whatever
  * was verified and rolled back on the way) give the same digest. */

@@ -1,6 +1,7 @@
 /* test_kv.c — the KV planes of SPEC §3: zero fill, ring wrap-around mapping, head-major FULL
  * layout, discontinuity refused with nothing changed, context full, checkpoint + rollback
- * restoring every byte, commit, metadata-only planes. Values written are small integers, exact
+ * restoring every byte, commit, metadata-only planes, and the remote install's pieces: the shape
+ * of n appends in closed form, rows read out token-major and planted back byte-identically. Values written are small integers, exact
  * in f16, so every stored element can be checked against the position that wrote it. */
 #include "check.h"
 #include "kv.h"
@@ -336,6 +337,55 @@ static void test_call_undo(void)
         }
 }
 
+/* kv_plane_meta_after(n) is the metadata n appends leave, before and well past the ring's wrap;
+ * rows read token-major from a built cache and imported into an empty one at that shape, in
+ * uneven pieces, give the same bytes everywhere (the ring's slots at origin mod capacity); a
+ * warm prefix [0, cut) copied first and only [cut, n) imported gives them too. */
+static void test_meta_and_import(void)
+{
+    const uint64_t lens[] = {0, 1, 4, 5, 6, 13, 37};
+    const uint64_t cuts[] = {0, 3, 9};
+    for (size_t a = 0; a < sizeof lens / sizeof lens[0]; a++)
+        for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+            const uint64_t n = lens[a], cut = cuts[c] < n ? cuts[c] : 0;
+            muser_hparams hp = make_hp(5);
+            muser_kv ref, warm, got;
+            muser_error err = {0};
+            CHECK_OK(kv_init(&ref, &hp, 64, true, &err), &err);
+            CHECK_OK(kv_init(&warm, &hp, 64, true, &err), &err);
+            CHECK_OK(kv_init(&got, &hp, 64, true, &err), &err);
+            for (uint64_t p = 0; p < n; p++)
+                CHECK_OK(append_pos(&ref, p, &err), &err);
+            for (uint64_t p = 0; p < cut; p++)
+                CHECK_OK(append_pos(&warm, p, &err), &err);
+            kv_copy(&got, &warm);
+            for (uint32_t l = 0; l < 4; l++) {
+                kv_plane shape;
+                kv_plane_shape(&shape, &hp, l, 64);
+                kv_plane_meta_after(&shape, n);
+                const kv_plane *r = &ref.planes[l];
+                CHECKF(shape.len == r->len && shape.next_pos == r->next_pos && shape.origin_logical == r->origin_logical &&
+                           shape.origin_physical == r->origin_physical && shape.capacity == r->capacity,
+                       "layer %u after %llu appends", l, (unsigned long long)n);
+                /* the rows past the warm prefix that the plane still holds, in pieces of 1, 2, 3, ... */
+                const uint64_t first = kv_plane_first_pos(&shape) > cut ? kv_plane_first_pos(&shape) : cut;
+                uint16_t k[37 * ROW], v[37 * ROW];
+                for (uint64_t p = first, piece = 1; p < n; p += piece, piece++) {
+                    const uint64_t m = n - p < piece ? n - p : piece;
+                    kv_plane_read_rows(r, p, m, k, v);
+                    CHECK(muser_f16_to_f32(k[0]) == kval(l, p, 0, 0) && muser_f16_to_f32(v[ROW * m - 1]) == -kval(l, p + m - 1, HKV - 1, HD - 1));
+                    kv_plane_import(&got.planes[l], &shape, p, m, k, v);
+                }
+                kv_plane_import(&got.planes[l], &shape, 0, 0, NULL, NULL); /* metadata only, for n == cut */
+            }
+            CHECKF(kv_equal(&got, &ref), "n %llu from cut %llu: the imported cache differs", (unsigned long long)n,
+                   (unsigned long long)cut);
+            kv_free(&ref);
+            kv_free(&warm);
+            kv_free(&got);
+        }
+}
+
 int main(void)
 {
     test_layout_and_wrap();
@@ -343,5 +393,6 @@ int main(void)
     test_checkpoint_rollback();
     test_metadata_only();
     test_call_undo();
+    test_meta_and_import();
     return check_report("kv");
 }

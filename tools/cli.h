@@ -21,6 +21,7 @@ int cmd_quantize(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_prefill_serve(int argc, char **argv);
 int cmd_parity(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_run(int argc, char **argv);

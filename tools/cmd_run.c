@@ -1,9 +1,11 @@
 /* cmd_run.c — `muser run`: generate text from a prompt and stream it to stdout.
  *
- * Load (progress on stderr) -> tokenize -> prefill through the batch route -> sample/print/forward
+ * Load (progress on stderr) -> tokenize -> prefill through the batch route (or, with
+ * --remote-prefill, install the cache a producer prefilled: handoff_cli.h) -> sample/print/forward
  * until EOS/EOT, -n tokens, a full context or Ctrl-C -> speeds on stderr. stdout carries only the
  * generated text (the prompt too with --echo), so the output can be piped. */
 #include "generate.h"
+#include "handoff_cli.h"
 
 #include "util.h"
 
@@ -24,6 +26,7 @@ static void run_help(FILE *f)
                "  --draft MODEL           speculate with a draft model sharing the vocabulary\n"
                "  --draft-ngram N         speculate with prompt lookup (n-grams up to N tokens)\n"
                "  --draft-max K           drafts per verify pass, 1..15 (default 8)\n");
+    cli_remote_help(f);
     gen_print_option_help(f);
     fprintf(f, "  -h, --help              this help\n\n"
                "Defaults: -n 256; context: the model's limit capped at max(4096, prompt + n).\n");
@@ -41,9 +44,12 @@ int cmd_run(int argc, char **argv)
     bool special = false, no_bos = false, echo = false;
     const char *draft_path = NULL;
     uint32_t draft_ngram = 0, draft_max = 8;
+    cli_remote remote = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int rc = gen_parse_option("run", argc, argv, &i, &o);
+        if (rc == 0)
+            rc = cli_remote_parse("run", argc, argv, &i, &remote);
         if (rc < 0)
             return CLI_EXIT_USAGE;
         if (rc > 0)
@@ -84,6 +90,8 @@ int cmd_run(int argc, char **argv)
         return cli_usage_error("run", "a prompt is required (-p TEXT)");
     if (draft_path && draft_ngram)
         return cli_usage_error("run", "--draft and --draft-ngram are two drafters: pick one");
+    if (cli_remote_check("run", &remote))
+        return CLI_EXIT_USAGE;
 
     gen_ctx g;
     if (gen_open(&g, "run", &o))
@@ -92,6 +100,7 @@ int cmd_run(int argc, char **argv)
     muser_error err = {0};
     int32_t *toks = NULL;
     size_t n_toks = 0, cap = 0;
+    handoff_client *producer = NULL;
     if (gen_tokenize_append(&g, prompt, !no_bos, special, &toks, &n_toks, &cap, &err)) {
         fprintf(stderr, "muser run: cannot tokenize the prompt: %s\n", err.msg);
         goto out;
@@ -114,17 +123,25 @@ int cmd_run(int argc, char **argv)
                 (unsigned long long)n_ctx);
         goto out;
     }
-    if (gen_start_session(&g, &o, n_ctx))
+    if (gen_start_session(&g, &o, n_ctx) ||
+        cli_remote_client("run", &remote, g.model, o.model_path ? o.model_path : cli_default_model(), &gen_interrupted,
+                          &producer))
         goto out;
 
     gen_interrupted = 0;
     gen_catch_sigint(true);
     double t0 = muser_now_s();
-    if (gen_prefill(&g, toks, n_toks, &err)) {
-        fprintf(stderr, "muser run: prefill failed: %s\n", err.msg);
+    handoff_stats hst;
+    if (producer ? gen_prefill_remote(&g, producer, toks, n_toks, &hst, &err) : gen_prefill(&g, toks, n_toks, &err)) {
+        fprintf(stderr, "muser run: %s failed: %s\n", producer ? "remote prefill" : "prefill", err.msg);
         goto out_sig;
     }
     double t_prompt = muser_now_s() - t0;
+    if (producer)
+        fprintf(stderr,
+                "muser run: remote prefill from %s: session %.8s, %u tiles, %.2f MB in, first tile at %.3f s, "
+                "installed at %.3f s\n",
+                remote.addr, hst.session, hst.tiles, hst.bytes_in / 1e6, hst.first_tile_s, hst.total_s);
     if (echo) {
         fputs(prompt, stdout);
         fflush(stdout);
@@ -177,6 +194,7 @@ out_sig:
     gen_catch_sigint(false);
 out:
     free(toks);
+    handoff_client_free(producer);
     gen_close(&g);
     return status;
 }

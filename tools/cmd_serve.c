@@ -12,6 +12,7 @@
 #include "chat_template.h"
 #include "cli.h"
 #include "generate.h"
+#include "handoff_cli.h"
 #include "serve_page.h"
 #include "serve_req.h"
 #include "util.h"
@@ -73,6 +74,7 @@ typedef struct server {
     cache_entry cache[SERVE_CACHE_MAX];
     uint32_t n_cache;         /* --prefix-cache: entries at most (0: off) */
     uint64_t tick, cache_hits, cache_misses, cache_reused;
+    handoff_client *remote;   /* --remote-prefill: prompts are prefilled by that producer */
 } server;
 
 enum { OUT_STOP, OUT_LENGTH, OUT_ERROR, OUT_CANCELLED, OUT_REFUSED };
@@ -475,8 +477,11 @@ static int job_start(job *j, serve_err *e)
     if (muser_engine_open(sv->eng, 0, &j->q, &err))
         return serve_err_set(e, err.code == MUSER_E_NO_ROOM ? 429 : 500, "server_error", NULL, NULL, "%s", err.msg);
     const size_t reuse = cache_take(j);
-    if (muser_seq_prefill(j->q, j->prompt + reuse, (uint32_t)(j->n_prompt - reuse), j->logits, &err))
-        return serve_err_set(e, 500, "server_error", NULL, NULL, "prefill: %s", err.msg);
+    /* remote: the producer sends the rows past the cached prefix (the sequence's position) */
+    if (sv->remote ? handoff_fetch(sv->remote, j->q, j->prompt, (uint32_t)j->n_prompt, j->logits, NULL, &err)
+                   : muser_seq_prefill(j->q, j->prompt + reuse, (uint32_t)(j->n_prompt - reuse), j->logits, &err))
+        return serve_err_set(e, sv->remote ? 502 : 500, "server_error", NULL, NULL, "%s: %s",
+                             sv->remote ? "remote prefill" : "prefill", err.msg);
     cache_put(j);
     for (size_t i = 0; i < j->n_prompt; i++) muser_sampler_accept(j->smp, j->prompt[i]);
     muser_detok_stream_init(&j->ds, sv->g.tok);
@@ -1064,6 +1069,7 @@ static void serve_help(FILE *f)
                "  -t, --threads N         CPU threads\n"
                "  -m, --model PATH        GGUF model (default: $MUSER_MODEL or models/default.gguf)\n"
                "  -h, --help              this help\n");
+    cli_remote_help(f);
 }
 
 int cmd_serve(int argc, char **argv)
@@ -1078,6 +1084,7 @@ int cmd_serve(int argc, char **argv)
     gen_opts_default(&o, 0);
     const char *host = "127.0.0.1", *key_file = NULL;
     uint64_t port = 8080, slots = 4, queue = 64, ctx = 4096, drain = 10, pcache = 4;
+    cli_remote remote = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1104,11 +1111,13 @@ int cmd_serve(int argc, char **argv)
             key_file = v;
             i++;
         } else {
-            const int rc = gen_parse_option("serve", argc, argv, &i, &o);
+            int rc = gen_parse_option("serve", argc, argv, &i, &o);
+            if (rc == 0) rc = cli_remote_parse("serve", argc, argv, &i, &remote);
             if (rc < 0) return CLI_EXIT_USAGE;
             if (rc == 0) return cli_usage_error("serve", "unknown option '%s'", a);
         }
     }
+    if (cli_remote_check("serve", &remote)) return CLI_EXIT_USAGE;
     static char keybuf[512];
     if (key_file) {
         FILE *f = fopen(key_file, "r");
@@ -1152,7 +1161,8 @@ int cmd_serve(int argc, char **argv)
     if (bound && bound->port) port = bound->port; /* --port 0: the one the system chose */
     fprintf(stderr, "muser serve: listening on http://%s:%llu\n", host, (unsigned long long)port);
     int status = 1;
-    if (gen_open(&sv.g, "serve", &o)) goto out;
+    const char *path = o.model_path ? o.model_path : cli_default_model();
+    if (gen_open(&sv.g, "serve", &o) || cli_remote_client("serve", &remote, sv.g.model, path, NULL, &sv.remote)) goto out;
     const uint64_t n_train = sv.g.model->hp.n_ctx_train ? sv.g.model->hp.n_ctx_train : ctx;
     sv.n_ctx = ctx < n_train ? ctx : n_train;
     const char *why;
@@ -1162,7 +1172,7 @@ int cmd_serve(int argc, char **argv)
     memset(&eo, 0, sizeof eo);
     eo.dev = o.sess;
     eo.dev.n_ctx = sv.n_ctx;
-    eo.max_seqs = sv.slots + sv.n_cache;
+    eo.max_seqs = sv.slots * (sv.remote ? 2 : 1) + sv.n_cache; /* a remote prefill builds a detached generation */
     muser_error err = {0};
     if (muser_engine_new(&sv.eng, sv.g.model, &eo, &err)) {
         fprintf(stderr, "muser serve: %s\n", err.msg);
@@ -1172,15 +1182,15 @@ int cmd_serve(int argc, char **argv)
     uint64_t rows = 0;
     for (uint32_t l = 0; l < hp->n_layer; l++) rows += muser_layer_is_swa(hp, l) ? hp->swa_window : sv.n_ctx;
     const double kv_mb = (double)rows * hp->n_head_kv * hp->head_dim * 4 * sv.slots / 1e6;
-    const char *path = o.model_path ? o.model_path : cli_default_model();
     const char *base = strrchr(path, '/');
     sv.model_name = base ? base + 1 : path;
     sv.backend = muser_backend_name(o.sess.backend);
     fprintf(stderr,
             "muser serve: %s on %s, %u slots of %llu tokens and %u prefix-cache entries (KV cache %.1f MB when all are "
-            "in use), template %s\n",
+            "in use), template %s%s%s\n",
             sv.model_name, sv.backend, sv.slots, (unsigned long long)sv.n_ctx, sv.n_cache,
-            kv_mb * (sv.slots + sv.n_cache) / sv.slots, sv.tpl->name);
+            kv_mb * (sv.slots + sv.n_cache) / sv.slots, sv.tpl->name, remote.addr ? ", prompts prefilled by " : "",
+            remote.addr ? remote.addr : "");
     sv.ready = 1;
     while (!g_stop) usleep(100 * 1000);
     fprintf(stderr, "muser serve: stopping; draining running requests (up to %llu s)\n", (unsigned long long)drain);
@@ -1206,6 +1216,7 @@ out:
         free(sv.cache[i].tokens);
     }
     muser_engine_free(sv.eng);
+    handoff_client_free(sv.remote);
     gen_close(&sv.g);
     return status;
 }

@@ -18,6 +18,7 @@ static const cli_command commands[] = {
     {"synth", "write a deterministic random model (tiny/small/glimmer presets)", cmd_synth},
     {"eval", "teacher-forced logits for a token list", cmd_eval},
     {"serve", "an OpenAI-compatible HTTP server", cmd_serve},
+    {"prefill-serve", "the remote-prefill producer: stream prompts' KV caches over TLS", cmd_prefill_serve},
     {"parity", "compare a fast backend with the oracle (SPEC §4)", cmd_parity},
     {"bench", "prefill and decode speed", cmd_bench},
 };
@@ -30,7 +31,7 @@ static void usage(FILE *f)
                "commands:\n",
             MUSER_VERSION);
     for (size_t i = 0; i < N_COMMANDS; i++)
-        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\noptions:\n  -h, --help     this help\n  --version      print the version\n");
 }
 

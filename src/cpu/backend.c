@@ -861,6 +861,24 @@ static int cpu_kv_copy(muser_session *dst, const muser_session *src, muser_error
     return MUSER_OK;
 }
 
+static int cpu_kv_rows(const muser_session *s, uint32_t l, uint64_t pos0, uint32_t n, uint16_t *k,
+                        uint16_t *v, muser_error *err)
+{
+    (void)err;
+    kv_plane_read_rows(&((const cpu_seq *)s->be_state)->kv.planes[l], pos0, n, k, v);
+    return MUSER_OK;
+}
+
+static int cpu_kv_import(muser_session *s, uint32_t l, const kv_plane *meta, uint64_t pos0, uint32_t n,
+                          const uint16_t *k, const uint16_t *v, muser_error *err)
+{
+    (void)err;
+    muser_kv *kv = &((cpu_seq *)s->be_state)->kv;
+    kv_plane_import(&kv->planes[l], meta, pos0, n, k, v);
+    kv->has_checkpoint = false;
+    return MUSER_OK;
+}
+
 static const muser_backend cpu_backend = {
     .name = "cpu",
     .dev_init = cpu_dev_init,
@@ -875,6 +893,8 @@ static const muser_backend cpu_backend = {
     .reset = cpu_reset,
     .kv_export = cpu_kv_export,
     .kv_copy = cpu_kv_copy,
+    .kv_rows = cpu_kv_rows,
+    .kv_import = cpu_kv_import,
 };
 
 const muser_backend *muser_backend_cpu(void)

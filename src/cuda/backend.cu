@@ -1567,9 +1567,60 @@ static int be_kv_copy(muser_session *dst, const muser_session *src, muser_error 
     return MUSER_OK;
 }
 
+/* Rows [pos0, pos0 + n) of a plane between its device storage (kv.h's layout) and a token-major
+ * host buffer [n][HKV*D] (remote prefill), on the device's stream, then synchronized. */
+static cudaError_t plane_rows_copy(const cu_seq *sq, const kv_plane *pl, uint16_t *dev, uint16_t *host, uint64_t pos0,
+                                   uint32_t n, bool to_dev)
+{
+    const size_t re = (size_t)pl->n_head_kv * pl->head_dim, D = pl->head_dim;
+    const cudaMemcpyKind kind = to_dev ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    cudaStream_t st = sq->c->st;
+    cudaError_t e = cudaSuccess;
+    if (!pl->ring) { /* head-major: each head's rows are contiguous on the device, strided on the host */
+        for (uint32_t h = 0; h < pl->n_head_kv && !e; h++) {
+            uint16_t *d = dev + ((size_t)h * pl->capacity + pos0) * D, *x = host + h * D;
+            e = to_dev ? cudaMemcpy2DAsync(d, D * 2, x, re * 2, D * 2, n, kind, st)
+                       : cudaMemcpy2DAsync(x, re * 2, d, D * 2, D * 2, n, kind, st);
+        }
+    } else { /* token-major: runs of physical rows up to the ring's end */
+        for (uint32_t i = 0; i < n && !e;) {
+            const uint64_t r = kv_plane_row(pl, pos0 + i);
+            const uint64_t run = pl->capacity - r < n - i ? pl->capacity - r : n - i;
+            uint16_t *d = dev + r * re, *x = host + (size_t)i * re;
+            e = to_dev ? cudaMemcpyAsync(d, x, run * re * 2, kind, st) : cudaMemcpyAsync(x, d, run * re * 2, kind, st);
+            i += (uint32_t)run;
+        }
+    }
+    return e ? e : cudaStreamSynchronize(st);
+}
+
+static int be_kv_rows(const muser_session *s, uint32_t l, uint64_t pos0, uint32_t n, uint16_t *k, uint16_t *v,
+                      muser_error *err)
+{
+    const cu_seq *sq = (const cu_seq *)s->be_state;
+    const kv_plane *pl = &sq->kv.planes[l];
+    CU_TRY(plane_rows_copy(sq, pl, sq->pl[l].kp, k, pos0, n, false), "KV rows");
+    CU_TRY(plane_rows_copy(sq, pl, sq->pl[l].vp, v, pos0, n, false), "KV rows");
+    return MUSER_OK;
+}
+
+static int be_kv_import(muser_session *s, uint32_t l, const kv_plane *meta, uint64_t pos0, uint32_t n,
+                        const uint16_t *k, const uint16_t *v, muser_error *err)
+{
+    cu_seq *sq = (cu_seq *)s->be_state;
+    kv_plane *pl = &sq->kv.planes[l];
+    *pl = *meta; /* host metadata; the device planes are sq->pl */
+    pl->k = pl->v = NULL;
+    sq->kv.has_checkpoint = false;
+    if (!n) return MUSER_OK;
+    CU_TRY(plane_rows_copy(sq, pl, sq->pl[l].kp, (uint16_t *)k, pos0, n, true), "KV import");
+    CU_TRY(plane_rows_copy(sq, pl, sq->pl[l].vp, (uint16_t *)v, pos0, n, true), "KV import");
+    return MUSER_OK;
+}
+
 static const muser_backend cuda_backend = {
     "cuda", be_dev_init, be_dev_free, be_init,     be_free,  be_forward,  be_step,
-    be_checkpoint, be_rollback, be_commit, be_reset, be_kv_export, be_kv_copy,
+    be_checkpoint, be_rollback, be_commit, be_reset, be_kv_export, be_kv_copy, be_kv_rows, be_kv_import,
 };
 
 extern "C" const muser_backend *muser_backend_cuda(void)
