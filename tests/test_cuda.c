@@ -60,7 +60,9 @@ static int cuda_present(void)
 }
 
 /* Returns 0 ok, 77 if the backend reports no device. */
-static int parity_one(muser_arch arch, int type, uint32_t n, bool extra)
+/* The tiny preset of arch with matrices of type (a synth type), written and loaded; NULL on failure
+ * (a failed check). */
+static muser_model *tiny_model(muser_arch arch, int type)
 {
     char path[256];
     snprintf(path, sizeof path, "test_cuda_%d_%d.gguf", type, (int)getpid());
@@ -75,6 +77,13 @@ static int parity_one(muser_arch arch, int type, uint32_t n, bool extra)
     CHECK_OK(muser_synth_write(&so, path, NULL, &err), &err);
     CHECK_OK(muser_model_load(&m, path, &err), &err);
     unlink(path);
+    return m;
+}
+
+static int parity_one(muser_arch arch, int type, uint32_t n, bool extra)
+{
+    muser_error err = {0};
+    muser_model *m = tiny_model(arch, type);
     if (!m) return 0;
     const uint32_t V = m->hp.n_vocab;
     muser_session_opts o;
@@ -286,19 +295,8 @@ static void gemm_checks(void)
  * against the oracle's. */
 static void prefill_one(muser_arch arch, int type, uint32_t n)
 {
-    char path[256];
-    snprintf(path, sizeof path, "test_cuda_pf_%d_%d.gguf", type, (int)getpid());
-    muser_synth_opts so;
-    muser_synth_opts_default(&so);
-    so.arch = arch;
-    so.preset = MUSER_SYNTH_TINY;
-    so.type = type;
-    so.n_threads = 2;
     muser_error err = {0};
-    muser_model *m = NULL;
-    CHECK_OK(muser_synth_write(&so, path, NULL, &err), &err);
-    CHECK_OK(muser_model_load(&m, path, &err), &err);
-    unlink(path);
+    muser_model *m = tiny_model(arch, type);
     if (!m) return;
     const uint32_t V = m->hp.n_vocab, ND = 4;
     muser_session_opts o;

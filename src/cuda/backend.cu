@@ -1235,18 +1235,15 @@ static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_ten
     }
     const uint64_t ny = all_rows ? (uint64_t)r->n * V : V;
     pf_count_nonfinite(c->st, y, ny, pf->d_bad);
-    int32_t bad = 0;
     CU_TRY(cudaMemcpyAsync(c->h_flags + 1, pf->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, c->st), "prefill check");
     CU_TRY(cudaStreamSynchronize(c->st), "prefill");
     CU_TRY(cudaGetLastError(), "prefill launch");
-    bad = c->h_flags[1];
+    const int32_t bad = c->h_flags[1];
     if (bad)
         return muser_errorf(err, MUSER_E_NUMERIC, "cuda: %d non-finite logits in the prefill of positions %llu..%llu "
                             "(fail closed)", bad, (unsigned long long)r->pos[0], (unsigned long long)r->pos[r->n - 1]);
-    if (pf->out) {
-        const float *src_rows = all_rows ? y : y; /* [n][V] or the last row's [V] */
-        CU_TRY(cudaMemcpy(pf->out, src_rows, ny * sizeof(float), cudaMemcpyDeviceToHost), "prefill logits copy");
-    }
+    if (pf->out) /* [n][V], or the last row's [V] */
+        CU_TRY(cudaMemcpy(pf->out, y, ny * sizeof(float), cudaMemcpyDeviceToHost), "prefill logits copy");
     return MUSER_OK;
 }
 
@@ -1818,16 +1815,23 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
 }
 
 /* ---- one matvec, for tests ------------------------------------------------------------------- */
-extern "C" int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, const float *x,
-                                       int tc, int softcap, float scale, float cap, float *y, uint32_t *layout,
-                                       muser_error *err)
+/* The device and a bare context for a check (device 0, its SM count), or an error. */
+static int check_ctx_new(cu_ctx **out, muser_error *err)
 {
+    *out = NULL;
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) return muser_errorf(err, MUSER_E_BACKEND, "cuda: no CUDA device");
     CU_TRY(cudaSetDevice(0), "set device");
     cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
     if (!c) return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory");
     cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, 0);
+    *out = c;
+    return MUSER_OK;
+}
+
+/* A check's matrix: rows × cols GGUF bytes of ggml_type at w. */
+static muser_tensor check_tensor(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w)
+{
     muser_tensor t;
     memset(&t, 0, sizeof t);
     t.data = w;
@@ -1836,6 +1840,16 @@ extern "C" int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32
     t.cols = cols;
     t.row_bytes = quant_row_bytes(ggml_type, cols);
     t.name = "check";
+    return t;
+}
+extern "C" int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, const float *x,
+                                       int tc, int softcap, float scale, float cap, float *y, uint32_t *layout,
+                                       muser_error *err)
+{
+    cu_ctx *c = NULL;
+    const int rc0 = check_ctx_new(&c, err);
+    if (rc0) return rc0;
+    const muser_tensor t = check_tensor(ggml_type, rows, cols, w);
     float *dx = NULL, *dy = NULL;
     uploader u;
     memset(&u, 0, sizeof u);
@@ -1888,20 +1902,14 @@ extern "C" int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32
 extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, uint32_t n,
                                      const float *x, float *y, uint32_t *layout, muser_error *err)
 {
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) return muser_errorf(err, MUSER_E_BACKEND, "cuda: no CUDA device");
-    if (!pf_shape_ok(cols)) return muser_errorf(err, MUSER_E_ARG, "cuda: gemm check: %u columns (a multiple of 32)", cols);
-    CU_TRY(cudaSetDevice(0), "set device");
-    cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
-    if (!c) return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory");
-    muser_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = w;
-    t.type = ggml_type;
-    t.rows = rows;
-    t.cols = cols;
-    t.row_bytes = quant_row_bytes(ggml_type, cols);
-    t.name = "check";
+    cu_ctx *c = NULL;
+    const int rc0 = check_ctx_new(&c, err);
+    if (rc0) return rc0;
+    if (!pf_shape_ok(cols)) {
+        free(c);
+        return muser_errorf(err, MUSER_E_ARG, "cuda: gemm check: %u columns (a multiple of 32)", cols);
+    }
+    const muser_tensor t = check_tensor(ggml_type, rows, cols, w);
     float *dx = NULL, *dy = NULL, *rs = NULL;
     __half *xh = NULL, *xl = NULL, *wh = NULL, *wl = NULL;
     uploader u;
