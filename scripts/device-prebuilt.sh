@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all),
-#                                               # and glimmer, parallel, prefill, engine, serve, skip, ab, abm,
+#                                               # and glimmer, rows, parallel, prefill, engine, serve, skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
 # `--pack` also writes them xz-compressed (~6 MB) into .devbin-pack/ (git-ignored): carry
@@ -98,6 +98,30 @@ for step in $steps; do
             >"$OUT/serve.log" 2>&1
         note "serve rc=$?"
         grep -E '^==|aggregate|tok/s|p50|p99' "$OUT/serve.log" | sed 's/^/    /' >>"$S"
+        ;;
+    rows)
+        # row invariance on the synthesized Glimmer (the tensor-core matvecs and attention): the logits
+        # of 18 sequences of different lengths through decode, packed (passes of 16 rows and more)
+        # and verify, byte for byte (SHA-256 per sequence)
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        TL=""
+        for k in $(seq 0 17); do
+            n=$((2 + (k * 7) % 11)); TL="$TL --tokens $(seq -s, $((100 + 37 * k)) $((100 + 37 * k + n - 1)))"
+        done
+        for r in decode packed verify; do
+            timeout -k 5 150 "$D/muser" eval -m /tmp/g.gguf --backend cuda $TL --route $r --dump-logits "$W/rows_$r" \
+                >"$OUT/rows_$r.log" 2>&1
+            note "rows eval $r rc=$?"
+        done
+        bad=0
+        for k in $(seq 0 17); do
+            a=$(sha256sum <"$W/rows_decode.$k" | cut -c1-16)
+            for r in packed verify; do
+                b=$(sha256sum <"$W/rows_$r.$k" 2>/dev/null | cut -c1-16)
+                [ "$a" = "$b" ] || { bad=$((bad + 1)); note "rows: sequence $k $r $b != decode $a"; }
+            done
+        done
+        note "rows: $bad mismatches over 18 sequences x (packed, verify)"
         ;;
     parity)
         "$D/muser" synth --preset small -o "$W/small.gguf" >/dev/null 2>&1

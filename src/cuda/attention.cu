@@ -82,12 +82,23 @@ __device__ __forceinline__ size_t att_off(bool ring, uint32_t hkv, uint32_t D, u
 /* One block per head (H query heads, then HKV key heads); the K block also stores V. */
 __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_norm, const float *k_norm, float eps, int rope,
                                 int neox, float theta, const cu_step *step, const cu_plane_meta *meta,
-                                uint16_t *kp, uint16_t *vp, uint32_t H, uint32_t HKV, uint32_t D, int ring)
+                                uint16_t *kp, uint16_t *vp, uint32_t H, uint32_t HKV, uint32_t D, int ring,
+                                const cu_rows R)
 {
     CU_TL_SCOPE(TL_ROPE);
     extern __shared__ float xs[];
     __shared__ double sh[32];
-    const uint32_t b = blockIdx.x;
+    const uint32_t b = blockIdx.x, row = blockIdx.y; /* head, pass row */
+    if (row) {
+        qkv += (size_t)row * R.x_stride;
+        vsrc += (size_t)row * R.x_stride;
+        step = cu_row_step(step, R, row);
+        meta = cu_row_meta(meta, R, row);
+    }
+    if (R.kp) {
+        kp = (uint16_t *)R.kp[row];
+        vp = (uint16_t *)R.vp[row];
+    }
     const bool is_q = b < H;
     float *x = is_q ? qkv + (size_t)b * D : qkv + (size_t)H * D + (size_t)(b - H) * D;
     const float *w = is_q ? q_norm : k_norm;
@@ -142,16 +153,18 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
 
 void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *v, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
-                      const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g, bool pdl)
+                      const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g, bool pdl,
+                      uint32_t n, const cu_rows *R)
 {
     (void)rope_dim;
     const uint32_t threads = g->head_dim < 32 ? 32 : (g->head_dim > 256 ? 256 : g->head_dim);
+    const cu_rows rows = R ? *R : cu_rows{};
     cudaLaunchAttribute at[1];
-    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(g->n_head + g->n_head_kv), dim3(threads), st, pdl, at);
+    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(g->n_head + g->n_head_kv, n), dim3(threads), st, pdl, at);
     cfg.dynamicSmemBytes = g->head_dim * sizeof(float);
     cudaLaunchKernelEx(&cfg, k_qk_rope_store,
         qkv, v, q_norm, k_norm, eps, (int)rope, (int)neox, theta, step, meta, k_plane, v_plane, g->n_head, g->n_head_kv,
-        g->head_dim, g->ring);
+        g->head_dim, g->ring, rows);
 }
 
 /* Positions per split: ceil(len / n_split) rounded up to a multiple of `align` (a power of two,
@@ -179,10 +192,23 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
                                                              const cu_plane_meta *meta, const uint16_t *kp,
                                                              const uint16_t *vp, float *part_ml, float *part_acc,
                                                              uint32_t HKV, int ring, uint32_t n_split, float scale,
-                                                             uint32_t GT)
+                                                             uint32_t GT, const cu_rows R)
 {
     CU_TL_SCOPE(TL_ATT_SPLIT);
     constexpr int D = 32 * DPL;
+    /* blockIdx.z = pass row · (GT / G) + this block's head group */
+    const uint32_t zg = blockIdx.z % (GT / G), row = blockIdx.z / (GT / G);
+    if (row) {
+        q += (size_t)row * R.x_stride;
+        step = cu_row_step(step, R, row);
+        meta = cu_row_meta(meta, R, row);
+        part_ml += (size_t)row * R.part_stride * 2;
+        part_acc += (size_t)row * R.part_stride * D;
+    }
+    if (R.kp) {
+        kp = R.kp[row];
+        vp = R.vp[row];
+    }
     __shared__ float qs[G][D];
     __shared__ float ps[ATT_WARPS][G][32];
     __shared__ float mg[2][G][D];
@@ -199,7 +225,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
      * one L2 latency per element) */
     {
         constexpr int N4 = G * D / 4, T = ATT_WARPS * 32;
-        const float4 *q4 = (const float4 *)(q + ((size_t)h * GT + (size_t)blockIdx.z * G) * D);
+        const float4 *q4 = (const float4 *)(q + ((size_t)h * GT + (size_t)zg * G) * D);
         float4 *qs4 = (float4 *)&qs[0][0];
         float4 t[(N4 + T - 1) / T];
 #pragma unroll
@@ -333,7 +359,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
             for (int k = 0; k < DPL; k++) mg[0][g][lane * DPL + k] = acc[g][k];
     __syncthreads();
     if (w == 0) {
-        const size_t base = ((size_t)h * n_split + split) * GT + (size_t)blockIdx.z * G;
+        const size_t base = ((size_t)h * n_split + split) * GT + (size_t)zg * G;
         for (int g = 0; g < G; g++) {
             float lt = 0.f;
             for (int i = 0; i < ATT_WARPS; i++)
@@ -363,9 +389,17 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
 __global__ void __launch_bounds__(CMB_WARPS * 32) k_attn_combine(const float *part_ml, const float *part_acc,
                                                                 const cu_plane_meta *meta, const float *gate,
                                                                 float *out, uint32_t G, uint32_t D, uint32_t n_split,
-                                                                uint32_t align, cu_digits dg)
+                                                                uint32_t align, cu_digits dg, const cu_rows R)
 {
     CU_TL_SCOPE(TL_ATT_COMBINE);
+    const uint32_t row = blockIdx.z; /* the pass row */
+    if (row) {
+        part_ml += (size_t)row * R.part_stride * 2;
+        part_acc += (size_t)row * R.part_stride * D;
+        meta = cu_row_meta(meta, R, row);
+        gate = gate ? gate + (size_t)row * R.x_stride : gate;
+        out += (size_t)row * R.o_stride;
+    }
     __shared__ float fs[CMB_MAX_SPLIT];
     __shared__ float wred[2][CMB_WARPS];
     __shared__ float wnum[CMB_WARPS][32];
@@ -432,19 +466,19 @@ __global__ void __launch_bounds__(CMB_WARPS * 32) k_attn_combine(const float *pa
     float o = num / den;
     if (gate) o = o * (1.f / (1.f + expf(-gv)));
     out[(size_t)hq * D + d] = o;
-    cu_digits_write(dg, o, hq * D + d); /* one whole warp over 32 consecutive elements */
+    cu_digits_write(dg, o, hq * D + d, row); /* one whole warp over 32 consecutive elements */
 }
 
 /* The combine for n_split splits per KV head cut at `align`; pdl: launched as a programmatic
  * dependent of the split kernel (see cu_pdl_trigger). */
 static int launch_combine(cudaStream_t st, const float *pml, const float *pacc, const cu_plane_meta *meta,
                           const float *gate, float *out, const cu_attn_geom *g, uint32_t n_split, uint32_t align,
-                          bool pdl, cu_digits dg)
+                          bool pdl, cu_digits dg, uint32_t n, const cu_rows &R)
 {
     if (n_split > CMB_MAX_SPLIT || g->head_dim % 32) return -1;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
-    cfg.gridDim = dim3(g->n_head, g->head_dim / 32);
+    cfg.gridDim = dim3(g->n_head, g->head_dim / 32, n);
     cfg.blockDim = dim3(CMB_WARPS * 32);
     cfg.stream = st;
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -452,7 +486,7 @@ static int launch_combine(cudaStream_t st, const float *pml, const float *pacc, 
     cfg.attrs = at;
     cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, k_attn_combine, pml, pacc, meta, gate, out, g->n_head / g->n_head_kv,
-                              g->head_dim, n_split, align, dg) == cudaSuccess ? 0 : -1;
+                              g->head_dim, n_split, align, dg, R) == cudaSuccess ? 0 : -1;
 }
 
 /* ---- tc: the split kernel on tensor cores (GQA 16:1, D = 128) ---------------------------------
@@ -561,14 +595,32 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
                                                                     const cu_plane_meta *meta, const uint16_t *kp,
                                                                     const uint16_t *vp, float *part_ml,
                                                                     float *part_acc, uint32_t HKV, uint32_t n_split,
-                                                                    uint32_t align, float scale, const cu_attn_fuse F)
+                                                                    uint32_t align, float scale, cu_attn_fuse F,
+                                                                    const cu_rows R)
 {
     CU_TL_SCOPE(TL_ATT_SPLIT_TC);
     extern __shared__ __align__(128) uint8_t tc_smem[];
     __shared__ int qexp[TC_G];
     __shared__ float wml[TC_WARPS][TC_G][2];
     __shared__ double rsin[TC_D / 2], rcos[TC_D / 2], ksum[TC_WARPS];
-    const uint32_t split = blockIdx.x, h = blockIdx.y;
+    const uint32_t split = blockIdx.x, h = blockIdx.y, row = blockIdx.z; /* row: the pass row */
+    if (row) {
+        q += (size_t)row * R.x_stride;
+        step = cu_row_step(step, R, row);
+        meta = cu_row_meta(meta, R, row);
+        part_ml += (size_t)row * R.part_stride * 2;
+        part_acc += (size_t)row * R.part_stride * TC_D;
+        if (F.k) {
+            F.k += (size_t)row * R.x_stride;
+            F.v += (size_t)row * R.x_stride;
+        }
+    }
+    if (R.kp) {
+        kp = R.kp[row];
+        vp = R.vp[row];
+        F.kw = (uint16_t *)kp;
+        F.vw = (uint16_t *)vp;
+    }
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const cu_plane_meta m = meta[0];
     const uint64_t pos = step->pos;
@@ -850,7 +902,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
 template <bool RING, int STAGES>
 static int launch_tc(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                      const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g,
-                     uint32_t align, const cu_attn_fuse &F)
+                     uint32_t align, const cu_attn_fuse &F, uint32_t n, const cu_rows &R)
 {
     /* host-side attributes, legal while a stream is being captured into a graph; the carveout
      * asks for the shared-memory split that holds two blocks (96 KiB of stages, + 8 KiB fused) */
@@ -863,18 +915,18 @@ static int launch_tc(cudaStream_t st, const float *q, const cu_step *step, const
      * its wait, so the projections must have finished when this kernel launches (as a programmatic
      * dependent of the projections the gate was read stale: Glimmer logits off by 0.5) */
     const size_t smem = TC_SMEM(STAGES) + (F.k ? TC_QS_BYTES : 0);
-    k_attn_split_tc<RING, STAGES><<<dim3(g->n_split, g->n_head_kv), TC_WARPS * 32, smem, st>>>(
-        q, step, meta, kp, vp, pml, pacc, g->n_head_kv, g->n_split, align, g->scale, F);
+    k_attn_split_tc<RING, STAGES><<<dim3(g->n_split, g->n_head_kv, n), TC_WARPS * 32, smem, st>>>(
+        q, step, meta, kp, vp, pml, pacc, g->n_head_kv, g->n_split, align, g->scale, F, R);
     return 0;
 }
 
 template <int STAGES>
 static int launch_split_tc(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                            const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g,
-                           uint32_t align, const cu_attn_fuse &F)
+                           uint32_t align, const cu_attn_fuse &F, uint32_t n = 1, const cu_rows &R = cu_rows{})
 {
-    return g->ring ? launch_tc<true, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g, align, F)
-                   : launch_tc<false, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g, align, F);
+    return g->ring ? launch_tc<true, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g, align, F, n, R)
+                   : launch_tc<false, STAGES>(st, q, step, meta, kp, vp, pml, pacc, g, align, F, n, R);
 }
 
 /* G query heads per block; a KV head's GT = H/HKV query heads take GT/G blocks (grid.z) that
@@ -883,24 +935,26 @@ static int launch_split_tc(cudaStream_t st, const float *q, const cu_step *step,
  * bandwidth; reading each row twice (the second mostly from L2) costs less than that. */
 template <int G, int DPL>
 static void launch_split(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
-                         const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g)
+                         const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g,
+                         uint32_t n, const cu_rows &R)
 {
     const uint32_t GT = g->n_head / g->n_head_kv;
-    dim3 grid(g->n_split, g->n_head_kv, GT / G);
+    dim3 grid(g->n_split, g->n_head_kv, GT / G * n);
     k_attn_split<G, DPL><<<grid, ATT_WARPS * 32, 0, st>>>(q, step, meta, kp, vp, pml, pacc, g->n_head_kv, g->ring,
-                                                          g->n_split, g->scale, GT);
+                                                          g->n_split, g->scale, GT, R);
 }
 
 template <int DPL>
 static int launch_by_g(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
-                       const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g)
+                       const uint16_t *kp, const uint16_t *vp, float *pml, float *pacc, const cu_attn_geom *g,
+                       uint32_t n, const cu_rows &R)
 {
     switch (g->n_head / g->n_head_kv) {
-    case 1: launch_split<1, DPL>(st, q, step, meta, kp, vp, pml, pacc, g); return 0;
-    case 2: launch_split<2, DPL>(st, q, step, meta, kp, vp, pml, pacc, g); return 0;
-    case 4: launch_split<4, DPL>(st, q, step, meta, kp, vp, pml, pacc, g); return 0;
-    case 8: launch_split<8, DPL>(st, q, step, meta, kp, vp, pml, pacc, g); return 0;
-    case 16: launch_split<8, DPL>(st, q, step, meta, kp, vp, pml, pacc, g); return 0;
+    case 1: launch_split<1, DPL>(st, q, step, meta, kp, vp, pml, pacc, g, n, R); return 0;
+    case 2: launch_split<2, DPL>(st, q, step, meta, kp, vp, pml, pacc, g, n, R); return 0;
+    case 4: launch_split<4, DPL>(st, q, step, meta, kp, vp, pml, pacc, g, n, R); return 0;
+    case 8: launch_split<8, DPL>(st, q, step, meta, kp, vp, pml, pacc, g, n, R); return 0;
+    case 16: launch_split<8, DPL>(st, q, step, meta, kp, vp, pml, pacc, g, n, R); return 0;
     default: return -1;
     }
 }
@@ -933,8 +987,9 @@ static att_plan att_plan_for(const cu_attn_geom *g)
 static int att_run(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                    const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
                    const float *gate, float *out, const cu_attn_geom *g0, const att_plan &p, cu_digits dg, int parts,
-                   const cu_attn_fuse *fuse = NULL)
+                   const cu_attn_fuse *fuse = NULL, uint32_t n = 1, const cu_rows *Rp = NULL)
 {
+    const cu_rows R = Rp ? *Rp : cu_rows{};
     cu_attn_fuse F;
     memset(&F, 0, sizeof F);
     if (fuse) {
@@ -947,24 +1002,28 @@ static int att_run(cudaStream_t st, const float *q, const cu_step *step, const c
         return -1;
     int rc = 0;
     if (parts & 1) {
-        if (p.tc) rc = launch_split_tc<TC_STAGES>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g, p.align, F);
+        if (p.tc)
+            rc = launch_split_tc<TC_STAGES>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g, p.align, F, n, R);
         else if (p.align != 32) rc = -1;
         else switch (g.head_dim) {
-        case 32: rc = launch_by_g<1>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g); break;
-        case 64: rc = launch_by_g<2>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g); break;
-        case 128: rc = launch_by_g<4>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g); break;
+        case 32: rc = launch_by_g<1>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g, n, R); break;
+        case 64: rc = launch_by_g<2>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g, n, R); break;
+        case 128: rc = launch_by_g<4>(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, &g, n, R); break;
         default: rc = -1;
         }
     }
-    if (!rc && (parts & 2)) rc = launch_combine(st, part_ml, part_acc, meta, gate, out, &g, g.n_split, p.align, p.pdl, dg);
+    if (!rc && (parts & 2))
+        rc = launch_combine(st, part_ml, part_acc, meta, gate, out, &g, g.n_split, p.align, p.pdl, dg, n, R);
     return rc;
 }
 
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
-                 const float *gate, float *out, const cu_attn_geom *g, cu_digits dg, const cu_attn_fuse *fuse)
+                 const float *gate, float *out, const cu_attn_geom *g, cu_digits dg, const cu_attn_fuse *fuse,
+                 uint32_t n, const cu_rows *R)
 {
-    return att_run(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, gate, out, g, att_plan_for(g), dg, 3, fuse);
+    return att_run(st, q, step, meta, k_plane, v_plane, part_ml, part_acc, gate, out, g, att_plan_for(g), dg, 3, fuse, n,
+                   R);
 }
 
 bool cu_attn_fusable(const cu_attn_geom *g) { return att_plan_for(g).tc; }
@@ -1051,7 +1110,7 @@ int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, cha
     TRY(cudaMemset(dout, 0xFF, H * D * sizeof(float)), "poison");
     TRY(cudaMemset(pacc, 0xFF, HKV * c->n_split * G * D * sizeof(float)), "poison");
     if (cu_attention(st, dq, (const cu_step *)dstep, (const cu_plane_meta *)((cu_step *)dstep + 1), dk, dv, pml, pacc,
-                     dgate, dout, &g, cu_digits{NULL, NULL}, NULL)) {
+                     dgate, dout, &g, cu_digits{NULL, NULL, 0}, NULL)) {
         snprintf(msg, msg_len, "cu_attention refused the geometry (H %zu, HKV %zu, D %zu)", H, HKV, D);
         goto done_quiet;
     }
@@ -1151,7 +1210,7 @@ int muser_cuda_attn_fuse_check(const muser_cuda_attn_case *c, const float *k_row
         TRY(cudaMemcpy(dstep, &hs, sizeof hs, cudaMemcpyHostToDevice), "upload step");
         const cu_step *sp = (const cu_step *)dstep;
         const cu_plane_meta *mp = (const cu_plane_meta *)((cu_step *)dstep + 1);
-        const cu_digits none = {NULL, NULL};
+        const cu_digits none = {NULL, NULL, 0};
         cu_qk_rope_store(st, qkv, vs, q_norm ? qn : NULL, k_norm ? kn : NULL, eps, rope != 0, false, theta, (uint32_t)D, sp,
                          mp, kp[0], vp[0], &g, false);
         if (cu_attention(st, qkv, sp, mp, kp[0], vp[0], pml, pacc, c->gate ? gate : NULL, out[0], &g, none, NULL))

@@ -61,6 +61,9 @@ enum { XS_STACK, XS_OPROJ, XS_GU, XS_DOWN, XS_N };
 typedef struct cu_pf cu_pf;
 static void pf_free(cu_pf *pf);
 
+/* Rows of one multi-row pass of the small-batch route (a step with more runs as several passes). */
+#define CU_ROWS_MAX 16u
+
 typedef struct cu_ctx {
     const muser_model *m;
     int device, n_sm;
@@ -72,13 +75,25 @@ typedef struct cu_ctx {
     mv_mat emb, out;
     float *out_norm;
     uint64_t n_ctx;            /* the largest context a session may have (the attention partials' size) */
-    /* activations */
+    /* activations, each [CU_ROWS_MAX][its width] (row r of a multi-row pass at + r·width; a
+     * session's one-row graph uses row 0) */
     float *h, *a, *qkvg, *attn_o, *y, *ffn, *ffn_g, *ffn_u, *logits, *part_ml, *part_acc, *am_v;
+    size_t n_part;             /* attention partial entries of one row */
     double *rope_inv;          /* head_dim/2 RoPE angle rates for the fused split kernel (NULL: it computes them) */
-    int32_t *am_i, *d_token, *d_nonfinite;
-    float *h_logits;           /* pinned */
+    int32_t *am_i, *d_token, *d_nonfinite; /* [CU_ROWS_MAX] argmax token and non-finite count per row */
+    float *h_logits;           /* pinned [CU_ROWS_MAX][V] */
     float *step_logits;        /* [MUSER_STEP_MAX_ROWS][V] a step's rows, copied out when all succeeded */
-    int32_t *h_flags;          /* pinned: [0] argmax token, [1] non-finite count */
+    int32_t *h_flags;          /* pinned: [0] argmax token, [1] non-finite count; [2 + r] row r's count */
+    uint32_t rn;               /* rows of the pass being enqueued: 1 for a session's graph */
+    uint32_t dig_rs;           /* bytes between the rows' matvec input digits (either layout) */
+    /* the multi-row pass (rows_*: its tables; g_rows[n]: its graph for n rows, recorded at first use) */
+    uint8_t *d_rows, *h_rows;  /* [CU_ROWS_MAX] cu_step blocks of row_bytes, then kp[n_layer][CU_ROWS_MAX], vp[…] */
+    size_t row_bytes, rows_bytes;
+    cu_attn_geom *rows_geom;   /* [n_layer] the geometry of every session the pass takes (rows_ok) */
+    uint64_t rows_n_ctx;       /* the context of those sessions (the device's) */
+    cudaGraphExec_t g_rows[CU_ROWS_MAX + 1];
+    bool profile;              /* MUSER_CUDA_PROFILE set: each row count's first pass is profiled (profile_pass) */
+    uint32_t rows_profiled;    /* bit n: a pass of n rows was */
     bool gate_up_paired;       /* gate and up in one launch writing silu(g)·u (both Q4_KT, or both general) */
     uint8_t *xm;               /* mmq_prep output of the current matvec input (the Q4_KT matrices) */
     uint8_t *x6;               /* mmq6_prep output of the current matvec input (the Q6_KT matrices) */
@@ -111,6 +126,7 @@ typedef struct cu_seq {
                                 * multi-row call that wraps a ring over stored rows */
     size_t ring_bytes;         /* bytes of all rings (= of ring_undo) */
     cudaGraphExec_t g_fwd, g_bench; /* g_bench: recorded by the bench lane only */
+    uint64_t n_ctx;
 } cu_seq;
 
 /* Op families MUSER_CUDA_SKIP can leave out, to time each one inside the graph by difference. */
@@ -372,13 +388,15 @@ static void pf_mark(profiler *p, cudaStream_t st, int fam)
 }
 
 /* One segment of a matvec launch. */
-static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint32_t R)
+/* os: floats between the rows' outputs in a multi-row pass */
+static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint32_t R, uint32_t os = 0)
 {
     mv_seg *s = &L->seg[L->n_seg++];
     memset(s, 0, sizeof *s);
     s->a = *a;
     s->out = out;
     s->op = op;
+    s->os = os;
     s->warp_begin = L->n_warps;
     L->n_warps += (a->rows + R - 1) / R;
 }
@@ -387,15 +405,23 @@ static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint
 #define DIG_XM 1u /* Q4_KT's, in c->xm */
 #define DIG_X6 2u /* Q6_KT's, in c->x6 */
 
-/* One matvec launch: a Q6_KT or Q4_KT launch per segment on the tensor cores (after a prep of x
- * into their digit layout unless `ready` says the producer of x wrote it: DIG_* bits), else the
- * general path (matvec.cuh) over all segments at once. */
-static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, uint32_t ready)
+/* x's digits for the c->rn rows of the pass (row r's x at + r·xst floats), one launch */
+template <typename WR>
+static void prep_rows(cu_ctx *c, cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, uint32_t xst)
+{
+    mmq_prep_launch_t<WR>(st, x, buf, K, c->prep_pdl, c->rn, xst, c->dig_rs);
+}
+
+/* One matvec launch over the c->rn rows of the pass (row r's x at + r·xst floats, its outputs at
+ * + r·seg.os): a Q6_KT or Q4_KT launch per segment on the tensor cores, every row in it (after a
+ * prep of x into their digit layout unless `ready` says the producer of x wrote it: DIG_* bits),
+ * else the general path (matvec.cuh) over all segments at once, a launch per row. */
+static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x, uint32_t ready, uint32_t xst = 0)
 {
     const uint32_t t = L->seg[0].a.type;
     if (t == MV_T_Q6_KT) {
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & DIG_X6) && !SKIP(c, SK_PREP)) mmq6_prep_launch(st, x, c->x6, K, c->prep_pdl);
+        if (!(ready & DIG_X6) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q6>(c, st, x, c->x6, K, xst);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             mmq6_args A;
@@ -408,6 +434,9 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.op = g->op;
             A.scale = g->scale;
             A.cap = g->cap;
+            A.nx = c->rn;
+            A.xs = c->dig_rs;
+            A.os = g->os;
             if (c->site == XS_DOWN) mmq6_launch_down(A, st, true);
             else mmq6_launch_auto(A, st, true);
         }
@@ -415,7 +444,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
     }
     if (t == MV_T_Q4_KT) {
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) mmq_prep_launch(st, x, c->xm, K, c->prep_pdl);
+        if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q4>(c, st, x, c->xm, K, xst);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             const bool pair = g->op == MV_OP_SILU_MUL;
@@ -430,35 +459,42 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.op = pair ? (uint32_t)MV_OP_STORE : g->op;
             A.scale = g->scale;
             A.cap = g->cap;
+            A.nx = c->rn;
+            A.xs = c->dig_rs;
+            A.os = g->os;
             /* gate·up on a persistent grid where its tiles fit a CTA's shared memory */
             if (!(pair && mmq_pair_persist_launch(A, c->n_sm, st, true))) mmq_launch_auto(A, pair, st, true, c->n_sm);
         }
         return;
     }
-    mv_launch_typed(st, *L, x);
+    for (uint32_t r = 0; r < c->rn; r++) {
+        mv_launch R = *L;
+        for (uint32_t i = 0; i < R.n_seg; i++) R.seg[i].out += (size_t)r * R.seg[i].os;
+        mv_launch_typed(st, R, x + (size_t)r * xst);
+    }
 }
 
 /* matvec of several matrices over the same x; consecutive same-type matrices share one launch.
- * ready: DIG_* bits as in mv_go. */
+ * ready: DIG_* bits as in mv_go; os, xst: the rows' strides (mv_go). */
 static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, float *const *outs, int n, const float *x,
-                     uint32_t ready)
+                     uint32_t ready, uint32_t os = 0, uint32_t xst = 0)
 {
     mv_launch L;
     memset(&L, 0, sizeof L);
     for (int i = 0; i < n; i++) {
         if (L.n_seg && (L.n_seg == MV_MAX_SEG || L.seg[0].a.type != mats[i]->type)) {
-            mv_go(c, st, &L, x, ready);
+            mv_go(c, st, &L, x, ready, xst);
             memset(&L, 0, sizeof L);
         }
-        seg_set(&L, mats[i], outs[i], MV_OP_STORE, (uint32_t)mv_rows_per_warp(mats[i]->type));
+        seg_set(&L, mats[i], outs[i], MV_OP_STORE, (uint32_t)mv_rows_per_warp(mats[i]->type), os);
     }
-    if (L.n_seg) mv_go(c, st, &L, x, ready);
+    if (L.n_seg) mv_go(c, st, &L, x, ready, xst);
 }
 
 /* The digits a producer writes for one matrix of `type` that reads its output next. */
 static cu_digits digits_for(const cu_ctx *c, uint32_t type)
 {
-    cu_digits d = {NULL, NULL};
+    cu_digits d = {NULL, NULL, c->dig_rs};
     if (type == MV_T_Q4_KT) d.q4 = c->xm;
     else if (type == MV_T_Q6_KT) d.q6 = c->x6;
     return d;
@@ -481,7 +517,7 @@ static cu_digits qkvg_digits(const cu_ctx *c, uint32_t l)
 {
     const cu_layer *L = l < c->m->hp.n_layer ? &c->layers[l] : NULL;
     if (!L) return digits_for(c, c->out.type);
-    cu_digits d = {NULL, NULL};
+    cu_digits d = {NULL, NULL, c->dig_rs};
     if (!L->qkg.data) return d;
     d = L->qkg_v ? digits_for(c, MV_T_Q4_KT) : digits_for(c, L->v.type);
     d.q4 = c->xm;
@@ -512,6 +548,12 @@ static void set_site(cu_ctx *c, int s)
     c->x6 = c->x6_site[s];
 }
 
+/* Floats between the rows of the qkvg buffer (q | k | gate | v) in a multi-row pass. */
+static uint32_t qkvg_width(const muser_hparams *hp)
+{
+    return 2 * hp->n_head * hp->head_dim + 2 * hp->n_head_kv * hp->head_dim;
+}
+
 /* The attention projections of layer L over c->a: the stack on the tensor cores in one launch (with
  * a Q6_KT v beside it in the same grid where both digit layouts are ready), v apart where it is not
  * in the stack; or, unstacked, one launch per run of same-type matrices. */
@@ -519,10 +561,11 @@ static void enqueue_qkvg(cu_ctx *c, cudaStream_t st, const cu_layer *L, cu_digit
                          float *v)
 {
     const muser_hparams *hp = &c->m->hp;
+    const uint32_t QW = qkvg_width(hp), E = hp->n_embd;
     if (!L->qkg.data) {
         const mv_mat *mats[4] = {&L->q, &L->k, &L->v, &L->gate};
         float *outs[4] = {q, k, v, g};
-        mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, 0);
+        mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, 0, QW, E);
         return;
     }
     const bool with_v = !L->qkg_v && L->qkg.type == MV_T_Q4_KT && L->v.type == MV_T_Q6_KT &&
@@ -535,6 +578,9 @@ static void enqueue_qkvg(cu_ctx *c, cudaStream_t st, const cu_layer *L, cu_digit
         S.K = L->qkg.cols;
         S.x = c->xm;
         S.out = q;
+        S.nx = c->rn;
+        S.xs = c->dig_rs;
+        S.os = QW;
         mmq6_args V;
         memset(&V, 0, sizeof V);
         V.a = L->v.data;
@@ -544,32 +590,63 @@ static void enqueue_qkvg(cu_ctx *c, cudaStream_t st, const cu_layer *L, cu_digit
         V.out = v;
         V.op = MV_OP_STORE;
         V.scale = 1.f;
+        V.nx = c->rn;
+        V.xs = c->dig_rs;
+        V.os = QW;
         mmq_stack_v_launch(S, V, st, true);
         return;
     }
     mv_launch sl;
     memset(&sl, 0, sizeof sl);
-    seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1);
-    mv_go(c, st, &sl, c->a, DIG_XM);
+    seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1, QW);
+    mv_go(c, st, &sl, c->a, DIG_XM, E);
     if (!L->qkg_v) {
         const mv_mat *vm[1] = {&L->v};
         float *vo[1] = {v};
-        mv_group(c, st, vm, vo, 1, c->a, digits_ready(dg));
+        mv_group(c, st, vm, vo, 1, c->a, digits_ready(dg), QW, E);
     }
 }
 
-static int route_enqueue(cu_ctx *c, cu_seq *sq, bool readback, bool bench_token, profiler *pf)
+/* Layer l's K and V plane tables of the multi-row pass (device addresses: [CU_ROWS_MAX] each). */
+static const uint16_t *const *rows_kp(const cu_ctx *c, uint32_t l)
+{
+    return (const uint16_t *const *)(c->d_rows + CU_ROWS_MAX * c->row_bytes) + (size_t)l * CU_ROWS_MAX;
+}
+static const uint16_t *const *rows_vp(const cu_ctx *c, uint32_t l)
+{
+    return rows_kp(c, c->m->hp.n_layer) + (size_t)l * CU_ROWS_MAX;
+}
+
+/* The decode route, enqueued on c->st (to be recorded as a graph): one session's token (sq, n = 1),
+ * or a multi-row pass of n rows (sq NULL), each row a token of its own session at its own
+ * position, read from the device's row tables (c->d_rows: each row's cu_step and plane metadata,
+ * each layer's K/V plane per row), every kernel taking all n rows at once (the matvecs read each
+ * weight once for all of them). A row's arithmetic is the one-row route's: its bits are those of
+ * decoding it alone (docs/routes.md says how that is kept). */
+static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool readback, bool bench_token, profiler *pf)
 {
     const muser_hparams *hp = &c->m->hp;
     cudaStream_t st = c->st;
-    const uint32_t E = hp->n_embd, H = hp->n_head, HKV = hp->n_head_kv, D = hp->head_dim;
-    cu_step *dstep = (cu_step *)sq->d_step;
+    const uint32_t E = hp->n_embd, H = hp->n_head, HKV = hp->n_head_kv, D = hp->head_dim, F = hp->n_ff;
+    const uint32_t QW = qkvg_width(hp), QD = H * D, V = hp->n_vocab;
+    cu_step *dstep = sq ? (cu_step *)sq->d_step : (cu_step *)c->d_rows;
     const cu_plane_meta *dmeta = (const cu_plane_meta *)(dstep + 1);
-    if (!bench_token)
+    cu_rows R;
+    memset(&R, 0, sizeof R);
+    if (!sq) {
+        R.step_stride = (uint32_t)c->row_bytes;
+        R.x_stride = QW;
+        R.o_stride = QD;
+        R.part_stride = (uint32_t)c->n_part;
+    }
+    c->rn = n;
+    if (!sq)
+        cudaMemcpyAsync(c->d_rows, c->h_rows, c->rows_bytes, cudaMemcpyHostToDevice, st);
+    else if (!bench_token)
         cudaMemcpyAsync(sq->d_step, sq->h_step, sq->step_bytes, cudaMemcpyHostToDevice, st);
     else /* position and metadata only: the token is the previous step's argmax */
         cudaMemcpyAsync(&dstep->pos, &((cu_step *)sq->h_step)->pos, sizeof(uint64_t), cudaMemcpyHostToDevice, st);
-    if (bench_token) {
+    if (sq && bench_token) {
         cudaMemcpyAsync((uint8_t *)sq->d_step + sizeof(cu_step), (uint8_t *)sq->h_step + sizeof(cu_step),
                         sq->step_bytes - sizeof(cu_step), cudaMemcpyHostToDevice, st);
         cudaMemcpyAsync(&dstep->token, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToDevice, st);
@@ -578,71 +655,76 @@ static int route_enqueue(cu_ctx *c, cu_seq *sq, bool readback, bool bench_token,
     set_site(c, XS_STACK);
     cu_digits dg = qkvg_digits(c, 0); /* the digits the next attention projections (or the head) read */
     cu_embed_norm(st, &c->emb, &dstep->token, c->h, c->a, c->layers[0].attn_norm, hp->rms_eps, hp->entry_norm,
-                  hp->rms_eps, E, dg, c->tail_trigger);
+                  hp->rms_eps, E, dg, c->tail_trigger, n, &R);
     /* c->qkvg = q | k | gate | v (the stack's order) */
     float *q = c->qkvg, *k = q + (size_t)H * D, *g = k + (size_t)HKV * D;
     float *v = hp->attn_gate ? g + (size_t)H * D : g;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         cu_layer *L = &c->layers[l];
-        cu_plane *P = &sq->pl[l];
+        const cu_attn_geom *geom = sq ? &sq->pl[l].geom : &c->rows_geom[l];
+        uint16_t *kp = sq ? sq->pl[l].kp : NULL, *vp = sq ? sq->pl[l].vp : NULL;
+        if (!sq) {
+            R.kp = rows_kp(c, l);
+            R.vp = rows_vp(c, l);
+        }
         pf_mark(pf, st, PF_QKVG);
         if (!SKIP(c, SK_QKVG)) enqueue_qkvg(c, st, L, dg, q, k, g, v);
         pf_mark(pf, st, PF_ROPE);
         /* QK-norm/RoPE/store inside the split attention kernel where it can (cu_attn_fusable) */
-        const bool fuse = !SKIP(c, SK_ROPE) && hp->arch != MUSER_ARCH_QWEN3 && cu_attn_fusable(&P->geom);
-        cu_attn_fuse F;
-        memset(&F, 0, sizeof F);
-        F.k = k;
-        F.v = v;
-        F.q_norm = L->q_norm;
-        F.k_norm = L->k_norm;
-        F.eps = hp->rms_eps;
-        F.rope = muser_layer_has_rope(hp, l);
-        F.theta = hp->rope_theta;
-        F.kw = P->kp;
-        F.vw = P->vp;
-        F.inv_freq = c->rope_inv;
+        const bool fuse = !SKIP(c, SK_ROPE) && hp->arch != MUSER_ARCH_QWEN3 && cu_attn_fusable(geom);
+        cu_attn_fuse Fu;
+        memset(&Fu, 0, sizeof Fu);
+        Fu.k = k;
+        Fu.v = v;
+        Fu.q_norm = L->q_norm;
+        Fu.k_norm = L->k_norm;
+        Fu.eps = hp->rms_eps;
+        Fu.rope = muser_layer_has_rope(hp, l);
+        Fu.theta = hp->rope_theta;
+        Fu.kw = kp;
+        Fu.vw = vp;
+        Fu.inv_freq = c->rope_inv;
         if (!SKIP(c, SK_ROPE) && !fuse)
             cu_qk_rope_store(st, c->qkvg, v, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
-                             hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, P->kp, P->vp,
-                             &P->geom, true);
+                             hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, kp, vp, geom,
+                             true, n, &R);
         pf_mark(pf, st, PF_ATTN);
         /* the combine writes o_proj's digits, in the layout o_proj's matvec reads */
         set_site(c, XS_OPROJ);
         const cu_digits od = digits_for(c, L->o.type);
-        if (!SKIP(c, SK_ATTN) && cu_attention(st, q, dstep, dmeta + l, P->kp, P->vp, c->part_ml, c->part_acc,
-                                              hp->attn_gate ? g : NULL, c->attn_o, &P->geom, od, fuse ? &F : NULL))
+        if (!SKIP(c, SK_ATTN) && cu_attention(st, q, dstep, dmeta + l, kp, vp, c->part_ml, c->part_acc,
+                                              hp->attn_gate ? g : NULL, c->attn_o, geom, od, fuse ? &Fu : NULL, n, &R))
             return -1;
         pf_mark(pf, st, PF_OPROJ);
         const mv_mat *om[1] = {&L->o};
         float *oo[1] = {c->y};
-        if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, digits_ready(od));
+        if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, digits_ready(od), E, QD);
         pf_mark(pf, st, PF_TAIL);
         /* this tail writes gate·up's digits, in the layouts gate and up read */
         set_site(c, XS_GU);
         const cu_digits gd = digits_or(digits_for(c, L->ffn_gate.type), digits_for(c, L->ffn_up.type));
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich,
-                    E, gd, c->tail_trigger, c->tail_wide);
+                    E, gd, c->tail_trigger, c->tail_wide, n);
         pf_mark(pf, st, PF_FFN_UP);
         if (SKIP(c, SK_GU)) {
         } else if (c->gate_up_paired) {
             mv_launch ml;
             memset(&ml, 0, sizeof ml);
-            seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, 1);
+            seg_set(&ml, &L->ffn_gate, c->ffn, MV_OP_SILU_MUL, 1, F);
             ml.seg[0].b = L->ffn_up;
-            mv_go(c, st, &ml, c->a, digits_ready(gd));
+            mv_go(c, st, &ml, c->a, digits_ready(gd), E);
         } else {
             const mv_mat *gm[2] = {&L->ffn_gate, &L->ffn_up};
             float *go[2] = {c->ffn_g, c->ffn_u};
-            mv_group(c, st, gm, go, 2, c->a, digits_ready(gd));
-            cu_silu_mul(st, c->ffn_g, c->ffn_u, c->ffn, hp->n_ff);
+            mv_group(c, st, gm, go, 2, c->a, digits_ready(gd), F, E);
+            cu_silu_mul(st, c->ffn_g, c->ffn_u, c->ffn, n * F); /* the rows are contiguous */
         }
         pf_mark(pf, st, PF_DOWN);
         set_site(c, XS_DOWN);
         const mv_mat *dm[1] = {&L->ffn_down};
         float *dout[1] = {c->y};
-        if (!SKIP(c, SK_DOWN)) mv_group(c, st, dm, dout, 1, c->ffn, 0);
+        if (!SKIP(c, SK_DOWN)) mv_group(c, st, dm, dout, 1, c->ffn, 0, E, F);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
         set_site(c, XS_STACK);
@@ -650,29 +732,37 @@ static int route_enqueue(cu_ctx *c, cu_seq *sq, bool readback, bool bench_token,
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps,
                     last ? c->out_norm : c->layers[l + 1].attn_norm, hp->rms_eps, hp->sandwich, E, dg, c->tail_trigger,
-                    c->tail_wide);
+                    c->tail_wide, n);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
     memset(&hl, 0, sizeof hl);
-    seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(c->out.type));
+    seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(c->out.type), V);
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
-    if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, digits_ready(dg)); /* dg: the last tail's, qkvg_digits(n_layer) */
-    cu_argmax(st, c->logits, hp->n_vocab, c->am_v, c->am_i, c->d_token, c->d_nonfinite);
-    cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
-    cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
+    if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, digits_ready(dg), E); /* dg: the last tail's, qkvg_digits(n_layer) */
+    cu_argmax(st, c->logits, V, c->am_v, c->am_i, c->d_token, c->d_nonfinite, n);
+    if (sq) {
+        cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
+        cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
+    } else {
+        cudaMemcpyAsync(c->h_flags + 2, c->d_nonfinite, n * sizeof(int32_t), cudaMemcpyDeviceToHost, st);
+    }
     if (readback)
-        cudaMemcpyAsync(c->h_logits, c->logits, (size_t)hp->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, st);
+        cudaMemcpyAsync(c->h_logits, c->logits, (size_t)n * V * sizeof(float), cudaMemcpyDeviceToHost, st);
     pf_mark(pf, st, PF_N);
+    c->rn = 1;
     return 0;
 }
 
-static int record_graph(cu_ctx *c, cu_seq *sq, bool readback, bool bench_token, cudaGraphExec_t *out, muser_error *err)
+/* The graph of route_enqueue_n(c, sq, n, …) */
+static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool readback, bool bench_token, cudaGraphExec_t *out,
+                          muser_error *err)
 {
     cudaGraph_t g;
     CU_TRY(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal), "graph capture begin");
-    const int rc = route_enqueue(c, sq, readback, bench_token, NULL);
+    const int rc = route_enqueue_n(c, sq, n, readback, bench_token, NULL);
+    c->rn = 1;
     cudaError_t e = cudaStreamEndCapture(c->st, &g);
     if (rc) {
         if (e == cudaSuccess) cudaGraphDestroy(g);
@@ -684,6 +774,11 @@ static int record_graph(cu_ctx *c, cu_seq *sq, bool readback, bool bench_token, 
     cudaGraphDestroy(g);
     CU_TRY(e, "graph instantiate");
     return MUSER_OK;
+}
+
+static int record_graph(cu_ctx *c, cu_seq *sq, bool readback, bool bench_token, cudaGraphExec_t *out, muser_error *err)
+{
+    return record_graph_n(c, sq, 1, readback, bench_token, out, err);
 }
 
 /* ---- context --------------------------------------------------------------------------------- */
@@ -704,10 +799,14 @@ static int name_mask(const char *s, const char *const *names, int n, uint32_t *m
 static void ctx_free(cu_ctx *c)
 {
     if (!c) return;
-    void *dev[] = {c->weights, c->h, c->part_ml, c->part_acc, c->xm_site[0], c->rope_inv};
+    void *dev[] = {c->weights, c->h, c->part_ml, c->part_acc, c->xm_site[0], c->rope_inv, c->d_rows};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
+    for (uint32_t n = 0; n <= CU_ROWS_MAX; n++)
+        if (c->g_rows[n]) cudaGraphExecDestroy(c->g_rows[n]);
     if (c->h_logits) cudaFreeHost(c->h_logits);
     if (c->h_flags) cudaFreeHost(c->h_flags);
+    if (c->h_rows) cudaFreeHost(c->h_rows);
+    free(c->rows_geom);
     if (c->st) cudaStreamDestroy(c->st);
     pf_free(c->pf);
     free(c->step_logits);
@@ -775,6 +874,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     if (!c->layers) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
     {
         c->tail_wide = cu_tail_wide_ok();
+        const char *pe = getenv("MUSER_CUDA_PROFILE");
+        c->profile = pe && *pe && strcmp(pe, "0");
         const char *sk = getenv("MUSER_CUDA_SKIP");
         if (sk && name_mask(sk, sk_names, SK_N, &c->skip))
             FAIL(muser_errorf(err, MUSER_E_ARG, "MUSER_CUDA_SKIP=%s: expected a comma list of qkvg, rope, attn, "
@@ -790,46 +891,57 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     const size_t E = hp->n_embd, F = hp->n_ff, V = hp->n_vocab, QD = (size_t)hp->n_head * hp->head_dim,
                  KD = (size_t)hp->n_head_kv * hp->head_dim;
     const size_t n_part = (size_t)hp->n_head_kv * max_split * G;
-    const size_t fl = 2 * E + (2 * QD + 2 * KD) + QD + E + 3 * F + V + 256;
-    e = cudaMalloc((void **)&c->h, fl * sizeof(float) + 260 * sizeof(int32_t));
+    const size_t NR = CU_ROWS_MAX;
+    c->rn = 1;
+    c->n_part = n_part;
+    const size_t fl = NR * (2 * E + (2 * QD + 2 * KD) + QD + E + 3 * F + V + 256);
+    e = cudaMalloc((void **)&c->h, fl * sizeof(float) + NR * 258 * sizeof(int32_t));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: activations: %s", cudaGetErrorString(e)));
-    c->a = c->h + E;                      /* [E] normed input of the next matvec */
-    c->qkvg = c->a + E;                   /* q [H·D] | k [HKV·D] | gate [H·D] | v [HKV·D] */
-    c->attn_o = c->qkvg + 2 * QD + 2 * KD; /* [H·D] gated attention output */
-    c->y = c->attn_o + QD;                /* [E] o_proj / down output */
-    c->ffn = c->y + E;                    /* [F] silu(g)·u */
-    c->ffn_g = c->ffn + F;
-    c->ffn_u = c->ffn_g + F;
-    c->logits = c->ffn_u + F;             /* [V] */
-    c->am_v = c->logits + V;              /* [256] argmax partials */
-    c->am_i = (int32_t *)(c->am_v + 256);
-    c->d_token = c->am_i + 256;
-    c->d_nonfinite = c->d_token + 1;
+    c->a = c->h + NR * E;                      /* [E] normed input of the next matvec */
+    c->qkvg = c->a + NR * E;                   /* q [H·D] | k [HKV·D] | gate [H·D] | v [HKV·D] */
+    c->attn_o = c->qkvg + NR * (2 * QD + 2 * KD); /* [H·D] gated attention output */
+    c->y = c->attn_o + NR * QD;                /* [E] o_proj / down output */
+    c->ffn = c->y + NR * E;                    /* [F] silu(g)·u */
+    c->ffn_g = c->ffn + NR * F;
+    c->ffn_u = c->ffn_g + NR * F;
+    c->logits = c->ffn_u + NR * F;             /* [V] */
+    c->am_v = c->logits + NR * V;              /* [256] argmax partials */
+    c->am_i = (int32_t *)(c->am_v + NR * 256);
+    c->d_token = c->am_i + NR * 256;
+    c->d_nonfinite = c->d_token + NR;
     {
         const size_t kmax = E > QD ? (E > F ? E : F) : (QD > F ? QD : F);
         const size_t xmb = (mmq_x_bytes((uint32_t)kmax + 255) + 255) / 256 * 256;
         const size_t x6b = (mmq6_x_bytes((uint32_t)kmax + 255) + 255) / 256 * 256;
-        e = cudaMalloc((void **)&c->xm_site[0], XS_N * (xmb + x6b));
+        const size_t rs = xmb > x6b ? xmb : x6b; /* one row of either layout */
+        c->dig_rs = (uint32_t)rs;
+        e = cudaMalloc((void **)&c->xm_site[0], XS_N * 2 * NR * rs);
         for (int s = 0; !e && s < XS_N; s++) {
-            c->xm_site[s] = c->xm_site[0] + s * xmb;
-            c->x6_site[s] = c->xm_site[0] + XS_N * xmb + s * x6b;
+            c->xm_site[s] = c->xm_site[0] + s * NR * rs;
+            c->x6_site[s] = c->xm_site[0] + (XS_N + s) * NR * rs;
         }
         c->xm = c->xm_site[0];
         c->x6 = c->x6_site[0];
         if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: matvec input digits: %s", cudaGetErrorString(e)));
     }
-    e = cudaMalloc((void **)&c->part_ml, n_part * 2 * sizeof(float));
-    if (!e) e = cudaMalloc((void **)&c->part_acc, n_part * hp->head_dim * sizeof(float));
+    e = cudaMalloc((void **)&c->part_ml, NR * n_part * 2 * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&c->part_acc, NR * n_part * hp->head_dim * sizeof(float));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: attention partials: %s", cudaGetErrorString(e)));
     e = cudaMalloc((void **)&c->rope_inv, hp->head_dim / 2 * sizeof(double));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: RoPE table: %s", cudaGetErrorString(e)));
     if (cu_rope_inv_table(c->rope_inv, hp->rope_theta, hp->head_dim))
         FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: RoPE table for head_dim %u", hp->head_dim));
     e = cudaSuccess;
-    if (!e) e = cudaMallocHost((void **)&c->h_logits, V * sizeof(float));
-    if (!e) e = cudaMallocHost((void **)&c->h_flags, 4 * sizeof(int32_t));
+    if (!e) e = cudaMallocHost((void **)&c->h_logits, NR * V * sizeof(float));
+    if (!e) e = cudaMallocHost((void **)&c->h_flags, (2 + NR) * sizeof(int32_t));
+    /* the multi-row pass's tables: a row's step block 16-byte aligned */
+    c->row_bytes = (sizeof(cu_step) + hp->n_layer * sizeof(cu_plane_meta) + 15) / 16 * 16;
+    c->rows_bytes = NR * c->row_bytes + 2 * (size_t)hp->n_layer * NR * sizeof(uint16_t *);
+    if (!e) e = cudaMalloc((void **)&c->d_rows, c->rows_bytes);
+    if (!e) e = cudaMallocHost((void **)&c->h_rows, c->rows_bytes);
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: step buffers: %s", cudaGetErrorString(e)));
-    cudaMemsetAsync(c->d_token, 0, 2 * sizeof(int32_t), c->st);
+    memset(c->h_rows, 0, c->rows_bytes);
+    cudaMemsetAsync(c->d_token, 0, 2 * NR * sizeof(int32_t), c->st);
     c->gate_up_paired = c->layers[0].ffn_gate.type == c->layers[0].ffn_up.type;
     for (uint32_t l = 1; l < hp->n_layer; l++)
         if (c->layers[l].ffn_gate.type != c->layers[l].ffn_up.type) c->gate_up_paired = false;
@@ -908,6 +1020,13 @@ static int seq_new(cu_seq **out, cu_ctx *c, uint64_t n_ctx, muser_error *err)
     if (!e) e = cudaMallocHost(&sq->h_step, sq->step_bytes);
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: session buffers: %s", cudaGetErrorString(e)));
     memset(sq->h_step, 0, sq->step_bytes);
+    sq->n_ctx = n_ctx;
+    if (!c->rows_geom && n_ctx == c->n_ctx) { /* the multi-row pass takes sessions of the device's context */
+        c->rows_geom = (cu_attn_geom *)malloc(hp->n_layer * sizeof(cu_attn_geom));
+        if (!c->rows_geom) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
+        for (uint32_t l = 0; l < hp->n_layer; l++) c->rows_geom[l] = sq->pl[l].geom;
+        c->rows_n_ctx = n_ctx;
+    }
     FAIL(record_graph(c, sq, true, false, &sq->g_fwd, err));
     e = cudaStreamSynchronize(c->st);
     if (e) FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: session init: %s", cudaGetErrorString(e)));
@@ -917,9 +1036,9 @@ static int seq_new(cu_seq **out, cu_ctx *c, uint64_t n_ctx, muser_error *err)
 }
 
 /* Fill the pinned step from the host metadata (after this token's append). */
-static void step_fill(cu_seq *sq, uint64_t pos, int32_t token)
+/* Write sq's step block for its token at pos into s (pinned memory; after this token's append). */
+static void step_write(const cu_seq *sq, cu_step *s, uint64_t pos, int32_t token)
 {
-    cu_step *s = (cu_step *)sq->h_step;
     s->pos = pos;
     s->token = token;
     s->n_layer = sq->kv.n_layer;
@@ -931,6 +1050,54 @@ static void step_fill(cu_seq *sq, uint64_t pos, int32_t token)
         m[l].len = pl->len;
         m[l].capacity = pl->capacity;
     }
+}
+
+static void step_fill(cu_seq *sq, uint64_t pos, int32_t token) { step_write(sq, (cu_step *)sq->h_step, pos, token); }
+
+static int profile_pass(cu_ctx *c, cu_seq *sq, uint32_t n, const char *what, muser_error *err);
+
+/* Whether a session can take a row of a multi-row pass: its planes have the geometry the pass's
+ * graphs were recorded with (the device's context). */
+static bool rows_ok(const cu_ctx *c, const cu_seq *sq) { return c->rows_geom && sq->n_ctx == c->rows_n_ctx; }
+
+/* One multi-row pass: row i is token tok[i] of session sqs[i] at position pos[i] (n >= 2 distinct
+ * sessions, each rows_ok, each at its next position); logits, if non-NULL, [n][V]. The sessions'
+ * metadata take the appends (the caller restores them on failure: be_step). */
+static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const uint64_t *pos, uint32_t n, float *logits,
+                     muser_error *err)
+{
+    const uint32_t nl = c->m->hp.n_layer;
+    if (!c->g_rows[n]) {
+        const int rc = record_graph_n(c, NULL, n, true, false, &c->g_rows[n], err);
+        if (rc) return rc;
+    }
+    uint16_t **kt = (uint16_t **)(c->h_rows + CU_ROWS_MAX * c->row_bytes), **vt = kt + (size_t)nl * CU_ROWS_MAX;
+    for (uint32_t i = 0; i < n; i++) {
+        cu_seq *sq = sqs[i];
+        for (uint32_t l = 0; l < nl; l++) {
+            const int rc = kv_plane_append(&sq->kv.planes[l], pos[i], NULL, NULL, err);
+            if (rc) return rc;
+            kt[(size_t)l * CU_ROWS_MAX + i] = sq->pl[l].kp;
+            vt[(size_t)l * CU_ROWS_MAX + i] = sq->pl[l].vp;
+        }
+        step_write(sq, (cu_step *)(c->h_rows + i * c->row_bytes), pos[i], tok[i]);
+    }
+    if (c->profile && !(c->rows_profiled >> n & 1)) { /* MUSER_CUDA_PROFILE: once per row count, before the replay */
+        c->rows_profiled |= 1u << n;
+        char what[64];
+        snprintf(what, sizeof what, "a pass of %u rows", n);
+        const int rc = profile_pass(c, NULL, n, what, err);
+        if (rc) return rc;
+    }
+    cudaError_t e = cudaGraphLaunch(c->g_rows[n], c->st);
+    if (!e) e = cudaStreamSynchronize(c->st);
+    if (e) return muser_errorf(err, MUSER_E_BACKEND, "cuda: a pass of %u rows: %s", n, cudaGetErrorString(e));
+    for (uint32_t i = 0; i < n; i++)
+        if (c->h_flags[2 + i] != 0)
+            return muser_errorf(err, MUSER_E_NUMERIC, "cuda: non-finite logits in pass row %u (position %llu; fail closed)",
+                                i, (unsigned long long)pos[i]);
+    if (logits) memcpy(logits, c->h_logits, (size_t)n * c->m->hp.n_vocab * sizeof(float));
+    return MUSER_OK;
 }
 
 /* One token at pos through the session's graph; logits (if non-NULL) copied out. */
@@ -1449,9 +1616,12 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
     return MUSER_OK;
 }
 
-/* The small-batch route. Each row replays its session's one-row graph, so a row's bytes are those
- * of decoding it alone (row invariance by construction); rows do not yet share a pass over the
- * weights on the GPU. All or nothing over every session of the step. */
+/* The small-batch route. A step's rows go in waves: wave j holds the j-th row of every session's
+ * run, so each session has at most one row in a wave and its rows go in position order. A wave runs
+ * as multi-row passes of up to CU_ROWS_MAX rows (rows_pass: every kernel takes all the rows, the
+ * weights read once), or through a session's own one-row graph where a pass would have one row or
+ * the session's planes have another geometry. Every row's bits are those of decoding it alone (row
+ * invariance). All or nothing over every session of the step. */
 static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
 {
     if (rows->tap)
@@ -1459,28 +1629,60 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
     const uint64_t V = d->model->hp.n_vocab;
     cu_ctx *c = (cu_ctx *)d->be_state;
     bool wraps[MUSER_STEP_MAX_ROWS];
+    uint32_t first[MUSER_STEP_MAX_ROWS + 1], nrun = 0; /* run r: rows first[r] .. first[r + 1] − 1 */
     int rc = MUSER_OK;
-    uint32_t i = 0, saved = 0; /* rows whose sessions were saved */
-    for (; i < rows->n && !rc;) {
+    for (uint32_t i = 0; i < rows->n;) {
         uint32_t k = i;
         while (k < rows->n && rows->seq[k] == rows->seq[i]) k++;
-        cu_seq *sq = (cu_seq *)rows->seq[i]->be_state;
-        rc = seq_save(sq, k - i, &wraps[i], err);
+        rc = seq_save((cu_seq *)rows->seq[i]->be_state, k - i, &wraps[nrun], err);
         if (rc) break;
-        saved = k;
-        for (uint32_t j = i; j < k && !rc; j++)
-            rc = decode_one(sq, rows->tokens[j], rows->seq[j]->n_past + (j - i),
-                            logits ? c->step_logits + (size_t)j * V : NULL, err);
+        first[nrun++] = i;
         i = k;
     }
-    if (rc)
-        for (uint32_t j = 0; j < saved; j++)
-            if (j == 0 || rows->seq[j] != rows->seq[j - 1]) {
-                const int r2 = seq_restore((cu_seq *)rows->seq[j]->be_state, wraps[j], err);
-                if (r2) return r2;
+    first[nrun] = rows->n;
+    for (uint32_t j = 0; !rc; j++) {
+        uint32_t wrow[MUSER_STEP_MAX_ROWS], nw = 0; /* wave j's step rows */
+        for (uint32_t r = 0; r < nrun; r++)
+            if (first[r] + j < first[r + 1]) wrow[nw++] = first[r] + j;
+        if (!nw) break;
+        cu_seq *ps[CU_ROWS_MAX];
+        int32_t pt[CU_ROWS_MAX];
+        uint64_t pp[CU_ROWS_MAX];
+        uint32_t prow[CU_ROWS_MAX], np = 0;
+        for (uint32_t w = 0; w <= nw && !rc; w++) {
+            if (np && (w == nw || np == CU_ROWS_MAX)) { /* run what is gathered */
+                if (np == 1) { /* one row: the session's own graph */
+                    rc = decode_one(ps[0], pt[0], pp[0], logits ? c->step_logits + (size_t)prow[0] * V : NULL, err);
+                } else {
+                    rc = rows_pass(c, ps, pt, pp, np, NULL, err);
+                    for (uint32_t i = 0; !rc && logits && i < np; i++)
+                        memcpy(c->step_logits + (size_t)prow[i] * V, c->h_logits + (size_t)i * V, V * sizeof(float));
+                }
+                np = 0;
             }
-    if (!rc && logits) memcpy(logits, c->step_logits, (size_t)rows->n * V * sizeof(float));
-    return rc;
+            if (w == nw || rc) break;
+            const uint32_t row = wrow[w];
+            cu_seq *sq = (cu_seq *)rows->seq[row]->be_state;
+            const uint64_t pos = rows->seq[row]->n_past + j;
+            if (!rows_ok(c, sq)) {
+                rc = decode_one(sq, rows->tokens[row], pos, logits ? c->step_logits + (size_t)row * V : NULL, err);
+                continue;
+            }
+            ps[np] = sq;
+            pt[np] = rows->tokens[row];
+            pp[np] = pos;
+            prow[np++] = row;
+        }
+    }
+    if (rc) {
+        for (uint32_t r = 0; r < nrun; r++) {
+            const int r2 = seq_restore((cu_seq *)rows->seq[first[r]]->be_state, wraps[r], err);
+            if (r2) return r2;
+        }
+        return rc;
+    }
+    if (logits) memcpy(logits, c->step_logits, (size_t)rows->n * V * sizeof(float));
+    return MUSER_OK;
 }
 
 static int be_checkpoint(muser_session *s, muser_error *err)
@@ -1657,16 +1859,18 @@ static int tl_write(cu_tl_buf *d_buf, const char *path, uint64_t depth, muser_er
     return MUSER_OK;
 }
 
-static int phase_profile(cu_ctx *c, cu_seq *sq, uint64_t pos, muser_error *err)
+/* Time each op family of one pass (route_enqueue_n of sq, or of the device's n rows as the row
+ * tables hold them), run twice outside a graph (the first warms), with events between the
+ * families; printed to stderr under `what`. */
+static int profile_pass(cu_ctx *c, cu_seq *sq, uint32_t n, const char *what, muser_error *err)
 {
     profiler *pf = (profiler *)calloc(1, sizeof *pf);
     if (!pf) return muser_errorf(err, MUSER_E_NOMEM, "profile: out of memory");
     for (int i = 0; i < 1024; i++) cudaEventCreate(&pf->ev[i]);
-    step_fill(sq, pos, 1);
-    route_enqueue(c, sq, false, false, pf); /* warm */
+    route_enqueue_n(c, sq, n, false, false, pf); /* warm */
     cudaStreamSynchronize(c->st);
     pf->n = 0;
-    route_enqueue(c, sq, false, false, pf);
+    route_enqueue_n(c, sq, n, false, false, pf);
     cudaError_t e = cudaStreamSynchronize(c->st);
     double fam_ms[PF_N] = {0}, total = 0;
     for (int i = 0; i + 1 < pf->n; i++) {
@@ -1675,13 +1879,21 @@ static int phase_profile(cu_ctx *c, cu_seq *sq, uint64_t pos, muser_error *err)
         if (pf->fam[i] < PF_N) fam_ms[pf->fam[i]] += ms;
         total += ms;
     }
-    fprintf(stderr, "phase profile (one token, no graph, position %llu): total %.3f ms\n", (unsigned long long)pos, total);
+    fprintf(stderr, "phase profile (%s, no graph): total %.3f ms\n", what, total);
     for (int f = 0; f < PF_N; f++)
         fprintf(stderr, "  %-20s %8.3f ms  %5.1f%%\n", pf_name[f], fam_ms[f], 100 * fam_ms[f] / total);
     for (int i = 0; i < 1024; i++) cudaEventDestroy(pf->ev[i]);
     free(pf);
     CU_TRY(e, "profile");
     return MUSER_OK;
+}
+
+static int phase_profile(cu_ctx *c, cu_seq *sq, uint64_t pos, muser_error *err)
+{
+    step_fill(sq, pos, 1);
+    char what[64];
+    snprintf(what, sizeof what, "one token at position %llu", (unsigned long long)pos);
+    return profile_pass(c, sq, 1, what, err);
 }
 
 extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t *ctxs, uint32_t n_ctx, uint32_t gen,
@@ -1825,6 +2037,7 @@ static int check_ctx_new(cu_ctx **out, muser_error *err)
     cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
     if (!c) return muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory");
     cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, 0);
+    c->rn = 1; /* one row: the checks run the one-row launches */
     *out = c;
     return MUSER_OK;
 }

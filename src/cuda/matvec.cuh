@@ -67,6 +67,7 @@ typedef struct mv_seg {
     uint32_t op;
     uint32_t warp_begin; /* first warp of this segment in the launch */
     float scale, cap;    /* MV_OP_SOFTCAP: out = cap·tanh(y·scale/cap), or y·scale if cap == 0 */
+    uint32_t os;         /* a multi-row pass: floats between the rows' outputs */
 } mv_seg;
 
 typedef struct mv_launch {

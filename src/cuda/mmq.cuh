@@ -158,10 +158,13 @@ __device__ __forceinline__ void mmq_prep_warp(float v, uint32_t p, uint8_t *__re
  * token against one after the other). */
 #define MMQ_PREP_T 128
 template <typename WR>
-static __global__ void __launch_bounds__(MMQ_PREP_T) mmq_prep_kernel(const float *x, uint8_t *__restrict__ buf, uint32_t K)
+static __global__ void __launch_bounds__(MMQ_PREP_T) mmq_prep_kernel(const float *x, uint8_t *__restrict__ buf, uint32_t K,
+                                                                      uint32_t xst, uint32_t bst)
 {
     CU_TL_SCOPE(WR::tag);
     cu_pdl_trigger();
+    x += (size_t)blockIdx.y * xst; /* the pass row (xst floats, bst bytes apart) */
+    buf += (size_t)blockIdx.y * bst;
     cu_pdl_wait(); /* x is the previous kernel's output (a no-op unless launched as a dependent) */
     const uint32_t p0 = 256 * blockIdx.x + threadIdx.x;
     (void)K; /* a multiple of 256: every element of the block exists */
@@ -175,11 +178,12 @@ static __global__ void __launch_bounds__(MMQ_PREP_T) mmq_prep_kernel(const float
 /* pdl: as a programmatic dependent of the kernel before it (only where no kernel that may still
  * run then reads buf: see cu_ldx) */
 template <typename WR>
-static inline void mmq_prep_launch_t(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl)
+static inline void mmq_prep_launch_t(cudaStream_t st, const float *x, uint8_t *buf, uint32_t K, bool pdl, uint32_t rows = 1,
+                                     uint32_t xst = 0, uint32_t bst = 0)
 {
     cudaLaunchAttribute at[1];
-    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(K / 256), dim3(MMQ_PREP_T), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, mmq_prep_kernel<WR>, x, buf, K);
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(K / 256, rows), dim3(MMQ_PREP_T), st, pdl, at);
+    cudaLaunchKernelEx(&cfg, mmq_prep_kernel<WR>, x, buf, K, xst, bst);
 }
 
 struct mmq_prep_q4 {
@@ -284,6 +288,18 @@ __device__ __forceinline__ void mmq_block(const mmq_w W[R], const uint8_t *xb, u
     }
 }
 
+/* mmq_block over the nx (<= NX) x rows of a multi-row pass, x row n at xb + n·xs: the weights
+ * stay in registers and each row's products, roundings and sums are mmq_block's for that row
+ * alone, so a row's bits do not depend on how many rows share the pass (docs/routes.md). */
+template <int R, int NX>
+__device__ __forceinline__ void mmq_block_rows(const mmq_w W[R], const uint8_t *xb, uint32_t xs, uint32_t nx,
+                                               uint32_t lane, float acc[NX][R][2])
+{
+#pragma unroll
+    for (int n = 0; n < NX; n++)
+        if (n == 0 || (uint32_t)n < nx) mmq_block<R>(W, xb + (size_t)n * xs, lane, acc[n]);
+}
+
 /* A lane's sums of its rows g and g + 8 (lane = 4g + t), added over the 4 lanes t = 0..3 in f64
  * in a fixed butterfly order; lane t = 0 stores them at dst[g] and dst[g + 8]. All 32 lanes call
  * it. The epilogues of mmq_kernel, mmq_pair_persist and mmq6_kernel. */
@@ -340,7 +356,22 @@ struct mmq_args {
     float *out;
     uint32_t op;          /* MV_OP_STORE or MV_OP_SOFTCAP (not PAIR: that is MV_OP_SILU_MUL) */
     float scale, cap;     /* MV_OP_SOFTCAP: out = cap·tanh(y·scale/cap), or y·scale if cap == 0 */
+    /* A multi-row pass (0 and 1: one row): nx x rows, row n at x + n·xs bytes, its output at
+     * out + n·os floats; the grid holds ng = ceil(nx / NX) row groups per CTA's tiles (mmq_rows). */
+    uint32_t nx, xs, os, ng;
 };
+
+/* Rows of group `grp` of a multi-row launch with NX rows per group: x and out moved to its first
+ * row, the count it takes returned (at least 1). */
+template <typename Args, int NX>
+__host__ __device__ __forceinline__ uint32_t mmq_group(Args &A, uint32_t grp)
+{
+    if (A.nx <= 1) return 1;
+    A.x += (size_t)grp * NX * A.xs;
+    A.out += (size_t)grp * NX * A.os;
+    const uint32_t left = A.nx - grp * NX;
+    return left < (uint32_t)NX ? left : (uint32_t)NX;
+}
 
 /* The wait of a kernel launched as a programmatic dependent (cu_pdl_wait); a persistent grid passes
  * its own (bench/kernels/persist.cu). */
@@ -352,15 +383,17 @@ struct mmq_pdl_wait {
  * before this block's arithmetic. PAIR, R = 1 (KW <= 4): the CTA's sets alternate gate / up of
  * the same tile; PAIR, R = 2: each warp takes gate and up of the same tile and block, so x is
  * loaded once for both (kbench_stream's "pair-units"). MINB: blocks per SM for the registers. */
-template <int R, int KW, bool PF, bool PAIR, typename Wait = mmq_pdl_wait>
-__device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta, Wait wait = Wait())
+template <int R, int KW, bool PF, bool PAIR, typename Wait = mmq_pdl_wait, int NX = 1>
+__device__ __forceinline__ void mmq_body(const mmq_args &A0, uint32_t cta, Wait wait = Wait(), uint32_t grp = 0)
 {
     constexpr int SETS = 8 / KW;
     constexpr bool PU = PAIR && R == 2;                         /* pair-units */
     constexpr int TPC = PU ? SETS : PAIR ? SETS / 2 : SETS * R; /* output tiles per CTA */
     static_assert(!PAIR || PU || (R == 1 && SETS >= 2), "pair: gate and up sets, or gate and up in each warp");
     cu_pdl_trigger(); /* weights first, then wait for x */
-    __shared__ double red[8][R][16];
+    __shared__ double red[NX][8][R][16];
+    mmq_args A = A0;
+    const uint32_t nx = mmq_group<mmq_args, NX>(A, grp); /* x rows of this CTA (its row group's) */
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid % KW, set = wid / KW;
     const uint32_t nb = A.K / 256, ntile = A.rows / 16;
     const uint8_t *unit[R];
@@ -371,9 +404,11 @@ __device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta, Wait w
         const bool up = PU ? r == 1 : PAIR && (set & 1);
         unit[r] = (up ? A.b : A.a) + ((size_t)tile * nb + kw) * MMQ_UNIT;
     }
-    float acc[R][2];
+    float acc[NX][R][2];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.f;
+    for (int n = 0; n < NX; n++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[n][r][0] = acc[n][r][1] = 0.f;
     const uint8_t *xb = A.x + (size_t)kw * MMQ_XBLK;
     mmq_walk<R, KW, PF, mmq_w>(
         kw, nb,
@@ -381,7 +416,7 @@ __device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta, Wait w
 #pragma unroll
             for (int r = 0; r < R; r++) mmq_load(unit[r] + (size_t)ahead * KW * MMQ_UNIT, lane, W[r]);
         },
-        [&](const mmq_w *W) { mmq_block<R>(W, xb, lane, acc); },
+        [&](const mmq_w *W) { mmq_block_rows<R, NX>(W, xb, A.xs, nx, lane, acc); },
         [&]() {
 #pragma unroll
             for (int r = 0; r < R; r++) unit[r] += (size_t)KW * MMQ_UNIT;
@@ -392,49 +427,65 @@ __device__ __forceinline__ void mmq_body(const mmq_args &A, uint32_t cta, Wait w
      * order: one rounding to f32 per output (in f32 this serial sum's error was 3–15% above a
      * 32-lane f32 tree's; in f64 it is below it) */
 #pragma unroll
-    for (int r = 0; r < R; r++) mmq_rows_f64(acc[r][0], acc[r][1], red[wid][r], lane);
+    for (int n = 0; n < NX; n++)
+#pragma unroll
+        for (int r = 0; r < R; r++) mmq_rows_f64(acc[n][r][0], acc[n][r][1], red[n][wid][r], lane);
     __syncthreads();
-    for (uint32_t i = threadIdx.x; i < (uint32_t)(TPC * 16); i += blockDim.x) {
-        const uint32_t ot = i / 16, row16 = i % 16, tile = cta * TPC + ot;
+    for (uint32_t i = threadIdx.x; i < nx * (uint32_t)(TPC * 16); i += blockDim.x) {
+        const uint32_t n = i / (TPC * 16), ot = i % (TPC * 16) / 16, row16 = i % 16, tile = cta * TPC + ot;
         if (tile >= ntile) continue;
         double ys = 0, us = 0;
         float y;
         if (PAIR) {
             for (int k = 0; k < KW; k++) {
-                ys += PU ? red[ot * KW + k][0][row16] : red[(2 * ot) * KW + k][0][row16];
-                us += PU ? red[ot * KW + k][1][row16] : red[(2 * ot + 1) * KW + k][0][row16];
+                ys += PU ? red[n][ot * KW + k][0][row16] : red[n][(2 * ot) * KW + k][0][row16];
+                us += PU ? red[n][ot * KW + k][1][row16] : red[n][(2 * ot + 1) * KW + k][0][row16];
             }
             y = (float)ys;
             const float u = (float)us;
             y = y / (1.f + expf(-y)) * u; /* SiLU·up on the f32 matvec results */
         } else {
             const uint32_t st = ot / R, rt = ot % R;
-            for (int k = 0; k < KW; k++) ys += red[st * KW + k][rt][row16];
+            for (int k = 0; k < KW; k++) ys += red[n][st * KW + k][rt][row16];
             y = (float)ys;
             if (A.op == MV_OP_SOFTCAP) { /* the LM head, as the general path and mmq6 */
                 y = y * A.scale;
                 if (A.cap > 0.f) y = A.cap * tanhf(y / A.cap);
             }
         }
-        A.out[(size_t)tile * 16 + row16] = y;
+        A.out[(size_t)n * A.os + (size_t)tile * 16 + row16] = y;
     }
 }
-template <int R, int KW, bool PF, bool PAIR, int MINB>
+/* A launch's CTA and row group: CTA c's row groups are the consecutive blocks c·ng … c·ng + ng − 1,
+ * so the groups reading one weight tile run side by side and all but the first read it from L2. */
+__device__ __forceinline__ uint32_t mmq_cta(uint32_t ng) { return ng > 1 ? blockIdx.x / ng : blockIdx.x; }
+__device__ __forceinline__ uint32_t mmq_grp(uint32_t ng) { return ng > 1 ? blockIdx.x % ng : 0; }
+
+template <int R, int KW, bool PF, bool PAIR, int MINB, int NX = 1>
 __global__ void __launch_bounds__(256, MINB) mmq_kernel(const mmq_args A)
 {
     CU_TL_SCOPE(TL_MMQ);
-    mmq_body<R, KW, PF, PAIR>(A, blockIdx.x);
+    mmq_body<R, KW, PF, PAIR, mmq_pdl_wait, NX>(A, mmq_cta(A.ng), mmq_pdl_wait(), mmq_grp(A.ng));
 }
 
+/* The x rows one CTA of a multi-row launch takes: 1 for one row, else 2 or 4 (more rows run as
+ * more row groups: mmq_cta). 4 keeps a warp's sums in registers beside R = 2 tiles of weights. */
+static inline uint32_t mmq_nx_of(uint32_t nx) { return nx <= 1 ? 1 : nx == 2 ? 2 : 4; }
+
 template <int R, int KW, bool PF, bool PAIR, int MINB_ = 0>
-static void mmq_launch(const mmq_args &A, cudaStream_t st = 0, bool pdl = true)
+static void mmq_launch(const mmq_args &A0, cudaStream_t st = 0, bool pdl = true)
 {
     constexpr int MINB = MINB_ ? MINB_ : R >= 2 ? 2 : PF ? 3 : 4;
     const uint32_t tiles_per_cta = PAIR ? (R == 2 ? 8 / KW : 8 / KW / 2) : (8 / KW) * R;
-    const uint32_t ntile = A.rows / 16;
+    const uint32_t ntile = A0.rows / 16, NXL = mmq_nx_of(A0.nx);
+    mmq_args A = A0;
+    A.ng = (A.nx <= 1 ? 1 : A.nx + NXL - 1) / NXL;
+    const uint32_t ctas = (ntile + tiles_per_cta - 1) / tiles_per_cta;
     cudaLaunchAttribute at[1];
-    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3((ntile + tiles_per_cta - 1) / tiles_per_cta), dim3(256), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, MINB>, A);
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(ctas * A.ng), dim3(256), st, pdl, at);
+    if (NXL == 1) cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, MINB>, A);
+    else if (NXL == 2) cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, MINB < 2 ? MINB : 2, 2>, A);
+    else cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, 1, 4>, A); /* 4 rows' sums: the registers of 1 a SM */
 }
 
 /* The route's choice per launch (kbench_mma, kbench_stream and the engine, H200): the SiLU pair
@@ -475,12 +526,15 @@ __device__ __forceinline__ void mpp_flush(double sum[2][2], double *dst, uint32_
         sum[r][0] = sum[r][1] = 0;
     }
 }
-/* CTA cta of a grid of `grid`; mpp_red: [tiles of this CTA][8 warps][32] doubles of shared memory
- * (gate rows 0-15, up rows 0-15); wait: as mmq_body's. */
-template <typename Wait = mmq_pdl_wait>
-__device__ __forceinline__ void mpp_body(const mmq_args &A, uint32_t cta, uint32_t grid, double *mpp_red, Wait wait = Wait())
+/* CTA cta of a grid of `grid`; mpp_red: [tiles of this CTA][NX rows][8 warps][32] doubles of shared
+ * memory (gate rows 0-15, up rows 0-15); wait: as mmq_body's; grp: the row group (mmq_group). */
+template <typename Wait = mmq_pdl_wait, int NX = 1>
+__device__ __forceinline__ void mpp_body(const mmq_args &A0, uint32_t cta, uint32_t grid, double *mpp_red, Wait wait = Wait(),
+                                         uint32_t grp = 0)
 {
     cu_pdl_trigger();
+    mmq_args A = A0;
+    const uint32_t nx = mmq_group<mmq_args, NX>(A, grp);
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = A.K / 256, ntile = A.rows / 16;
     const uint32_t t0 = (uint32_t)((uint64_t)cta * ntile / grid);
     const uint32_t t1 = (uint32_t)((uint64_t)(cta + 1) * ntile / grid);
@@ -491,60 +545,83 @@ __device__ __forceinline__ void mpp_body(const mmq_args &A, uint32_t cta, uint32
         mmq_load(A.a + (size_t)u * MMQ_UNIT, lane, W[0]);
         mmq_load(A.b + (size_t)u * MMQ_UNIT, lane, W[1]);
     }
-    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 256; i += blockDim.x) mpp_red[i] = 0;
+    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 256 * NX; i += blockDim.x) mpp_red[i] = 0;
     __syncthreads();
     uint32_t key = 0xFFFFFFFFu;
-    double sum[2][2] = {{0, 0}, {0, 0}};
+    double sum[NX][2][2];
+#pragma unroll
+    for (int n = 0; n < NX; n++) sum[n][0][0] = sum[n][0][1] = sum[n][1][0] = sum[n][1][1] = 0;
     wait();
     for (; u < u1; u += 8) {
         const uint32_t tile = u / nb, b = u - tile * nb;
         if (tile != key) {
-            if (key != 0xFFFFFFFFu) mpp_flush(sum, mpp_red + ((key - t0) * 8 + wid) * 32, lane);
+            if (key != 0xFFFFFFFFu)
+#pragma unroll
+                for (int n = 0; n < NX; n++) mpp_flush(sum[n], mpp_red + (((key - t0) * NX + n) * 8 + wid) * 32, lane);
             key = tile;
         }
-        float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-        mmq_block<2>(W, A.x + (size_t)b * MMQ_XBLK, lane, acc);
+        float acc[NX][2][2];
 #pragma unroll
-        for (int r = 0; r < 2; r++)
+        for (int n = 0; n < NX; n++) acc[n][0][0] = acc[n][0][1] = acc[n][1][0] = acc[n][1][1] = 0.f;
+        mmq_block_rows<2, NX>(W, A.x + (size_t)b * MMQ_XBLK, A.xs, nx, lane, acc);
 #pragma unroll
-            for (int h = 0; h < 2; h++) sum[r][h] += (double)acc[r][h];
+        for (int n = 0; n < NX; n++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) sum[n][r][h] += (double)acc[n][r][h];
         if (u + 8 < u1) { /* the next item's weights, in flight through the next turn's flush */
             mmq_load(A.a + (size_t)(u + 8) * MMQ_UNIT, lane, W[0]);
             mmq_load(A.b + (size_t)(u + 8) * MMQ_UNIT, lane, W[1]);
         }
     }
-    if (key != 0xFFFFFFFFu) mpp_flush(sum, mpp_red + ((key - t0) * 8 + wid) * 32, lane);
+    if (key != 0xFFFFFFFFu)
+#pragma unroll
+        for (int n = 0; n < NX; n++) mpp_flush(sum[n], mpp_red + (((key - t0) * NX + n) * 8 + wid) * 32, lane);
     __syncthreads();
-    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 16; i += blockDim.x) {
-        const uint32_t tl = i / 16, row16 = i % 16;
+    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 16 * nx; i += blockDim.x) {
+        const uint32_t n = i / ((t1 - t0) * 16), tl = i % ((t1 - t0) * 16) / 16, row16 = i % 16;
         double ys = 0, us = 0;
         for (int w = 0; w < 8; w++) {
-            ys += mpp_red[(tl * 8 + w) * 32 + row16];
-            us += mpp_red[(tl * 8 + w) * 32 + 16 + row16];
+            ys += mpp_red[((tl * NX + n) * 8 + w) * 32 + row16];
+            us += mpp_red[((tl * NX + n) * 8 + w) * 32 + 16 + row16];
         }
         float y = (float)ys;
         const float uu = (float)us;
         y = y / (1.f + expf(-y)) * uu; /* SiLU·up on the f32 matvec results, as mmq_kernel */
-        A.out[(size_t)(t0 + tl) * 16 + row16] = y;
+        A.out[(size_t)n * A.os + (size_t)(t0 + tl) * 16 + row16] = y;
     }
 }
-static __global__ void __launch_bounds__(256, MPP_CTAS_PER_SM) mmq_pair_persist(const mmq_args A)
+/* grid: the tile split's CTA count (n_sm · MPP_CTAS_PER_SM), the same for every row count, so a
+ * row's sums run over the same blocks in every pass; the launch has grid · ng blocks (mmq_cta). */
+template <int NX>
+static __global__ void __launch_bounds__(256, NX >= 2 ? 1 : MPP_CTAS_PER_SM) mmq_pair_persist(const mmq_args A, uint32_t grid)
 {
     CU_TL_SCOPE(TL_MMQ_PAIR);
     extern __shared__ double mpp_red[];
-    mpp_body(A, blockIdx.x, gridDim.x, mpp_red);
+    mpp_body<mmq_pdl_wait, NX>(A, mmq_cta(A.ng), grid, mpp_red, mmq_pdl_wait(), mmq_grp(A.ng));
 }
 
-/* false (nothing launched) when a CTA's tiles would need more than 48 KB of shared memory */
-static inline bool mmq_pair_persist_launch(const mmq_args &A, int n_sm, cudaStream_t st, bool pdl)
+/* false (nothing launched) when a CTA's tiles would need more shared memory than a block gets */
+static inline bool mmq_pair_persist_launch(const mmq_args &A0, int n_sm, cudaStream_t st, bool pdl)
 {
-    const uint32_t ntile = A.rows / 16, grid = (uint32_t)n_sm * MPP_CTAS_PER_SM;
+    const uint32_t ntile = A0.rows / 16, grid = (uint32_t)n_sm * MPP_CTAS_PER_SM, NXL = mmq_nx_of(A0.nx);
     const uint32_t most = (ntile + grid - 1) / grid; /* tiles of the largest CTA range */
-    if ((size_t)most * 256 * sizeof(double) > 48 * 1024) return false;
+    const size_t smem = (size_t)most * 256 * NXL * sizeof(double);
+    if (smem > (NXL == 1 ? 48 : 112) * 1024) return false;
+    mmq_args A = A0;
+    A.ng = (A.nx <= 1 ? 1 : A.nx + NXL - 1) / NXL;
     cudaLaunchAttribute at[1];
-    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(grid), dim3(256), st, pdl, at);
-    cfg.dynamicSmemBytes = (size_t)most * 256 * sizeof(double);
-    cudaLaunchKernelEx(&cfg, mmq_pair_persist, A);
+    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(grid * A.ng), dim3(256), st, pdl, at);
+    cfg.dynamicSmemBytes = smem;
+    if (NXL == 1) cudaLaunchKernelEx(&cfg, mmq_pair_persist<1>, A, grid);
+    else if (NXL == 2) {
+        cudaFuncSetAttribute(mmq_pair_persist<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 112 * 1024);
+        cudaLaunchKernelEx(&cfg, mmq_pair_persist<2>, A, grid);
+    } else {
+        cudaFuncSetAttribute(mmq_pair_persist<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 112 * 1024);
+        cudaLaunchKernelEx(&cfg, mmq_pair_persist<4>, A, grid);
+    }
     return true;
 }
 

@@ -253,6 +253,17 @@ __device__ __forceinline__ void mmq6_block(const mmq6_w W[R], const uint8_t *xq,
     }
 }
 
+/* mmq6_block over the nx (<= NX) x rows of a multi-row pass, x row n at xq/xs + n·xstride: each
+ * row's arithmetic is mmq6_block's for it alone (mmq_block_rows says why). */
+template <int R, int NX>
+__device__ __forceinline__ void mmq6_block_rows(const mmq6_w W[R], const uint8_t *xq, const uint8_t *xs, uint32_t xstride,
+                                                uint32_t nx, double acc[NX][R][2])
+{
+#pragma unroll
+    for (int n = 0; n < NX; n++)
+        if (n == 0 || (uint32_t)n < nx) mmq6_block<R>(W, xq + (size_t)n * xstride, xs + (size_t)n * xstride, acc[n]);
+}
+
 struct mmq6_args {
     const uint8_t *a;  /* repacked matrix (mmq6_repack_q6k) */
     uint32_t rows, K;  /* rows a multiple of 16, K of 256 */
@@ -260,18 +271,21 @@ struct mmq6_args {
     float *out;        /* [rows] */
     uint32_t op;       /* MV_OP_STORE or MV_OP_SOFTCAP */
     float scale, cap;  /* MV_OP_SOFTCAP: out = cap·tanh(y·scale/cap), or y·scale if cap == 0 */
+    uint32_t nx, xs, os, ng; /* a multi-row pass, as mmq_args */
 };
 
 /* R tiles per warp; KW warps per tile set splitting the blocks; NW warps per CTA; PF: the next
  * block's weights loaded before this block's arithmetic (twice the weight registers) instead of
  * after it; MINB: CTAs per SM for the registers. */
-template <int R, int KW, int NW, bool PF>
-__device__ __forceinline__ void mmq6_body(const mmq6_args &A, uint32_t cta)
+template <int R, int KW, int NW, bool PF, int NX = 1>
+__device__ __forceinline__ void mmq6_body(const mmq6_args &A0, uint32_t cta, uint32_t grp = 0)
 {
     constexpr int SETS = NW / KW;
     constexpr int TPC = SETS * R; /* output tiles per CTA */
     cu_pdl_trigger(); /* weights first, then wait for x */
-    __shared__ double red[NW][R][16];
+    __shared__ double red[NX][NW][R][16];
+    mmq6_args A = A0;
+    const uint32_t nx = mmq_group<mmq6_args, NX>(A, grp);
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid % KW, set = wid / KW;
     const uint32_t nb = A.K / 256, ntile = A.rows / 16;
     const mmq6_off o = mmq6_lane_off(lane);
@@ -282,9 +296,11 @@ __device__ __forceinline__ void mmq6_body(const mmq6_args &A, uint32_t cta)
         if (tile >= ntile) tile = ntile - 1; /* tail: recompute, store once */
         q[r] = A.a + ((size_t)tile * nb + kw) * MMQ6_UNIT + 16 * lane;
     }
-    double acc[R][2];
+    double acc[NX][R][2];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.0;
+    for (int n = 0; n < NX; n++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[n][r][0] = acc[n][r][1] = 0.0;
     uint32_t xo = kw * MMQ6_XBLK; /* 32-bit offsets into x (K below 5·10^8) */
     const uint32_t xql = 16 * lane, xsl = MMQ6_XS + 32 * (lane & 1);
     mmq_walk<R, KW, PF, mmq6_w>(
@@ -293,7 +309,7 @@ __device__ __forceinline__ void mmq6_body(const mmq6_args &A, uint32_t cta)
 #pragma unroll
             for (int r = 0; r < R; r++) mmq6_load(q[r] + (size_t)ahead * KW * MMQ6_UNIT, o, W[r]);
         },
-        [&](const mmq6_w *W) { mmq6_block<R>(W, A.x + xo + xql, A.x + xo + xsl, acc); },
+        [&](const mmq6_w *W) { mmq6_block_rows<R, NX>(W, A.x + xo + xql, A.x + xo + xsl, A.xs, nx, acc); },
         [&]() {
 #pragma unroll
             for (int r = 0; r < R; r++) q[r] += (size_t)KW * MMQ6_UNIT;
@@ -303,47 +319,56 @@ __device__ __forceinline__ void mmq6_body(const mmq6_args &A, uint32_t cta)
     /* the 4 lanes of a row (half 0/1 × lo/hi digits), then the KW warps of the set: f64, fixed
      * order */
 #pragma unroll
-    for (int r = 0; r < R; r++) mmq_rows_f64(acc[r][0], acc[r][1], red[wid][r], lane);
+    for (int n = 0; n < NX; n++)
+#pragma unroll
+        for (int r = 0; r < R; r++) mmq_rows_f64(acc[n][r][0], acc[n][r][1], red[n][wid][r], lane);
     __syncthreads();
-    for (uint32_t i = threadIdx.x; i < (uint32_t)(TPC * 16); i += blockDim.x) {
-        const uint32_t ot = i / 16, row16 = i % 16, tile = cta * TPC + ot;
+    for (uint32_t i = threadIdx.x; i < nx * (uint32_t)(TPC * 16); i += blockDim.x) {
+        const uint32_t n = i / (TPC * 16), ot = i % (TPC * 16) / 16, row16 = i % 16, tile = cta * TPC + ot;
         if (tile >= ntile) continue;
         const uint32_t st = ot / R, rt = ot % R;
         double ys = 0;
-        for (int k = 0; k < KW; k++) ys += red[st * KW + k][rt][row16];
+        for (int k = 0; k < KW; k++) ys += red[n][st * KW + k][rt][row16];
         float y = (float)ys;
         if (A.op == MV_OP_SOFTCAP) { /* the LM head, as the general path */
             y = y * A.scale;
             if (A.cap > 0.f) y = A.cap * tanhf(y / A.cap);
         }
-        A.out[(size_t)tile * 16 + row16] = y;
+        A.out[(size_t)n * A.os + (size_t)tile * 16 + row16] = y;
     }
 }
-template <int R, int KW, int NW, bool PF, int MINB>
+template <int R, int KW, int NW, bool PF, int MINB, int NX = 1>
 __global__ void __launch_bounds__(NW * 32, MINB) mmq6_kernel(const mmq6_args A)
 {
     CU_TL_SCOPE(TL_MMQ6);
-    mmq6_body<R, KW, NW, PF>(A, blockIdx.x);
+    mmq6_body<R, KW, NW, PF, NX>(A, mmq_cta(A.ng), mmq_grp(A.ng));
 }
 
 /* MINB = 0: CTAs per SM for ~64 registers per thread (R 1), ~128 (R 2 or PF). pdl: programmatic
  * stream serialization (see cu_pdl_wait). */
 template <int R, int KW, int NW, bool PF, int MINB_ = 0>
-static cudaError_t mmq6_launch(const mmq6_args &A, cudaStream_t st = 0, bool pdl = true)
+static cudaError_t mmq6_launch(const mmq6_args &A0, cudaStream_t st = 0, bool pdl = true)
 {
     constexpr int T = R >= 2 || PF ? 512 : 1024;
     constexpr int MINB = MINB_ ? MINB_ : T / (NW * 32) > 0 ? T / (NW * 32) : 1;
-    const uint32_t tiles_per_cta = (NW / KW) * R, ntile = A.rows / 16;
+    const uint32_t tiles_per_cta = (NW / KW) * R, ntile = A0.rows / 16, NXL = mmq_nx_of(A0.nx);
+    mmq6_args A = A0;
+    A.ng = (A.nx <= 1 ? 1 : A.nx + NXL - 1) / NXL;
     cudaLaunchAttribute at[1];
-    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3((ntile + tiles_per_cta - 1) / tiles_per_cta), dim3(NW * 32), st, pdl, at);
-    return cudaLaunchKernelEx(&cfg, mmq6_kernel<R, KW, NW, PF, MINB>, A);
+    const cudaLaunchConfig_t cfg =
+        cu_pdl_cfg(dim3((ntile + tiles_per_cta - 1) / tiles_per_cta * A.ng), dim3(NW * 32), st, pdl, at);
+    if (NXL == 1) return cudaLaunchKernelEx(&cfg, mmq6_kernel<R, KW, NW, PF, MINB>, A);
+    constexpr int MB = 1024 / (NW * 32) < MINB ? 1024 / (NW * 32) : MINB; /* ~64+ registers a thread */
+    if (NXL == 2) return cudaLaunchKernelEx(&cfg, mmq6_kernel<R, KW, NW, PF, MB < 2 ? MB : 2, 2>, A);
+    return cudaLaunchKernelEx(&cfg, mmq6_kernel<R, KW, NW, PF, MB < 2 ? MB : 2, 4>, A);
 }
 
 /* The engine's choice per shape (kbench_mma6, H200): see bench/kernels/NOTES.md ("mma6"). */
 static inline cudaError_t mmq6_launch_auto(const mmq6_args &A, cudaStream_t st, bool pdl)
 {
     const uint32_t ntile = A.rows / 16;
-    if (ntile >= 4096) return mmq6_launch<2, 2, 8, false>(A, st, pdl); /* the LM head */
+    if (ntile >= 4096) /* the LM head; several rows: one tile a warp (the same sums: KW decides them) */
+        return A.nx > 1 ? mmq6_launch<1, 2, 8, false>(A, st, pdl) : mmq6_launch<2, 2, 8, false>(A, st, pdl);
     return mmq6_launch<1, 8, 8, true>(A, st, pdl);                     /* ffn_down, attn_v, ... */
 }
 
@@ -361,20 +386,28 @@ static inline cudaError_t mmq6_launch_down(const mmq6_args &A, cudaStream_t st, 
  * take v's tiles as mmq6_launch_auto's per-layer shape does (R 1, KW 8, next block prefetched), the
  * rest the stack's as mmq_launch_auto's (R 2, KW 8), at 3 CTAs per SM (the 80-register builds) so
  * the 16 + 264 CTAs run in one wave, v's first. Same arithmetic per output as the two launches. */
-static __global__ void __launch_bounds__(256, 3) mmq_stack_v(const mmq_args S, const mmq6_args V, uint32_t nv)
+template <int NX>
+static __global__ void __launch_bounds__(256, NX == 1 ? 3 : NX == 2 ? 2 : 1) mmq_stack_v(const mmq_args S, const mmq6_args V, uint32_t nv)
 {
     CU_TL_SCOPE(TL_MMQ);
-    if (blockIdx.x < nv) mmq6_body<1, 8, 8, true>(V, blockIdx.x);
-    else mmq_body<2, 8, false, false>(S, blockIdx.x - nv);
+    const uint32_t c = mmq_cta(S.ng), grp = mmq_grp(S.ng);
+    if (c < nv) mmq6_body<1, 8, 8, true, NX>(V, c, grp);
+    else mmq_body<2, 8, false, false, mmq_pdl_wait, NX>(S, c - nv, mmq_pdl_wait(), grp);
 }
 
-/* S: the stack (rows a multiple of 16, x in mmq's layout); V: v (x in mmq6's), MV_OP_STORE. */
-static inline void mmq_stack_v_launch(const mmq_args &S, const mmq6_args &V, cudaStream_t st, bool pdl)
+/* S: the stack (rows a multiple of 16, x in mmq's layout); V: v (x in mmq6's), MV_OP_STORE; both
+ * with the same rows (nx). */
+static inline void mmq_stack_v_launch(const mmq_args &S0, const mmq6_args &V0, cudaStream_t st, bool pdl)
 {
-    const uint32_t nv = V.rows / 16, ns = (S.rows / 16 + 1) / 2;
+    const uint32_t nv = V0.rows / 16, ns = (S0.rows / 16 + 1) / 2, NXL = mmq_nx_of(S0.nx);
+    mmq_args S = S0;
+    mmq6_args V = V0;
+    S.ng = V.ng = (S.nx <= 1 ? 1 : S.nx + NXL - 1) / NXL;
     cudaLaunchAttribute at[1];
-    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(nv + ns), dim3(256), st, pdl, at);
-    cudaLaunchKernelEx(&cfg, mmq_stack_v, S, V, nv);
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3((nv + ns) * S.ng), dim3(256), st, pdl, at);
+    if (NXL == 1) cudaLaunchKernelEx(&cfg, mmq_stack_v<1>, S, V, nv);
+    else if (NXL == 2) cudaLaunchKernelEx(&cfg, mmq_stack_v<2>, S, V, nv);
+    else cudaLaunchKernelEx(&cfg, mmq_stack_v<4>, S, V, nv);
 }
 
 #endif

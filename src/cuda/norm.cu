@@ -83,11 +83,18 @@ template <bool EMB, int CL = TAIL_CL, int T = TAIL_T, int PER = (8192 + CL * T -
 __global__ void __launch_bounds__(T)
     k_tail(const float *y, float *h, float *a, const float *w_post, float eps_post, const float *w_next,
            float eps_next, int sandwich, uint32_t E, cu_digits dg, int trigger, const mv_mat emb, const int32_t *d_token,
-           double inv_e)
+           double inv_e, uint32_t tok_stride)
 {
     constexpr bool fast = !EMB;
     CU_TL_SCOPE(EMB ? TL_EMBED : TL_TAIL);
     if (trigger) cu_pdl_trigger(); /* the matvec after this tail may launch now (see cu_tail) */
+    const uint32_t row = blockIdx.y; /* the pass row: its own vectors, the same arithmetic */
+    if (row) {
+        y = y ? y + (size_t)row * E : y;
+        h += (size_t)row * E;
+        a += (size_t)row * E;
+        if (EMB) d_token += (size_t)row * tok_stride;
+    }
     __shared__ double sh[2][32];
     __shared__ double slots[2][CL];
     const uint32_t S = ((E + CL * 32 - 1) / (CL * 32)) * 32; /* slice, a multiple of 32 */
@@ -141,19 +148,19 @@ __global__ void __launch_bounds__(T)
         if (i < hi) {
             const float v = hv[k] * r2 * wn[k];
             a[i] = v;
-            cu_digits_write(dg, v, i); /* lo, hi and E multiples of 32: whole warps */
+            cu_digits_write(dg, v, i, row); /* lo, hi and E multiples of 32: whole warps */
         }
     }
 }
 
 typedef void (*tail_fn)(const float *, float *, float *, const float *, float, const float *, float, int, uint32_t, cu_digits,
-                        int, const mv_mat, const int32_t *, double);
+                        int, const mv_mat, const int32_t *, double, uint32_t);
 /* A tail's launch: TAIL_CL blocks of TAIL_T threads, or (wide) TAIL_CL_WIDE of TAIL_T_WIDE, as one
- * cluster; pdl as cu_pdl_cfg. at: 2 attributes. */
-static cudaLaunchConfig_t tail_cfg(bool wide, cudaStream_t st, bool pdl, cudaLaunchAttribute *at)
+ * cluster per pass row (n); pdl as cu_pdl_cfg. at: 2 attributes. */
+static cudaLaunchConfig_t tail_cfg(bool wide, cudaStream_t st, bool pdl, cudaLaunchAttribute *at, uint32_t n = 1)
 {
     const uint32_t cl = wide ? TAIL_CL_WIDE : TAIL_CL;
-    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(cl), dim3(wide ? TAIL_T_WIDE : TAIL_T), st, pdl, at);
+    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(cl, n), dim3(wide ? TAIL_T_WIDE : TAIL_T), st, pdl, at);
     at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
     at[cfg.numAttrs].val.clusterDim.x = cl;
     at[cfg.numAttrs].val.clusterDim.y = 1;
@@ -164,7 +171,8 @@ static cudaLaunchConfig_t tail_cfg(bool wide, cudaStream_t st, bool pdl, cudaLau
 }
 
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool trigger, bool wide)
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool trigger, bool wide,
+             uint32_t n)
 {
     /* E <= 8192 is checked at context creation. The blocks may start while the matvec before them
      * runs (it triggers at its start, and the tail is its programmatic dependent); they read only
@@ -172,9 +180,9 @@ void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w
     const mv_mat none = {NULL, 0, 0, 0};
     const tail_fn k = wide ? k_tail<false, TAIL_CL_WIDE, TAIL_T_WIDE> : k_tail<false>;
     cudaLaunchAttribute at[2];
-    cudaLaunchConfig_t cfg = tail_cfg(wide, st, true, at);
+    cudaLaunchConfig_t cfg = tail_cfg(wide, st, true, at, n);
     cudaLaunchKernelEx(&cfg, k, y, h, a, w_post, eps_post, w_next, eps_next, (int)sandwich, E, dg, (int)trigger, none,
-                       (const int32_t *)NULL, 1.0 / E);
+                       (const int32_t *)NULL, 1.0 / E, 0u);
 }
 
 bool cu_tail_wide_ok(void)
@@ -197,12 +205,14 @@ bool cu_tail_wide_ok(void)
 /* The embedding entry on the tail's cluster: h = rmsnorm(emb[token], ones, entry_eps) (or the row
  * itself without the entry norm), a = rmsnorm(h, w_norm, eps) and its digits. trigger: as cu_tail. */
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
-                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg, bool trigger)
+                   const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg, bool trigger,
+                   uint32_t n, const cu_rows *R)
 {
     cudaLaunchAttribute at[2];
-    cudaLaunchConfig_t cfg = tail_cfg(false, st, false, at);
+    cudaLaunchConfig_t cfg = tail_cfg(false, st, false, at, n);
     cudaLaunchKernelEx(&cfg, k_tail<true>, (const float *)NULL, h, a, (const float *)NULL, entry_eps, w_norm, eps,
-                       (int)entry_norm, E, dg, (int)trigger, *emb, d_token, 1.0 / E);
+                       (int)entry_norm, E, dg, (int)trigger, *emb, d_token, 1.0 / E,
+                       R ? R->step_stride / (uint32_t)sizeof(int32_t) : 0u);
 }
 
 __global__ void k_silu_mul(const float *g, const float *u, float *out, uint32_t n)
@@ -220,6 +230,10 @@ void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, ui
 __global__ void k_argmax1(const float *x, uint32_t n, float *pv, int32_t *pi, int32_t *nonfinite)
 {
     CU_TL_SCOPE(TL_ARGMAX);
+    x += (size_t)blockIdx.y * n; /* the pass row */
+    pv += blockIdx.y * AM_BLOCKS;
+    pi += blockIdx.y * AM_BLOCKS;
+    nonfinite += blockIdx.y;
     __shared__ float sv[256];
     __shared__ int32_t si[256];
     float best = -INFINITY;
@@ -251,6 +265,9 @@ __global__ void k_argmax1(const float *x, uint32_t n, float *pv, int32_t *pi, in
 __global__ void k_argmax2(const float *pv, const int32_t *pi, int32_t *token)
 {
     CU_TL_SCOPE(TL_ARGMAX);
+    pv += blockIdx.x * AM_BLOCKS; /* the pass row */
+    pi += blockIdx.x * AM_BLOCKS;
+    token += blockIdx.x;
     __shared__ float sv[AM_BLOCKS];
     __shared__ int32_t si[AM_BLOCKS];
     sv[threadIdx.x] = pv[threadIdx.x];
@@ -271,11 +288,11 @@ __global__ void k_argmax2(const float *pv, const int32_t *pi, int32_t *token)
 }
 
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
-               int32_t *d_token, int32_t *d_nonfinite)
+               int32_t *d_token, int32_t *d_nonfinite, uint32_t rows)
 {
-    cudaMemsetAsync(d_nonfinite, 0, sizeof(int32_t), st);
-    k_argmax1<<<AM_BLOCKS, 256, 0, st>>>(logits, n, part_v, part_i, d_nonfinite);
-    k_argmax2<<<1, AM_BLOCKS, 0, st>>>(part_v, part_i, d_token);
+    cudaMemsetAsync(d_nonfinite, 0, rows * sizeof(int32_t), st);
+    k_argmax1<<<dim3(AM_BLOCKS, rows), 256, 0, st>>>(logits, n, part_v, part_i, d_nonfinite);
+    k_argmax2<<<rows, AM_BLOCKS, 0, st>>>(part_v, part_i, d_token);
 }
 
 __global__ void k_read_stream(const uint4 *p, uint64_t n, uint32_t *sink)

@@ -48,41 +48,68 @@ typedef struct cu_attn_geom {
  * reading x next take, so they need no prep launch. */
 typedef struct cu_digits {
     uint8_t *q4, *q6;
+    uint32_t rs;     /* bytes between the rows' digits in a multi-row pass (both layouts) */
 } cu_digits;
 
 /* One 32-group's digits: all 32 lanes of a warp call it, lane l with v = x[p], p = 32g + l
- * (the layouts with q4 or q6 need x's length a multiple of 256). */
-__device__ __forceinline__ void cu_digits_write(const cu_digits d, float v, uint32_t p)
+ * (the layouts with q4 or q6 need x's length a multiple of 256); row: the pass row. */
+__device__ __forceinline__ void cu_digits_write(const cu_digits d, float v, uint32_t p, uint32_t row = 0)
 {
-    if (d.q4) mmq_prep_warp(v, p, d.q4);
-    if (d.q6) mmq6_prep_warp(v, p, d.q6);
+    if (d.q4) mmq_prep_warp(v, p, d.q4 + (size_t)row * d.rs);
+    if (d.q6) mmq6_prep_warp(v, p, d.q6 + (size_t)row * d.rs);
+}
+
+/* The rows of a multi-row pass as a per-row kernel sees them (the small-batch route, docs/cuda.md):
+ * row r is blockIdx.y (blockIdx.z in attention); its cu_step block (and the plane metadata after
+ * it) at step + r·step_stride bytes; its activations at the call's row strides; layer l's K and V
+ * planes at kp[r], vp[r]. A one-row pass: every field 0 or NULL (row 0, the call's own planes). */
+typedef struct cu_rows {
+    uint32_t step_stride;                  /* bytes between the rows' cu_step blocks */
+    uint32_t x_stride, o_stride;           /* floats between rows: the kernel's input (q·k·gate·v for
+                                            * attention; y, h and a for the tails) and output */
+    uint32_t part_stride;                  /* attention partials (entries) between rows */
+    const uint16_t *const *kp, *const *vp; /* [rows] this layer's planes; NULL: the call's */
+} cu_rows;
+
+__host__ __device__ __forceinline__ const cu_step *cu_row_step(const cu_step *s, const cu_rows &R, uint32_t r)
+{
+    return (const cu_step *)((const uint8_t *)s + (size_t)r * R.step_stride);
+}
+__host__ __device__ __forceinline__ const cu_plane_meta *cu_row_meta(const cu_plane_meta *m, const cu_rows &R, uint32_t r)
+{
+    return (const cu_plane_meta *)((const uint8_t *)m + (size_t)r * R.step_stride);
 }
 
 /* norm.cu */
 /* dg: also write the output as matvec input digits (cu_digits); E % 32 == 0. trigger: as cu_tail */
+/* rows: n pass rows (row r's token at d_token + r·R.step_stride bytes, its h and a at + r·E) */
 void cu_embed_norm(cudaStream_t st, const mv_mat *emb, const int32_t *d_token, float *h, float *a,
                    const float *w_norm, float eps, bool entry_norm, float entry_eps, uint32_t E, cu_digits dg,
-                   bool trigger);
+                   bool trigger, uint32_t n = 1, const cu_rows *R = NULL);
 /* h += rmsnorm(y, w_post, eps_post) (sandwich; else h += y), a = rmsnorm(h, w_next, eps_next).
  * Launched as a programmatic dependent of the matvec before it. dg: also write a as matvec input
  * digits (cu_digits). trigger: let the next kernel launch at this one's start; only when that
  * kernel's x (dg) is a buffer no kernel that may still run reads (backend.cu, XS_*). wide: 16
  * blocks of 512 threads instead of 8 of 256 (only where cu_tail_wide_ok). */
 void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w_post, float eps_post,
-             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool trigger, bool wide);
+             const float *w_next, float eps_next, bool sandwich, uint32_t E, cu_digits dg, bool trigger, bool wide,
+             uint32_t n = 1); /* n pass rows, row r's y, h and a at + r·E */
 /* Whether the device places the tails' wide cluster (16 blocks of 512: cu_tail's wide) */
 bool cu_tail_wide_ok(void);
 void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
 /* argmax over logits -> *d_token (next token for the bench lane) and d_flags[0] = #non-finite */
+/* rows > 1: row r's logits at + r·n, its partials at + r·256, its token and count at d_token[r],
+ * d_nonfinite[r] */
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
-               int32_t *d_token, int32_t *d_nonfinite);
+               int32_t *d_token, int32_t *d_nonfinite, uint32_t rows = 1);
 
 /* attention.cu */
 /* qkv: q then k (normed and rotated in place); v: the values stored beside k. pdl: launched as a
  * programmatic dependent of the projections (it waits before its first read of qkv) */
 void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *v, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
-                      const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g, bool pdl);
+                      const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g, bool pdl,
+                      uint32_t n = 1, const cu_rows *R = NULL); /* n pass rows: cu_rows (x_stride: qkv's) */
 /* QK-norm + RoPE + KV store folded into the tc split kernel (cu_attention's fuse; the arithmetic of
  * cu_qk_rope_store with non-NeoX pairs): q is this token's raw q, k and v its raw k and v rows. */
 typedef struct cu_attn_fuse {
@@ -98,7 +125,8 @@ typedef struct cu_attn_fuse {
  * QK-norm/RoPE/store of this token done inside the split kernel (only where cu_attn_fusable) */
 int cu_attention(cudaStream_t st, const float *q, const cu_step *step, const cu_plane_meta *meta,
                  const uint16_t *k_plane, const uint16_t *v_plane, float *part_ml, float *part_acc,
-                 const float *gate, float *out, const cu_attn_geom *g, cu_digits dg, const cu_attn_fuse *fuse);
+                 const float *gate, float *out, const cu_attn_geom *g, cu_digits dg, const cu_attn_fuse *fuse,
+                 uint32_t n = 1, const cu_rows *R = NULL); /* n pass rows: cu_rows (q, k, v, gate at x_stride) */
 /* t[i] = theta^(−2i/D) in f64 for i < D/2, as the RoPE kernels compute it (device memory t;
  * synchronous); 0 or -1 */
 int cu_rope_inv_table(double *t, float theta, uint32_t D);
