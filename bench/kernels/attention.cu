@@ -211,8 +211,8 @@ int main(int argc, char **argv)
         const cu_attn_geom g = geom_of(c);
         const att_plan p = plan_of(var, g);
         const uint16_t *kp = c.ring ? rk : fk, *vp = c.ring ? rv : fv;
-        if (var != 0) return att_run(st, dq, ds, dm, kp, vp, pml, pacc, NULL, dout, &g, p, cu_digits{NULL, NULL}, parts);
-        int rc = parts & 1 ? att_run(st, dq, ds, dm, kp, vp, pml, pacc, NULL, dout, &g, p, cu_digits{NULL, NULL}, 1) : 0;
+        if (var != 0) return att_run(st, dq, ds, dm, kp, vp, pml, pacc, NULL, dout, &g, p, cu_digits{NULL, NULL, 0, NULL}, parts);
+        int rc = parts & 1 ? att_run(st, dq, ds, dm, kp, vp, pml, pacc, NULL, dout, &g, p, cu_digits{NULL, NULL, 0, NULL}, 1) : 0;
         if (!rc && (parts & 2)) k_attn_combine0<<<H, D, 0, st>>>(pml, pacc, dm, NULL, dout, H / HKV, D, p.n_split);
         return rc;
     };

@@ -1110,7 +1110,7 @@ int muser_cuda_attn_run(const muser_cuda_attn_case *c, int impl, float *out, cha
     TRY(cudaMemset(dout, 0xFF, H * D * sizeof(float)), "poison");
     TRY(cudaMemset(pacc, 0xFF, HKV * c->n_split * G * D * sizeof(float)), "poison");
     if (cu_attention(st, dq, (const cu_step *)dstep, (const cu_plane_meta *)((cu_step *)dstep + 1), dk, dv, pml, pacc,
-                     dgate, dout, &g, cu_digits{NULL, NULL, 0}, NULL)) {
+                     dgate, dout, &g, cu_digits{NULL, NULL, 0, NULL}, NULL)) {
         snprintf(msg, msg_len, "cu_attention refused the geometry (H %zu, HKV %zu, D %zu)", H, HKV, D);
         goto done_quiet;
     }
@@ -1210,7 +1210,7 @@ int muser_cuda_attn_fuse_check(const muser_cuda_attn_case *c, const float *k_row
         TRY(cudaMemcpy(dstep, &hs, sizeof hs, cudaMemcpyHostToDevice), "upload step");
         const cu_step *sp = (const cu_step *)dstep;
         const cu_plane_meta *mp = (const cu_plane_meta *)((cu_step *)dstep + 1);
-        const cu_digits none = {NULL, NULL, 0};
+        const cu_digits none = {NULL, NULL, 0, NULL};
         cu_qk_rope_store(st, qkv, vs, q_norm ? qn : NULL, k_norm ? kn : NULL, eps, rope != 0, false, theta, (uint32_t)D, sp,
                          mp, kp[0], vp[0], &g, false);
         if (cu_attention(st, qkv, sp, mp, kp[0], vp[0], pml, pacc, c->gate ? gate : NULL, out[0], &g, none, NULL))

@@ -98,6 +98,8 @@ typedef struct cu_ctx {
     uint8_t *xm;               /* mmq_prep output of the current matvec input (the Q4_KT matrices) */
     uint8_t *x6;               /* mmq6_prep output of the current matvec input (the Q6_KT matrices) */
     uint8_t *xm_site[XS_N], *x6_site[XS_N]; /* xm and x6 per input site (set_site), in one allocation */
+    uint8_t *xd, *xd_gu;       /* the dense multi-row layout (mmqd.cuh) of gate·up's input (xd: while
+                                * enqueuing site XS_GU of a multi-row pass, else NULL) */
     int site;                  /* the matvec input site being enqueued (XS_*, set_site) */
     bool tail_trigger;         /* the tails (and the embedding entry) let the matvec after them launch at their
                                 * start: only where every matvec input is a per-site digit buffer (tc_inputs_only) */
@@ -404,6 +406,7 @@ static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint
 /* The tensor-core digit layouts of the current matvec input that its producer already wrote. */
 #define DIG_XM 1u /* Q4_KT's, in c->xm */
 #define DIG_X6 2u /* Q6_KT's, in c->x6 */
+#define DIG_XD 4u /* the dense multi-row Q4_KT layout, in c->xd */
 
 /* x's digits for the c->rn rows of the pass (row r's x at + r·xst floats), one launch */
 template <typename WR>
@@ -444,7 +447,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
     }
     if (t == MV_T_Q4_KT) {
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q4>(c, st, x, c->xm, K, xst);
+        if (!(ready & (DIG_XM | DIG_XD)) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q4>(c, st, x, c->xm, K, xst);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             const bool pair = g->op == MV_OP_SILU_MUL;
@@ -462,6 +465,13 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.nx = c->rn;
             A.xs = c->dig_rs;
             A.os = g->os;
+            /* several rows of gate·up: the dense kernel on their digits in its layout */
+            if (pair && c->rn > 1 && (ready & DIG_XD)) {
+                mmq_args D = A;
+                D.x = c->xd;
+                if (mmqd_pair_launch(D, c->n_sm, st, true)) continue;
+            }
+            if (!(ready & DIG_XM) && (ready & DIG_XD) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q4>(c, st, x, c->xm, K, xst);
             /* gate·up on a persistent grid where its tiles fit a CTA's shared memory */
             if (!(pair && mmq_pair_persist_launch(A, c->n_sm, st, true))) mmq_launch_auto(A, pair, st, true, c->n_sm);
         }
@@ -494,8 +504,9 @@ static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, floa
 /* The digits a producer writes for one matrix of `type` that reads its output next. */
 static cu_digits digits_for(const cu_ctx *c, uint32_t type)
 {
-    cu_digits d = {NULL, NULL, c->dig_rs};
-    if (type == MV_T_Q4_KT) d.q4 = c->xm;
+    cu_digits d = {NULL, NULL, c->dig_rs, NULL};
+    if (type == MV_T_Q4_KT && c->xd) d.qd = c->xd; /* gate·up of a multi-row pass: the dense layout */
+    else if (type == MV_T_Q4_KT) d.q4 = c->xm;
     else if (type == MV_T_Q6_KT) d.q6 = c->x6;
     return d;
 }
@@ -508,7 +519,7 @@ static cu_digits digits_or(cu_digits a, cu_digits b)
     return a;
 }
 /* The tensor-core layouts (DIG_*) a producer writing d leaves ready. */
-static uint32_t digits_ready(cu_digits d) { return (d.q4 ? DIG_XM : 0u) | (d.q6 ? DIG_X6 : 0u); }
+static uint32_t digits_ready(cu_digits d) { return (d.q4 ? DIG_XM : 0u) | (d.q6 ? DIG_X6 : 0u) | (d.qd ? DIG_XD : 0u); }
 
 /* The digits the producer of layer l's attention-projection input must write: the Q4_K layout for
  * the stacked launch, and v's when v is outside the stack; none when the projections are not
@@ -517,7 +528,7 @@ static cu_digits qkvg_digits(const cu_ctx *c, uint32_t l)
 {
     const cu_layer *L = l < c->m->hp.n_layer ? &c->layers[l] : NULL;
     if (!L) return digits_for(c, c->out.type);
-    cu_digits d = {NULL, NULL, c->dig_rs};
+    cu_digits d = {NULL, NULL, c->dig_rs, NULL};
     if (!L->qkg.data) return d;
     d = L->qkg_v ? digits_for(c, MV_T_Q4_KT) : digits_for(c, L->v.type);
     d.q4 = c->xm;
@@ -546,6 +557,8 @@ static void set_site(cu_ctx *c, int s)
     c->site = s;
     c->xm = c->xm_site[s];
     c->x6 = c->x6_site[s];
+    /* gate·up of a multi-row pass reads the dense layout where both are Q4_KT (mmqd_pair_launch) */
+    c->xd = s == XS_GU && c->rn > 1 && c->gate_up_paired && c->layers[0].ffn_gate.type == MV_T_Q4_KT ? c->xd_gu : NULL;
 }
 
 /* Floats between the rows of the qkvg buffer (q | k | gate | v) in a multi-row pass. */
@@ -913,9 +926,10 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         const size_t kmax = E > QD ? (E > F ? E : F) : (QD > F ? QD : F);
         const size_t xmb = (mmq_x_bytes((uint32_t)kmax + 255) + 255) / 256 * 256;
         const size_t x6b = (mmq6_x_bytes((uint32_t)kmax + 255) + 255) / 256 * 256;
-        const size_t rs = xmb > x6b ? xmb : x6b; /* one row of either layout */
+        const size_t rs = xmb > x6b ? xmb : x6b; /* one row of any layout (mmqd's is smaller) */
         c->dig_rs = (uint32_t)rs;
-        e = cudaMalloc((void **)&c->xm_site[0], XS_N * 2 * NR * rs);
+        e = cudaMalloc((void **)&c->xm_site[0], (XS_N * 2 + 1) * NR * rs);
+        c->xd_gu = c->xm_site[0] + XS_N * 2 * NR * rs;
         for (int s = 0; !e && s < XS_N; s++) {
             c->xm_site[s] = c->xm_site[0] + s * NR * rs;
             c->x6_site[s] = c->xm_site[0] + (XS_N + s) * NR * rs;

@@ -224,7 +224,32 @@ __device__ __forceinline__ float mmq_i2f(int v) { return __int2float_rn(v); }
 /* P = exact Σ q·X (as f32) from the two digit-pair sums */
 __device__ __forceinline__ float mmq_p(int c0, int c1, int c2, int c3)
 {
-    return fmaf(mmq_i2f(c2 + 128 * c3), 16384.f, mmq_i2f(c0 + 128 * c1));
+    return __fmaf_rn(mmq_i2f(c2 + 128 * c3), 16384.f, mmq_i2f(c0 + 128 * c1));
+}
+
+/* One (tile, block) of lane (g, t)'s sums: rows g and g + 8 from the exact products of its two
+ * sub-blocks (Psc[G][half] = P·s of sub mmq_sub(t, G), S0/S1 = s·ΣX of those subs), its scales word
+ * w, mins half h and d/dmin pair dd; acc[half] += d·Σ sc·P·s − dmin·Σ m·S. Every rounding is an
+ * explicit intrinsic (nothing left for the compiler to contract), so each kernel that calls it
+ * (mmq_block, the dense multi-row kernels) gives the same bits from the same products. */
+__device__ __forceinline__ void mmq_fold(uint32_t w, uint32_t h, uint2 dd, const float Psc[2][2], float S0, float S1,
+                                         float acc[2])
+{
+    /* scales: field q at bits 6q; I2F of the masked field is sc·2^(6q), exact */
+    const float sc0 = __int2float_rn((int)(w & 63u)), sc1 = __int2float_rn((int)(w & (63u << 6)));
+    const float sc2 = __int2float_rn((int)(w & (63u << 12))), sc3 = __int2float_rn((int)(w & (63u << 18)));
+    const float m0 = __int2float_rn((int)(w & (63u << 24))), m1 = __int2float_rn((int)(h & 63u));
+    const float m2 = __int2float_rn((int)(h & (63u << 6))), m3 = __int2float_rn((int)(((w >> 26) & 0x30u) | (h >> 12)));
+    const float2 d = __half22float2(*(const __half2 *)&dd.x);
+    const float2 dm = __half22float2(*(const __half2 *)&dd.y);
+    /* row g: items 0 (G0), 1 (G1); row g+8: items 2 (G0), 3 (G1); the power-of-two factors exact */
+    const float vg = __fmaf_rn(sc1 * 0x1p-6f, Psc[1][0], __fmul_rn(sc0, Psc[0][0]));
+    const float vg8 = __fmaf_rn(sc3 * 0x1p-18f, Psc[1][1], __fmul_rn(sc2 * 0x1p-12f, Psc[0][1]));
+    const float ng = __fmaf_rn(m1, S1, __fmul_rn(m0 * 0x1p-24f, S0));
+    const float ng8 = __fmaf_rn(m3, S1, __fmul_rn(m2 * 0x1p-6f, S0));
+    /* the block's scale and min terms meet first */
+    acc[0] = __fadd_rn(acc[0], __fmaf_rn(d.x, vg, -__fmul_rn(dm.x, ng)));
+    acc[1] = __fadd_rn(acc[1], __fmaf_rn(d.y, vg8, -__fmul_rn(dm.y, ng8)));
 }
 
 /* The lane's x for one block: B fragments of the 8 chunks, its (s_eff, S) of groups 0, 1. */
@@ -264,28 +289,12 @@ __device__ __forceinline__ void mmq_block(const mmq_w W[R], const uint8_t *xb, u
         }
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            Psc[r][G][0] = mmq_p(C[r][0][0], C[r][0][1], C[r][1][0], C[r][1][1]) * ks[G];
-            Psc[r][G][1] = mmq_p(C[r][0][2], C[r][0][3], C[r][1][2], C[r][1][3]) * ks[G];
+            Psc[r][G][0] = __fmul_rn(mmq_p(C[r][0][0], C[r][0][1], C[r][1][0], C[r][1][1]), ks[G]);
+            Psc[r][G][1] = __fmul_rn(mmq_p(C[r][0][2], C[r][0][3], C[r][1][2], C[r][1][3]), ks[G]);
         }
     }
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        const uint32_t w = W[r].sc, h = W[r].mh;
-        /* scales: field q at bits 6q; I2F of the masked field is sc·2^(6q), exact */
-        const float sc0 = mmq_i2f((int)(w & 63u)), sc1 = mmq_i2f((int)(w & (63u << 6)));
-        const float sc2 = mmq_i2f((int)(w & (63u << 12))), sc3 = mmq_i2f((int)(w & (63u << 18)));
-        const float m0 = mmq_i2f((int)(w & (63u << 24))), m1 = mmq_i2f((int)(h & 63u));
-        const float m2 = mmq_i2f((int)(h & (63u << 6))), m3 = mmq_i2f((int)(((w >> 26) & 0x30u) | (h >> 12)));
-        const float2 d = __half22float2(*(const __half2 *)&W[r].dd.x);
-        const float2 dm = __half22float2(*(const __half2 *)&W[r].dd.y);
-        /* row g: items 0 (G0), 1 (G1); row g+8: items 2 (G0), 3 (G1) */
-        const float vg = fmaf(sc1 * 0x1p-6f, Psc[r][1][0], sc0 * Psc[r][0][0]);
-        const float vg8 = fmaf(sc3 * 0x1p-18f, Psc[r][1][1], sc2 * 0x1p-12f * Psc[r][0][1]);
-        const float ng = fmaf(m1, sS.w, m0 * 0x1p-24f * sS.z);
-        const float ng8 = fmaf(m3, sS.w, m2 * 0x1p-6f * sS.z);
-        acc[r][0] += d.x * vg - dm.x * ng; /* the block's scale and min terms meet first */
-        acc[r][1] += d.y * vg8 - dm.y * ng8;
-    }
+    for (int r = 0; r < R; r++) mmq_fold(W[r].sc, W[r].mh, W[r].dd, Psc[r], sS.z, sS.w, acc[r]);
 }
 
 /* mmq_block over the nx (<= NX) x rows of a multi-row pass, x row n at xb + n·xs: the weights

@@ -17,6 +17,7 @@
 #include "cuda/matvec.cuh"
 #include "cuda/mmq.cuh"
 #include "cuda/mmq6.cuh"
+#include "cuda/mmqd.cuh"
 
 /* KV plane metadata as the kernels see it (SPEC §3; mirrors kv_plane after this token's append). */
 typedef struct cu_plane_meta {
@@ -48,15 +49,17 @@ typedef struct cu_attn_geom {
  * reading x next take, so they need no prep launch. */
 typedef struct cu_digits {
     uint8_t *q4, *q6;
-    uint32_t rs;     /* bytes between the rows' digits in a multi-row pass (both layouts) */
+    uint32_t rs;     /* bytes between the rows' digits in a multi-row pass (every layout) */
+    uint8_t *qd;     /* the dense multi-row Q4_K layout (mmqd.cuh), or NULL */
 } cu_digits;
 
 /* One 32-group's digits: all 32 lanes of a warp call it, lane l with v = x[p], p = 32g + l
- * (the layouts with q4 or q6 need x's length a multiple of 256); row: the pass row. */
+ * (the layouts need x's length a multiple of 256); row: the pass row. */
 __device__ __forceinline__ void cu_digits_write(const cu_digits d, float v, uint32_t p, uint32_t row = 0)
 {
     if (d.q4) mmq_prep_warp(v, p, d.q4 + (size_t)row * d.rs);
     if (d.q6) mmq6_prep_warp(v, p, d.q6 + (size_t)row * d.rs);
+    if (d.qd) mmqd_prep_warp(v, p, d.qd + (size_t)row * d.rs);
 }
 
 /* The rows of a multi-row pass as a per-row kernel sees them (the small-batch route, docs/cuda.md):

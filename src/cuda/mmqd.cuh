@@ -1,0 +1,281 @@
+/* mmqd.cuh — the Q4_K gate·up pair of a multi-row pass on tensor cores, x rows as the columns.
+ *
+ * mmq.cuh's kernels give each x row its own mma columns: 8 columns (4 sub-blocks × 2 digits) of
+ * which each is non-zero on half the k, and a raw and a masked "twin" product per digit pair, so a
+ * quarter of the products are useful and each extra row costs the whole mma count again. Here the
+ * columns are the rows: per sub-block one m16n8k32 takes the 16 weight rows × 32 positions of that
+ * sub-block (the nibbles unpacked) against 4 x rows × 2 digits, and a second one the other two
+ * digits, so every product is used and 4 rows cost what 1 did.
+ *
+ * Same bits as mmq_block (row invariance, docs/routes.md): the products are exact integers either
+ * way, so each (row, sub-block) gets the same P = Σ q·X; the fold (mmq_fold) and every sum after it
+ * — the per-lane f32 of one block's two sub-blocks, the f64 sums over a warp's blocks of a tile,
+ * ((t0 + t1) + (t2 + t3)) over the four lanes' sub-block pairs, the warps in order — are
+ * mmq_pair_persist's, over the same blocks in the same order (the same persistent grid split).
+ *
+ * Weights: the Q4_KT units as they are. Lane (g, t) loads the words it loads in mmq_block: pair
+ * P = 2G + (t >> 1) of group G, positions 8c + 4(t & 1) + i (c = 0..3). An mma over one pair needs
+ * every lane's 8 positions of that pair, so lanes t and t ^ 2 swap the half of each group's words
+ * (c = 2, 3) the other pair's mma takes; the k order inside the mma is then a fixed permutation of
+ * the positions, and the x digits are stored in the same permutation (mmqd_prep_warp).
+ *
+ * x: per row and block, 8 sub-blocks × 4 digits × 4 lanes × 8 bytes of B fragments, then (s, S)
+ * per sub-block (s the group's power of two, S = s·ΣX as mmq_prep_warp's): MMQD_XBLK bytes. */
+#ifndef MUSER_CUDA_MMQD_CUH
+#define MUSER_CUDA_MMQD_CUH
+
+#include "cuda/mmq.cuh"
+
+#define MMQD_XBLK 1088u /* x bytes of one row's block */
+#define MMQD_XS 1024u   /* the (s, S) pairs within it */
+
+static inline size_t mmqd_x_bytes(uint32_t K) { return (size_t)K / 256 * MMQD_XBLK; }
+
+/* One 32-group (= one Q4_K sub-block j) of one row's x: lane l holds v = x[p], p = 32·(8b + j) + l;
+ * all 32 lanes call it. Position l of pair P = j >> 1 sits at k 4t' + i (word 0) or 16 + 4t' + i
+ * (word 1) of lane t''s fragment: l = 8q + 4e + i goes to t' = 2·(q < 2 ? π : 1 − π) + e, word q & 1
+ * (π = P & 1: the lanes that hold the pair keep positions 0..15, the others get 16..31). */
+__device__ __forceinline__ void mmqd_prep_warp(float v, uint32_t p, uint8_t *__restrict__ buf)
+{
+    const uint32_t j = (p >> 5) & 7, l = p & 31;
+    float s;
+    const int X = mmq_group_int(v, &s);
+    uint8_t *blk = buf + (size_t)(p >> 8) * MMQD_XBLK;
+    const uint32_t pi = (j >> 1) & 1, q = l >> 3, e = (l >> 2) & 1, i = l & 3;
+    const uint32_t tp = 2 * (q < 2 ? pi : 1 - pi) + e, ws = q & 1;
+    const int dg[4] = {X & 127, (X >> 7) & 127, (X >> 14) & 127, X >> 21};
+#pragma unroll
+    for (int d = 0; d < 4; d++) blk[((j * 4 + d) * 4 + tp) * 8 + ws * 4 + i] = (uint8_t)(int8_t)dg[d];
+    int t = X;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) t += __shfl_xor_sync(0xFFFFFFFFu, t, o);
+    if (l == 0) ((float2 *)(blk + MMQD_XS))[j] = make_float2(s, s * (float)t);
+}
+
+struct mmqd_prep {
+    static constexpr int tag = TL_MMQ_PREP;
+    static __device__ __forceinline__ void write(float v, uint32_t p, uint8_t *buf) { mmqd_prep_warp(v, p, buf); }
+};
+
+/* A tile's unit for one block: the qs words (as mmq_w) and the row pair's whole 32-byte header
+ * (d and dmin pair, the four lanes' scale words, their min halves). */
+struct mmqd_w {
+    uint4 q[4];
+    uint4 h0, h1;
+};
+__device__ __forceinline__ void mmqd_load(const uint8_t *unit, uint32_t lane, mmqd_w &W)
+{
+#pragma unroll
+    for (int u = 0; u < 4; u++) W.q[u] = cu_ldw(unit + (u * 32 + lane) * 16);
+    const uint8_t *hd = unit + 2048 + 32 * (lane >> 2);
+    W.h0 = __ldg((const uint4 *)hd);
+    W.h1 = __ldg((const uint4 *)(hd + 16));
+}
+
+/* One item (gate r = 0 and up r = 1, one block) for NQ quads of x rows: acc[Q][r][t][half] gets
+ * lane t's fold of mmq_block for x row 4Q + (lane & 3). xb: row 0's block; xs: bytes between rows;
+ * nx: rows that exist (the rest read row nx − 1 and are never stored). */
+template <int NQ>
+__device__ __forceinline__ void mmqd_block(const mmqd_w W[2], const uint8_t *xb, uint32_t xs, uint32_t nx, uint32_t lane,
+                                           float acc[NQ][2][4][2])
+{
+    const uint32_t g = lane >> 2, t = lane & 3;
+    /* the words of group G's other pair: the partner's c = 2, 3 words */
+    uint4 recv[2][2];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int G = 0; G < 2; G++) {
+            const uint4 m = W[r].q[2 * G + 1];
+            recv[r][G] = make_uint4(__shfl_xor_sync(0xFFFFFFFFu, m.x, 2), __shfl_xor_sync(0xFFFFFFFFu, m.y, 2),
+                                    __shfl_xor_sync(0xFFFFFFFFu, m.z, 2), __shfl_xor_sync(0xFFFFFFFFu, m.w, 2));
+        }
+    /* pairs in the order f = 0 (pairs 0, 2: subs 0, 1, 4, 5), f = 1 (pairs 1, 3): each lane pair's
+     * folds t = 2·(t>>1)… need sub-blocks mmq_sub(t, 0) = 2f + e and mmq_sub(t, 1) = 4 + 2f + e of
+     * the same f, so a half is folded as soon as its four sub-blocks are known */
+#pragma unroll
+    for (int f = 0; f < 2; f++) {
+        float Psc[NQ][2][2][2][2]; /* [Q][r][G][nibble e][half] */
+        float Sv[NQ][2][2];        /* [Q][G][e]: S of sub 4G + 2f + e of the lane's x row */
+#pragma unroll
+        for (int G = 0; G < 2; G++) {
+            const uint32_t P = 2 * G + f;
+            uint32_t a[2][2][4]; /* [r][nibble][4 words] */
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const uint4 A = (t >> 1) == (uint32_t)f ? W[r].q[2 * G] : recv[r][G];
+                const uint32_t w4[4] = {A.x, A.y, A.z, A.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    a[r][0][k] = w4[k] & 0x0F0F0F0Fu;
+                    a[r][1][k] = (w4[k] >> 4) & 0x0F0F0F0Fu;
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const uint32_t j = 2 * P + e; /* the sub-block: lo nibbles e = 0, hi e = 1 */
+#pragma unroll
+                for (int Q = 0; Q < NQ; Q++) {
+                    uint32_t rb = 4 * Q + (g >> 1), ro = 4 * Q + t; /* B's row, the lane's own */
+                    rb = rb < nx ? rb : nx - 1;
+                    ro = ro < nx ? ro : nx - 1;
+                    const uint8_t *xr = xb + (size_t)rb * xs + ((j * 4 + (g & 1)) * 4 + t) * 8;
+                    const uint2 b01 = cu_ldx<uint2>(xr), b23 = cu_ldx<uint2>(xr + 64);
+                    const float2 sS = cu_ldx<float2>(xb + (size_t)ro * xs + MMQD_XS + 8 * j);
+                    Sv[Q][G][e] = sS.y;
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        int C1[4] = {0, 0, 0, 0}, C2[4] = {0, 0, 0, 0};
+                        mmq_mma(C1, a[r][e][0], a[r][e][1], a[r][e][2], a[r][e][3], b01.x, b01.y);
+                        mmq_mma(C2, a[r][e][0], a[r][e][1], a[r][e][2], a[r][e][3], b23.x, b23.y);
+                        Psc[Q][r][G][e][0] = __fmul_rn(mmq_p(C1[0], C1[1], C2[0], C2[1]), sS.x);
+                        Psc[Q][r][G][e][1] = __fmul_rn(mmq_p(C1[2], C1[3], C2[2], C2[3]), sS.x);
+                    }
+                }
+            }
+        }
+        /* fold t = 2e + f: its sub-blocks mmq_sub(t, G) = 4G + 2f + e */
+        const uint32_t hw[2] = {W[0].h1.z, W[0].h1.w}, hu[2] = {W[1].h1.z, W[1].h1.w};
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int tf = 2 * e + f;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const mmqd_w &U = W[r];
+                const uint32_t scw = tf == 0 ? U.h0.z : tf == 1 ? U.h0.w : tf == 2 ? U.h1.x : U.h1.y;
+                const uint32_t mh = ((r ? hu : hw)[tf >> 1] >> (16 * (tf & 1))) & 0xFFFFu;
+                const uint2 dd = make_uint2(U.h0.x, U.h0.y);
+#pragma unroll
+                for (int Q = 0; Q < NQ; Q++) {
+                    const float ps[2][2] = {{Psc[Q][r][0][e][0], Psc[Q][r][0][e][1]},
+                                            {Psc[Q][r][1][e][0], Psc[Q][r][1][e][1]}};
+                    mmq_fold(scw, mh, dd, ps, Sv[Q][0][e], Sv[Q][1][e], acc[Q][r][tf]);
+                }
+            }
+        }
+    }
+}
+
+/* mpp_body (mmq.cuh) with mmqd_block: the same persistent split, walk and sums; NQ quads of x rows
+ * (row group grp, mmq_group); red: [tiles][4·NQ rows][8 warps][32] doubles. */
+template <int NQ>
+__device__ __forceinline__ void mpd_body(const mmq_args &A0, uint32_t cta, uint32_t grid, double *red, uint32_t grp)
+{
+    constexpr int NX = 4 * NQ;
+    cu_pdl_trigger();
+    mmq_args A = A0;
+    const uint32_t nx = mmq_group<mmq_args, NX>(A, grp);
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = A.K / 256, ntile = A.rows / 16;
+    const uint32_t g = lane >> 2, t = lane & 3;
+    const uint32_t t0 = (uint32_t)((uint64_t)cta * ntile / grid);
+    const uint32_t t1 = (uint32_t)((uint64_t)(cta + 1) * ntile / grid);
+    const uint32_t u1 = t1 * nb;
+    uint32_t u = t0 * nb + wid;
+    mmqd_w W[2];
+    if (u < u1) {
+        mmqd_load(A.a + (size_t)u * MMQ_UNIT, lane, W[0]);
+        mmqd_load(A.b + (size_t)u * MMQ_UNIT, lane, W[1]);
+    }
+    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 256 * NX; i += blockDim.x) red[i] = 0;
+    __syncthreads();
+    uint32_t key = 0xFFFFFFFFu;
+    double sum[NQ][2][4][2];
+#pragma unroll
+    for (int Q = 0; Q < NQ; Q++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) sum[Q][r][k][0] = sum[Q][r][k][1] = 0;
+    /* a tile's sums of this warp, for the lane's x rows: ((t0 + t1) + (t2 + t3)) in f64 as
+     * mmq_rows_f64 adds the four lanes, then zeroed */
+    auto flush = [&](uint32_t tile) {
+#pragma unroll
+        for (int Q = 0; Q < NQ; Q++) {
+            const uint32_t n = 4 * Q + t;
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const double v = (sum[Q][r][0][h] + sum[Q][r][1][h]) + (sum[Q][r][2][h] + sum[Q][r][3][h]);
+                    if (n < nx) red[(((tile - t0) * NX + n) * 8 + wid) * 32 + 16 * r + g + 8 * h] = v;
+                    for (int k = 0; k < 4; k++) sum[Q][r][k][h] = 0;
+                }
+        }
+    };
+    cu_pdl_wait();
+    for (; u < u1; u += 8) {
+        const uint32_t tile = u / nb, b = u - tile * nb;
+        if (tile != key) {
+            if (key != 0xFFFFFFFFu) flush(key);
+            key = tile;
+        }
+        float acc[NQ][2][4][2];
+#pragma unroll
+        for (int Q = 0; Q < NQ; Q++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) acc[Q][r][k][0] = acc[Q][r][k][1] = 0.f;
+        mmqd_block<NQ>(W, A.x + (size_t)b * MMQD_XBLK, A.xs, nx, lane, acc);
+#pragma unroll
+        for (int Q = 0; Q < NQ; Q++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) sum[Q][r][k][h] += (double)acc[Q][r][k][h];
+        if (u + 8 < u1) {
+            mmqd_load(A.a + (size_t)(u + 8) * MMQ_UNIT, lane, W[0]);
+            mmqd_load(A.b + (size_t)(u + 8) * MMQ_UNIT, lane, W[1]);
+        }
+    }
+    if (key != 0xFFFFFFFFu) flush(key);
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 16 * nx; i += blockDim.x) {
+        const uint32_t n = i / ((t1 - t0) * 16), tl = i % ((t1 - t0) * 16) / 16, row16 = i % 16;
+        double ys = 0, us = 0;
+        for (int w = 0; w < 8; w++) {
+            ys += red[((tl * NX + n) * 8 + w) * 32 + row16];
+            us += red[((tl * NX + n) * 8 + w) * 32 + 16 + row16];
+        }
+        float y = (float)ys;
+        const float uu = (float)us;
+        y = y / (1.f + expf(-y)) * uu; /* SiLU·up on the f32 matvec results, as mpp_body */
+        A.out[(size_t)n * A.os + (size_t)(t0 + tl) * 16 + row16] = y;
+    }
+}
+
+template <int NQ>
+static __global__ void __launch_bounds__(256, 1) mmqd_pair_persist(const mmq_args A, uint32_t grid)
+{
+    CU_TL_SCOPE(TL_MMQ_PAIR);
+    extern __shared__ double mpd_red[];
+    mpd_body<NQ>(A, mmq_cta(A.ng), grid, mpd_red, mmq_grp(A.ng));
+}
+
+/* The gate·up pair of A.nx > 1 rows (x in mmqd's layout, A.xs apart) on mmq_pair_persist's grid:
+ * one quad of rows per CTA up to 4 rows, two up to 8, more as row groups. false (nothing
+ * launched) when a CTA's sums do not fit its shared memory. */
+static inline bool mmqd_pair_launch(const mmq_args &A0, int n_sm, cudaStream_t st, bool pdl)
+{
+    const uint32_t ntile = A0.rows / 16, grid = (uint32_t)n_sm * MPP_CTAS_PER_SM, NQ = A0.nx <= 4 ? 1 : 2;
+    const uint32_t most = (ntile + grid - 1) / grid;
+    const size_t smem = (size_t)most * 256 * 4 * NQ * sizeof(double);
+    if (smem > 200 * 1024) return false;
+    mmq_args A = A0;
+    A.ng = (A.nx + 4 * NQ - 1) / (4 * NQ);
+    cudaLaunchAttribute at[1];
+    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(grid * A.ng), dim3(256), st, pdl, at);
+    cfg.dynamicSmemBytes = smem;
+    if (NQ == 1) {
+        cudaFuncSetAttribute(mmqd_pair_persist<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        cudaLaunchKernelEx(&cfg, mmqd_pair_persist<1>, A, grid);
+    } else {
+        cudaFuncSetAttribute(mmqd_pair_persist<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        cudaLaunchKernelEx(&cfg, mmqd_pair_persist<2>, A, grid);
+    }
+    return true;
+}
+
+#endif
