@@ -58,5 +58,17 @@ expect_rc 2 "--draft-dflash on cuda" -- "$BIN" run -m "$TMP/tiny.gguf" -p hi --b
 grep -q "cpu backend" "$TMP/err" || fail "cuda refusal does not say what to do: $(cat "$TMP/err")"
 expect_rc 2 "two drafters" -- "$BIN" run -m "$TMP/tiny.gguf" -p hi --draft-ngram 3 --draft-dflash "$TMP/dfl.gguf"
 
+# the training tools' fingerprint (tools/train/dflash_io.py, plain Python) is muser's
+if command -v python3 >/dev/null 2>&1; then
+    for m in "$TMP/tiny.gguf:$TMP/dfl.gguf" "$SRC/models/default.gguf:$TMP/dfl_def.gguf"; do
+        python3 "$SRC/tools/train/dflash_io.py" check "${m%%:*}" "${m##*:}" >"$TMP/out" 2>&1 \
+            || fail "dflash_io.py's fingerprint of ${m%%:*} is not muser's: $(cat "$TMP/out")"
+    done
+    python3 "$SRC/tools/train/dflash_io.py" check "$TMP/tiny2.gguf" "$TMP/dfl.gguf" >/dev/null 2>&1 \
+        && fail "dflash_io.py check accepts a drafter for another target"
+else
+    echo "SKIP (part): no python3 for the fingerprint cross-check"
+fi
+
 [ "$fails" -eq 0 ] && echo "cli_dflash: all checks passed"
 exit $((fails > 0))

@@ -93,33 +93,6 @@ static float *tapped_prefill(const muser_model *m, const muser_dflash *d, const 
     return f;
 }
 
-static double max_lsm_diff(const float *a, const float *b, uint32_t V, bool *top1_ok)
-{
-    double ma = -INFINITY, mb = -INFINITY;
-    for (uint32_t i = 0; i < V; i++) {
-        if (a[i] > ma) ma = a[i];
-        if (b[i] > mb) mb = b[i];
-    }
-    double sa = 0, sb = 0;
-    for (uint32_t i = 0; i < V; i++) {
-        sa += exp((double)a[i] - ma);
-        sb += exp((double)b[i] - mb);
-    }
-    const double la = ma + log(sa), lb = mb + log(sb);
-    double worst = 0;
-    uint32_t ta = 0, tb = 0, t2 = V; /* b is the oracle: its best two */
-    for (uint32_t i = 0; i < V; i++) {
-        const double dd = fabs(((double)a[i] - la) - ((double)b[i] - lb));
-        if (dd > worst) worst = dd;
-        if (a[i] > a[ta]) ta = i;
-        if (b[i] > b[tb]) tb = i;
-    }
-    for (uint32_t i = 0; i < V; i++)
-        if (i != tb && (t2 == V || b[i] > b[t2])) t2 = i;
-    *top1_ok = ta == tb || (double)b[tb] - (double)b[t2] <= 1e-3;
-    return worst;
-}
-
 /* ---- 1. the CPU forward against the oracle ---- */
 static void against_oracle(const muser_model *m, const muser_dflash *d, const char *what)
 {
@@ -157,7 +130,7 @@ static void against_oracle(const muser_model *m, const muser_dflash *d, const ch
         CHECK_OK(muser_dflash_run_block(ora, toks[L], b, &err), &err);
         for (uint32_t r = 0; r + 1 < B; r++) {
             bool ok = true;
-            const double dd = max_lsm_diff(a + (uint64_t)r * V, b + (uint64_t)r * V, V, &ok);
+            const double dd = check_lsm_diff(a + (uint64_t)r * V, b + (uint64_t)r * V, V, &ok);
             if (dd > worst) worst = dd;
             top1 &= ok;
         }
@@ -415,16 +388,12 @@ static void refusals(const muser_model *tiny, const muser_model *tiny2, const mu
     CHECK(muser_dflash_load(&d, bad, tiny, &err) == MUSER_E_SHAPE && !d);
     CHECKF(strstr(err.msg, "blk.0.attn_k.weight") != NULL, "a dropped tensor: %s", err.msg);
     /* bytes flipped anywhere in the header: refused or loaded, never a crash (ASan watches) */
-    FILE *fp = fopen(good, "rb");
-    long flen = 0;
-    if (fp && fseek(fp, 0, SEEK_END) == 0) flen = ftell(fp);
-    if (fp) rewind(fp);
-    unsigned char *buf = malloc(flen > 0 ? (size_t)flen : 1);
-    const size_t len = fp && flen > 0 ? fread(buf, 1, (size_t)flen, fp) : 0;
-    if (fp) fclose(fp);
+    size_t len = 0;
+    unsigned char *buf = (unsigned char *)check_read_file(good, &len);
+    CHECK(buf != NULL);
     check_rng_seed(11);
     int flips = 0;
-    { /* the unflipped bytes load */
+    if (buf) { /* the unflipped bytes load */
         gguf_file *g = NULL;
         muser_dflash *x = NULL;
         CHECK_OK(gguf_open_memory(&g, buf, len, "unflipped", &err), &err);
