@@ -188,7 +188,7 @@ static int check_tokens(const muser_model *m, const int32_t *tokens, uint32_t n,
 }
 
 static int prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
-                   muser_error *err);
+                   const muser_tap *tap, muser_error *err);
 
 int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                           bool all_logits, muser_error *err)
@@ -199,7 +199,7 @@ int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
         return muser_errorf(err, MUSER_E_ARG, "muser_session_forward: no tokens");
     if (n == 1) /* the small-batch route with one row: decode */
         return muser_step(s->dev, &s, tokens, 1, logits, NULL, err);
-    return prefill(s, tokens, n, logits, all_logits, err);
+    return prefill(s, tokens, n, logits, all_logits, NULL, err);
 }
 
 int muser_session_prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
@@ -215,25 +215,7 @@ int muser_session_prefill_tap(muser_session *s, const int32_t *tokens, uint32_t 
         return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill: NULL argument");
     if (n == 0)
         return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill: no tokens");
-    if (!tap)
-        return prefill(s, tokens, n, logits, false, err);
-    int rc = muser_tap_check(s->model, tap, err);
-    if (rc)
-        return rc;
-    if (!s->be->forward_tap)
-        return muser_errorf(err, MUSER_E_UNSUPPORTED,
-                            "the %s backend has no hidden-state tap on the prefill route (the cpu backend has)",
-                            s->be->name);
-    if ((rc = check_tokens(s->model, tokens, n, err)))
-        return rc;
-    if (s->n_past + n > s->opts.n_ctx)
-        return muser_errorf(err, MUSER_E_CONTEXT_FULL,
-                            "context full: %llu tokens held + %u new > context of %llu",
-                            (unsigned long long)s->n_past, n, (unsigned long long)s->opts.n_ctx);
-    if ((rc = s->be->forward_tap(s, tokens, n, logits, false, tap, err)))
-        return rc;
-    s->n_past += n;
-    return MUSER_OK;
+    return prefill(s, tokens, n, logits, false, tap, err);
 }
 
 int muser_tap_check(const muser_model *m, const muser_tap *tap, muser_error *err)
@@ -248,18 +230,26 @@ int muser_tap_check(const muser_model *m, const muser_tap *tap, muser_error *err
     return MUSER_OK;
 }
 
-/* the prefill route (the backend's forward) for any n: checked here, n_past advanced on success */
+/* the prefill route (the backend's forward, or forward_tap with a tap) for any n: checked here,
+ * n_past advanced on success */
 static int prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
-                   muser_error *err)
+                   const muser_tap *tap, muser_error *err)
 {
     int rc = check_tokens(s->model, tokens, n, err);
+    if (!rc && tap)
+        rc = muser_tap_check(s->model, tap, err);
+    if (!rc && tap && !s->be->forward_tap)
+        rc = muser_errorf(err, MUSER_E_UNSUPPORTED,
+                          "the %s backend has no hidden-state tap on the prefill route (the cpu backend has)",
+                          s->be->name);
     if (rc)
         return rc;
     if (s->n_past + n > s->opts.n_ctx)
         return muser_errorf(err, MUSER_E_CONTEXT_FULL,
                             "context full: %llu tokens held + %u new > context of %llu",
                             (unsigned long long)s->n_past, n, (unsigned long long)s->opts.n_ctx);
-    rc = s->be->forward(s, tokens, n, logits, all_logits, err);
+    rc = tap ? s->be->forward_tap(s, tokens, n, logits, all_logits, tap, err)
+             : s->be->forward(s, tokens, n, logits, all_logits, err);
     if (rc)
         return rc;
     s->n_past += n;

@@ -354,6 +354,23 @@ static void refusals(const muser_model *tiny, const muser_model *tiny2, const mu
         CHECKF(strstr(err.msg, "vocabulary") != NULL, "other vocabulary: %s", err.msg);
         printf("other vocabulary: %s\n", err.msg);
     }
+    { /* a backend without the prefill tap refuses it and changes nothing */
+        muser_session_opts so;
+        memset(&so, 0, sizeof so);
+        so.backend = MUSER_BACKEND_ORACLE;
+        so.n_ctx = 64;
+        muser_session *s = NULL;
+        CHECK_OK(muser_session_new(&s, tiny, &so, &err), &err);
+        float feats[3 * 256];
+        const uint32_t layers[1] = {1};
+        const int32_t toks[3] = {5, 6, 7};
+        const muser_tap tap = {.n_layers = 1, .layers = layers, .out = feats};
+        if (s) {
+            CHECK(muser_session_prefill_tap(s, toks, 3, NULL, &tap, &err) == MUSER_E_UNSUPPORTED && s->n_past == 0);
+            CHECKF(strstr(err.msg, "tap") != NULL, "oracle tap refusal: %s", err.msg);
+        }
+        muser_session_free(s);
+    }
     /* a model is not a drafter, and a drafter not a model */
     muser_synth_opts so;
     muser_synth_opts_default(&so);
