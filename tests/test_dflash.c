@@ -11,7 +11,9 @@
  *      position;
  *   3. the round loop hands the drafter exactly the kept rows: a drafter that proposes the right
  *      token or a wrong one by turns (so rounds keep 1..k+1 rows) ends with a context whose block
- *      bytes equal those of a run fed by plain decoding's taps;
+ *      bytes equal those of a run fed by plain decoding's taps; four sequences speculating at once
+ *      on one engine (two drafters of one tap, one of other layers, a plain decoder) share passes
+ *      and each keeps its plain decoding's output;
  *   4. refusals: a drafter made for another target (other weights: the fingerprint; another
  *      vocabulary), a file that is not a drafter, and every metadata key dropped or corrupted (and
  *      a tensor dropped), each with an error naming what is wrong and *out left NULL. */
@@ -21,6 +23,7 @@
 #include "spec_run.h"
 #include "synth.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -289,6 +292,94 @@ static void kept_rows(const muser_model *m, const int32_t *prompt, uint32_t np)
     muser_dflash_free(df);
 }
 
+/* 3b. sequences speculating at once on one engine: drafters with different tap layers, and a
+ * plain decoder, share passes (a pass carries one tap's layers; the others wait a pass), and each
+ * sequence's output is still its plain decoding's */
+typedef struct job {
+    muser_engine *e;
+    muser_drafter *d;      /* NULL: plain decoding */
+    const int32_t *prompt;
+    uint32_t np;
+    pthread_barrier_t *go;
+    out o;
+} job;
+
+static void *job_run(void *arg)
+{
+    job *j = arg;
+    pthread_barrier_wait(j->go);
+    if (j->d) speculate(j->e, j->d, 7, j->prompt, j->np, 0.0f, 1, &j->o);
+    else plain(j->e, j->prompt, j->np, 0.0f, 1, &j->o);
+    return NULL;
+}
+
+static void packed(const muser_model *m, const int32_t *prompt)
+{
+    muser_engine *e = engine(m);
+    muser_synth_dflash_opts o;
+    memset(&o, 0, sizeof o);
+    o.block_size = 8;
+    muser_dflash *dfa = NULL, *dfb = NULL;
+    muser_error err = {0};
+    const char *p = tmp_path("packed");
+    for (int k = 0; k < 2; k++) {
+        o.seed = 20 + (uint64_t)k;
+        o.n_tap = k ? 2 : 3;
+        const uint32_t la[3] = {1, 4, 7}, lb[2] = {2, 5};
+        memcpy(o.tap_layers, k ? lb : la, o.n_tap * sizeof(uint32_t));
+        CHECK_OK(muser_synth_dflash_write(m, &o, p, &err), &err);
+        CHECK_OK(muser_dflash_load(k ? &dfb : &dfa, p, m, &err), &err);
+        unlink(p);
+    }
+    if (!e || !dfa || !dfb) {
+        muser_dflash_free(dfa);
+        muser_dflash_free(dfb);
+        muser_engine_free(e);
+        return;
+    }
+    enum { NJ = 4 };
+    job jobs[NJ];
+    memset(jobs, 0, sizeof jobs);
+    out ref[NJ];
+    for (int i = 0; i < NJ; i++) {
+        jobs[i].e = e;
+        jobs[i].prompt = prompt + 7 * i;
+        jobs[i].np = 24;
+        plain(e, jobs[i].prompt, jobs[i].np, 0.0f, 1, &ref[i]);
+    }
+    CHECK_OK(muser_drafter_dflash_new(&jobs[0].d, dfa, MUSER_DFLASH_CPU, CTX, &err), &err);
+    CHECK_OK(muser_drafter_dflash_new(&jobs[1].d, dfa, MUSER_DFLASH_CPU, CTX, &err), &err);
+    CHECK_OK(muser_drafter_dflash_new(&jobs[2].d, dfb, MUSER_DFLASH_CPU, CTX, &err), &err);
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, NJ);
+    pthread_t th[NJ];
+    for (int i = 0; i < NJ; i++) {
+        jobs[i].go = &go;
+        pthread_create(&th[i], NULL, job_run, &jobs[i]);
+    }
+    for (int i = 0; i < NJ; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&go);
+    static muser_pass_rec rec[MUSER_ENGINE_LOG];
+    const uint32_t np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
+    uint32_t shared = 0;
+    for (uint32_t i = 0; i < np; i++) shared += rec[i].kind == MUSER_PASS_DECODE && rec[i].seqs > 1;
+    CHECKF(shared > 0, "packed: no decode pass was shared: the packing was not tested");
+    int ok = 0;
+    for (int i = 0; i < NJ; i++) {
+        const bool same = same_output(&jobs[i].o, &ref[i]);
+        CHECKF(same, "packed: sequence %d (%s) differs from its plain decoding", i,
+               !jobs[i].d ? "plain" : i == 2 ? "other tap layers" : "DFlash");
+        ok += same;
+        muser_drafter_free(jobs[i].d);
+    }
+    printf("packed: %d/%d concurrent sequences (two drafters of one tap, one of another, a plain one) give "
+           "plain decoding's output; %u decode passes were shared by several sequences\n",
+           ok, NJ, shared);
+    muser_dflash_free(dfa);
+    muser_dflash_free(dfb);
+    muser_engine_free(e);
+}
+
 /* ---- 4. refusals ---- */
 
 /* A copy of the drafter file src with one key changed: dropped (kind 0), a string (1), 0 (2), huge
@@ -475,6 +566,7 @@ int main(void)
     if (def) greedy(def, "default (trained)", prompt, 100);
     kept_rows(tiny, prompt, 30);
     if (def) kept_rows(def, prompt, 100);
+    packed(tiny, prompt);
     /* 4 */
     refusals(tiny, tiny2, def);
     muser_model_free(def);

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Run ON THE GPU MACHINE from the repository root (the device tool's working tree), with the
 # corpus carried in .train/corpus.txt and the Debian packages in .deps (scripts/device-build.sh):
-#  1. train DFlash drafters for models/default.gguf, one per block size in BLOCKS (train_dflash.py,
-#     MINUTES each; extra arguments go to train_dflash.py);
+#  1. train DFlash drafters for models/default.gguf, one per block size in BLOCKS (default "4 8 16";
+#     train_dflash.py, MINUTES each, default 2.5; extra arguments go to train_dflash.py). A device
+#     call has 10 minutes: BLOCKS=16 MINUTES=4 in one call, BLOCKS="4 8" in another (docs/dflash.md);
 #  2. build muser (CPU only), quantize each drafter to Q8_0 (muser quantize), and check it there:
 #     it loads for models/default.gguf and greedy speculation with it gives plain decoding's text;
 #     then the acceptance figures beside the other drafters (scripts/spec-bench.sh);
@@ -15,7 +16,7 @@ W=/tmp/dflash-out
 mkdir -p $W
 export PYTHONUNBUFFERED=1
 BLOCKS=${BLOCKS:-"4 8 16"}
-MINUTES=${MINUTES:-3}
+MINUTES=${MINUTES:-2.5}
 for b in $BLOCKS; do
     python3 tools/train/train_dflash.py --target models/default.gguf --tokenizer models/tokenizer.json \
         --corpus .train/corpus.txt --out $W --block "$b" --minutes "$MINUTES" "$@" 2>&1 | tee $W/train-b$b.log
