@@ -337,14 +337,17 @@ int muser_dflash_run_context(muser_dflash_run *r, uint64_t pos0, const float *fe
     return rc;
 }
 
-int muser_dflash_run_block(muser_dflash_run *r, int32_t t0, float *logits, muser_error *err)
+int muser_dflash_run_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err)
 {
     if (!r || !logits)
         return muser_errorf(err, MUSER_E_ARG, "muser_dflash_run_block: NULL argument");
     if (t0 < 0 || (uint32_t)t0 >= r->d->target->hp.n_vocab)
         return muser_errorf(err, MUSER_E_ARG, "dflash: token %d is not in [0, %u)", t0, r->d->target->hp.n_vocab);
+    if (n_out < 1 || n_out >= r->d->hp.block_size)
+        return muser_errorf(err, MUSER_E_ARG, "dflash: %u rows of logits asked of a block of %u (1..%u)", n_out,
+                            r->d->hp.block_size, r->d->hp.block_size - 1);
     if (r->held + r->d->hp.block_size > r->n_ctx)
         return muser_errorf(err, MUSER_E_CONTEXT_FULL, "dflash: a block of %u at position %llu passes the context of %llu",
                             r->d->hp.block_size, (unsigned long long)r->held, (unsigned long long)r->n_ctx);
-    return r->impl->block(r, t0, logits, err);
+    return r->impl->block(r, t0, n_out, logits, err);
 }

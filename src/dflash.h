@@ -97,10 +97,12 @@ uint64_t muser_dflash_run_held(const muser_dflash_run *r);
  * or with pos0 > held. */
 int muser_dflash_run_context(muser_dflash_run *r, uint64_t pos0, const float *feats, uint32_t n,
                              muser_error *err);
-/* One block after the held context, t0 at position held: logits [B-1][V] of rows 1..B-1 (the
- * target LM head's, scale and soft cap applied). MUSER_E_NUMERIC when one is not finite;
- * MUSER_E_CONTEXT_FULL when the block would pass the context. */
-int muser_dflash_run_block(muser_dflash_run *r, int32_t t0, float *logits, muser_error *err);
+/* One block after the held context, t0 at position held: logits [n_out][V] of rows 1..n_out
+ * (1 <= n_out <= B-1; the target LM head's, scale and soft cap applied). The whole block runs
+ * through the layers whatever n_out (its rows attend to each other); only the LM head is spared
+ * for rows past n_out, so a row's logits do not depend on n_out. MUSER_E_NUMERIC when one is not
+ * finite; MUSER_E_CONTEXT_FULL when the block would pass the context. */
+int muser_dflash_run_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err);
 
 /* Backend entry points (src/cpu/dflash.c, src/dflash_ref.c); muser_dflash_run_* dispatch to them. */
 typedef struct muser_dflash_impl {
@@ -108,7 +110,7 @@ typedef struct muser_dflash_impl {
     void (*free)(muser_dflash_run *r);
     /* take positions [pos0, pos0 + n) (dflash.c checked them: pos0 <= held, within the context) */
     int (*context)(muser_dflash_run *r, uint64_t pos0, const float *feats, uint32_t n, muser_error *err);
-    int (*block)(muser_dflash_run *r, int32_t t0, float *logits, muser_error *err);
+    int (*block)(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err);
 } muser_dflash_impl;
 
 struct muser_dflash_run {

@@ -146,7 +146,7 @@ static int ref_context(muser_dflash_run *r, uint64_t pos0, const float *feats, u
     return MUSER_OK;
 }
 
-static int ref_block(muser_dflash_run *r, int32_t t0, float *logits, muser_error *err)
+static int ref_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err)
 {
     ref_dflash *s = r->state;
     const muser_dflash *d = r->d;
@@ -226,7 +226,7 @@ static int ref_block(muser_dflash_run *r, int32_t t0, float *logits, muser_error
         }
     }
     const double scale = t->hp.logit_scale, cap = t->hp.final_softcap;
-    for (uint32_t i = 1; i < B; i++) {
+    for (uint32_t i = 1; i <= n_out; i++) {
         oracle_rmsnorm(s->a, s->x + (uint64_t)i * E, d->output_norm.data, E, eps);
         if ((rc = matvec(s, &t->output, s->a, s->tmp)))
             return muser_errorf(err, rc, "dflash oracle: the LM head");

@@ -218,10 +218,10 @@ static int df_propose(muser_drafter *dr, const int32_t *ctx, uint64_t n, uint32_
     /* the block starts at the next token's position; every earlier position's features must be in */
     if (n == 0 || muser_dflash_run_held(f->run) != n - 1 || n - 1 + B > f->run->n_ctx)
         return 0;
-    int rc = muser_dflash_run_block(f->run, ctx[n - 1], f->logits, err);
+    const uint32_t m = k < B - 1 ? k : B - 1; /* only the rows it will propose need the LM head */
+    int rc = muser_dflash_run_block(f->run, ctx[n - 1], m, f->logits, err);
     if (rc)
         return rc;
-    const uint32_t m = k < B - 1 ? k : B - 1;
     for (uint32_t i = 0; i < m; i++) {
         const float *row = f->logits + (uint64_t)i * V;
         uint32_t best = 0;

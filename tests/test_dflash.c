@@ -129,8 +129,8 @@ static void against_oracle(const muser_model *m, const muser_dflash *d, const ch
         CHECK_OK(muser_dflash_run_context(ora, held, feats + held * row, (uint32_t)(L - held), &err), &err);
         held = L;
         CHECK(muser_dflash_run_held(cpu) == L);
-        CHECK_OK(muser_dflash_run_block(cpu, toks[L], a, &err), &err);
-        CHECK_OK(muser_dflash_run_block(ora, toks[L], b, &err), &err);
+        CHECK_OK(muser_dflash_run_block(cpu, toks[L], B - 1, a, &err), &err);
+        CHECK_OK(muser_dflash_run_block(ora, toks[L], B - 1, b, &err), &err);
         for (uint32_t r = 0; r + 1 < B; r++) {
             bool ok = true;
             const double dd = check_lsm_diff(a + (uint64_t)r * V, b + (uint64_t)r * V, V, &ok);
@@ -141,9 +141,12 @@ static void against_oracle(const muser_model *m, const muser_dflash *d, const ch
         /* a context taken whole, after a longer one was truncated back, gives the same bytes */
         CHECK_OK(muser_dflash_run_context(again, 0, feats, np - 1, &err), &err);
         CHECK_OK(muser_dflash_run_context(again, 0, feats, L, &err), &err);
-        CHECK_OK(muser_dflash_run_block(again, toks[L], c, &err), &err);
+        CHECK_OK(muser_dflash_run_block(again, toks[L], B - 1, c, &err), &err);
         CHECKF(!memcmp(a, c, (size_t)(B - 1) * V * sizeof(float)), "%s: context %u: truncate-and-retake differs", what,
                L);
+        /* fewer rows of logits: the same bytes for those rows */
+        CHECK_OK(muser_dflash_run_block(again, toks[L], 2, c, &err), &err);
+        CHECKF(!memcmp(a, c, (size_t)2 * V * sizeof(float)), "%s: context %u: 2 rows differ from the whole block's", what, L);
     }
     CHECKF(worst <= 1e-3, "%s: max |dlog_softmax| %.3g against the oracle", what, worst);
     CHECKF(top1, "%s: a top-1 differs from the oracle's", what);
@@ -151,7 +154,9 @@ static void against_oracle(const muser_model *m, const muser_dflash *d, const ch
     /* refusals that change nothing */
     CHECK(muser_dflash_run_context(cpu, held + 1, feats, 1, &err) == MUSER_E_CACHE_DISCONTINUITY);
     CHECK(muser_dflash_run_held(cpu) == held);
-    CHECK(muser_dflash_run_block(cpu, (int32_t)V, a, &err) == MUSER_E_ARG);
+    CHECK(muser_dflash_run_block(cpu, (int32_t)V, B - 1, a, &err) == MUSER_E_ARG);
+    CHECK(muser_dflash_run_block(cpu, 1, B, a, &err) == MUSER_E_ARG && muser_dflash_run_held(cpu) == held);
+    CHECK(muser_dflash_run_block(cpu, 1, 0, a, &err) == MUSER_E_ARG);
     printf("%-26s B %2u, %u layer(s), %s: CPU vs oracle max |dlog_softmax| %.2e over contexts 0..69, top-1 %s\n",
            what, B, d->hp.n_layer, quant_info(d->layers[0].attn_q.type)->name, worst, top1 ? "same" : "DIFFERS");
     muser_dflash_run_free(cpu);
@@ -274,8 +279,8 @@ static void kept_rows(const muser_model *m, const int32_t *prompt, uint32_t np)
     const uint32_t V = m->hp.n_vocab;
     float *a = malloc(7 * (size_t)V * sizeof(float)), *b = malloc(7 * (size_t)V * sizeof(float));
     if (fresh) {
-        CHECK_OK(muser_dflash_run_block(c.run, 5, a, &err), &err);
-        CHECK_OK(muser_dflash_run_block(fresh, 5, b, &err), &err);
+        CHECK_OK(muser_dflash_run_block(c.run, 5, 7, a, &err), &err);
+        CHECK_OK(muser_dflash_run_block(fresh, 5, 7, b, &err), &err);
         CHECKF(!memcmp(a, b, 7 * (size_t)V * sizeof(float)),
                "kept rows: the drafter's context after speculation differs from plain decoding's taps");
     }

@@ -80,7 +80,7 @@ int main(void)
             CHECK_OK(muser_dflash_run_new(&r, d, k ? MUSER_DFLASH_ORACLE : MUSER_DFLASH_CPU, so.n_ctx, &err), &err);
             if (!r) continue;
             CHECK_OK(muser_dflash_run_context(r, 0, feats, pos, &err), &err);
-            CHECK_OK(muser_dflash_run_block(r, t0, lg, &err), &err);
+            CHECK_OK(muser_dflash_run_block(r, t0, B - 1, lg, &err), &err);
             for (uint32_t i = 0; i + 1 < B; i++) {
                 bool ok = true;
                 const double w = check_lsm_diff(lg + (uint64_t)i * V, ref + ((uint64_t)cases * (B - 1) + i) * V, V, &ok);

@@ -198,7 +198,7 @@ static void attend(cpu_dflash *c, const muser_dflash_run *r, uint32_t l, uint64_
     }
 }
 
-static int cpu_dflash_block(muser_dflash_run *r, int32_t t0, float *logits, muser_error *err)
+static int cpu_dflash_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err)
 {
     cpu_dflash *c = r->state;
     const muser_dflash *d = r->d;
@@ -244,12 +244,12 @@ static int cpu_dflash_block(muser_dflash_run *r, int32_t t0, float *logits, muse
         for (uint64_t e = 0; e < (uint64_t)B * E; e++)
             c->x[e] += c->sub[e];
     }
-    /* rows 1..B-1: the drafter's final norm, then the target's LM head */
-    for (uint32_t i = 1; i < B; i++)
+    /* rows 1..n_out: the drafter's final norm, then the target's LM head */
+    for (uint32_t i = 1; i <= n_out; i++)
         cpu_rms_row(c->x + (uint64_t)i * E, d->output_norm.data, eps, c->a + (uint64_t)(i - 1) * E, E);
-    sums(c, c->a, E, B - 1, E);
-    matmul(c, &t->output, c->a, E, B - 1, logits, c->V);
-    for (uint32_t i = 0; i + 1 < B; i++)
+    sums(c, c->a, E, n_out, E);
+    matmul(c, &t->output, c->a, E, n_out, logits, c->V);
+    for (uint32_t i = 0; i < n_out; i++)
         if (!c->kn.logit_finish(logits + (uint64_t)i * c->V, c->V, t->hp.logit_scale, t->hp.final_softcap))
             return muser_errorf(err, MUSER_E_NUMERIC, "dflash cpu: the logits of block row %u hold NaN or Inf", i + 1);
     return MUSER_OK;
