@@ -204,6 +204,8 @@ int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const
 
 /* ---- DFlash ---- */
 
+_Static_assert(MUSER_DFLASH_MAX_TAP <= MUSER_TAP_MAX_LAYERS, "a drafter's target layers must fit one tap");
+
 typedef struct dflash_drafter {
     muser_drafter base;
     muser_dflash_run *run;
