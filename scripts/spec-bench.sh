@@ -20,10 +20,11 @@ DFLASH=${DFLASH:-$(ls models/dflash-b*.gguf 2>/dev/null)}
 TMP=${TMPDIR:-/tmp}/spec-bench.$$
 mkdir -p "$TMP"
 trap 'rm -rf "$TMP"' EXIT
-set -- "$@"
+EXTRA="$*" # extra `muser run` options (split on spaces)
 run() { # run NAME PROMPT [drafter options] -> one table row
     name=$1 p=$2; shift 2
-    "$B/muser" run -m "$M" -p "$p" -n "$N" --temp 0 -t "$T" "$@" >"$TMP/out" 2>"$TMP/err" || { echo "$name: failed: $(tail -1 "$TMP/err")"; return; }
+    # shellcheck disable=SC2086 # EXTRA is meant to split
+    "$B/muser" run -m "$M" -p "$p" -n "$N" --temp 0 -t "$T" $EXTRA "$@" >"$TMP/out" 2>"$TMP/err" || { echo "$name: failed: $(tail -1 "$TMP/err")"; return; }
     tps=$(sed -n 's/.*generated [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$TMP/err")
     per=$(sed -n 's/.*, \([0-9.]*\) tokens per pass/\1/p' "$TMP/err")
     acc=$(sed -n 's/.* \([0-9]* of [0-9]* drafts accepted ([0-9.]*%)\).*/\1/p' "$TMP/err")
@@ -31,14 +32,15 @@ run() { # run NAME PROMPT [drafter options] -> one table row
     [ -f "$TMP/plain" ] && ! cmp -s "$TMP/out" "$TMP/plain" && same=NO
     [ "$name" = plain ] && cp "$TMP/out" "$TMP/plain" && PLAIN=$tps
     speed=$(awk -v a="$tps" -v b="${PLAIN:-0}" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "-" }')
-    printf "| %-28s | %6s | %-28s | %7s | %6s | %-4s |\n" "$name" "${per:-1.00}" "${acc:--}" "$tps" "$speed" "$same"
+    printf "| %s | %s | %s | %s | %s | %s |\n" "$name" "${per:-1.00}" "${acc:--}" "$tps" "$speed" "$same"
 }
-for p in "The Lord is my shepherd; I shall not want. He maketh me to lie down in green pastures" \
-         "In the beginning God created the heaven and the earth. And the earth was without form" \
-         "HACKER n. A person who enjoys exploring the details of programmable systems"; do
+# prompts after which the default model does not stop early (greedy), so each run makes N tokens
+for p in "And God said, Let there be light" \
+         "And the LORD spake unto Moses, saying," \
+         "And Jesus answered and said unto them,"; do
     echo
     echo "prompt: $p"
-    echo "| drafter                      | tok/pass | drafts accepted            |   tok/s | speedup | same |"
+    echo "| drafter | tokens per pass | drafts accepted | tok/s | speedup | same text |"
     echo "|---|---|---|---|---|---|"
     rm -f "$TMP/plain"
     run plain "$p"

@@ -22,7 +22,7 @@ for b in $BLOCKS; do
         --corpus .train/corpus.txt --out $W --block "$b" --minutes "$MINUTES" "$@" 2>&1 | tee $W/train-b$b.log
 done
 scripts/device-build.sh build-train -DMUSER_CUDA=OFF >$W/build.log 2>&1 || { tail -30 $W/build.log >&2; exit 1; }
-P="The Lord is my shepherd; I shall not want. He maketh me to lie down in green pastures"
+P="And the LORD spake unto Moses, saying,"  # greedy runs to the limit after it
 build-train/muser run -p "$P" -n 96 --temp 0 -t 4 >$W/plain.txt 2>/dev/null
 for b in $BLOCKS; do
     build-train/muser quantize $W/dflash-b$b-f16.gguf $W/dflash-b$b.gguf --type q8_0
