@@ -44,6 +44,7 @@ struct muser_seq {
     uint32_t n, done;          /* prefill: rows done so far */
     int32_t token;             /* a one-row decode's token (tokens points here) */
     bool verify;               /* decode rows of a speculative block: checkpoint first */
+    const muser_tap *tap;      /* the request's hidden-state tap (out [n][n_layers][E]); NULL none */
     uint64_t n_keep;           /* rollback */
     muser_seq *copy_src;       /* copy: the sequence whose cache this one takes */
     float *logits;
@@ -77,6 +78,8 @@ struct muser_engine {
     double prefill_row_s;      /* time per row of the last prefill chunk */
     bool prefill_turn;         /* a decode pass ran since the last prefill chunk */
     float *scratch;            /* [MUSER_STEP_MAX_ROWS][V] a step's logits */
+    float *tap_scratch;        /* [MUSER_STEP_MAX_ROWS][MUSER_TAP_MAX_LAYERS][E] a step's tapped rows;
+                                * made at the first tapped request */
 };
 
 static uint64_t seq_kv_bytes(const muser_hparams *hp, uint64_t n_ctx)
@@ -188,9 +191,14 @@ static void run_decode(muser_engine *e)
     uint32_t first[MUSER_STEP_MAX_ROWS + 1], nr = 0, n = 0;
     muser_session *ss[MUSER_STEP_MAX_ROWS];
     int32_t tok[MUSER_STEP_MAX_ROWS];
+    const muser_tap *tap = NULL; /* the pass's: the oldest tapped request's layers; other layer lists wait */
     for (uint32_t i = 0; i < m; i++) { /* requests that fit, in age order (a younger small one may pass a big one) */
         muser_seq *q = e->cand[i];
         if (n + q->n > cap) continue;
+        if (q->tap && tap && (q->tap->n_layers != tap->n_layers ||
+                              memcmp(q->tap->layers, tap->layers, tap->n_layers * sizeof *tap->layers)))
+            continue;
+        if (q->tap && !tap) tap = q->tap;
         if (q->verify) {
             muser_error er = {0};
             const int rc = muser_session_checkpoint(q->s, &er);
@@ -209,11 +217,14 @@ static void run_decode(muser_engine *e)
     first[nr] = n;
     if (!nr) return;
     const uint64_t V = e->d->model->hp.n_vocab;
+    const uint64_t trow = tap ? (uint64_t)tap->n_layers * e->d->model->hp.n_embd : 0; /* floats per tapped row */
+    muser_tap pass_tap = {0};
+    if (tap) pass_tap = (muser_tap){.n_layers = tap->n_layers, .layers = tap->layers, .out = e->tap_scratch};
     e->in_pass = true;
     pthread_mutex_unlock(&e->mu);
     muser_error err = {0};
     const double t0 = muser_now_s();
-    int rc = muser_step(e->d, ss, tok, n, e->scratch, NULL, &err);
+    int rc = muser_step(e->d, ss, tok, n, e->scratch, tap ? &pass_tap : NULL, &err);
     int rcs[MUSER_STEP_MAX_ROWS];
     muser_error errs[MUSER_STEP_MAX_ROWS];
     for (uint32_t r = 0; r < nr; r++) {
@@ -223,8 +234,10 @@ static void run_decode(muser_engine *e)
     if (rc == MUSER_E_NUMERIC && nr > 1) /* whose: each request alone (its bytes are the same either way) */
         for (uint32_t r = 0; r < nr; r++) {
             muser_error er = {0};
+            muser_tap one = pass_tap;
+            one.out = tap ? e->tap_scratch + first[r] * trow : NULL;
             rcs[r] = muser_step(e->d, ss + first[r], tok + first[r], first[r + 1] - first[r], e->scratch + first[r] * V,
-                                NULL, &er);
+                                tap ? &one : NULL, &er);
             errs[r] = er;
         }
     const double t1 = muser_now_s();
@@ -243,6 +256,7 @@ static void run_decode(muser_engine *e)
             continue;
         }
         if (q->logits) memcpy(q->logits, e->scratch + first[r] * V, (size_t)q->n * V * sizeof(float));
+        if (q->tap) memcpy(q->tap->out, e->tap_scratch + first[r] * trow, (size_t)q->n * trow * sizeof(float));
         q->decoding = true;
         finish(q, MUSER_OK);
     }
@@ -304,7 +318,12 @@ static void run_prefill(muser_engine *e, muser_seq *q, uint32_t waiting, bool in
     const double t0 = muser_now_s();
     /* the prefill route for every chunk, a one-row tail included: the prompt's bytes do not
      * depend on where its chunks end */
-    int rc = muser_session_prefill(s, tok, c, logits, &err);
+    muser_tap chunk_tap;
+    if (q->tap) {
+        chunk_tap = *q->tap;
+        chunk_tap.out = q->tap->out + (uint64_t)q->done * q->tap->n_layers * s->model->hp.n_embd;
+    }
+    int rc = muser_session_prefill_tap(s, tok, c, logits, q->tap ? &chunk_tap : NULL, &err);
     const double t1 = muser_now_s();
     pthread_mutex_lock(&e->mu);
     e->in_pass = false;
@@ -386,6 +405,7 @@ static void engine_release(muser_engine *e)
     pthread_cond_destroy(&e->idle);
     free(e->cand);
     free(e->scratch);
+    free(e->tap_scratch);
     muser_device_free(e->d);
     free(e);
 }
@@ -534,16 +554,21 @@ void muser_engine_close(muser_seq *q)
 
 /* Queue the request and wait for it (the caller's one request). */
 static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n, bool verify, uint64_t n_keep,
-                  float *logits, muser_error *err)
+                  float *logits, const muser_tap *tap, muser_error *err)
 {
     muser_engine *e = q->e;
     const uint32_t V = e->d->model->hp.n_vocab;
     for (uint32_t i = 0; kind != REQ_ROLLBACK && i < n; i++)
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= V)
             return muser_errorf(err, MUSER_E_ARG, "token %d at index %u is not in [0, %u)", tokens[i], i, V);
+    int rc = tap ? muser_tap_check(e->d->model, tap, err) : MUSER_OK;
+    if (rc) return rc;
     pthread_mutex_lock(&e->mu);
-    int rc = MUSER_OK;
-    if (q->cancelled)
+    if (tap && kind == REQ_DECODE && !e->tap_scratch &&
+        !(e->tap_scratch = malloc((size_t)MUSER_STEP_MAX_ROWS * MUSER_TAP_MAX_LAYERS * e->d->model->hp.n_embd *
+                                  sizeof(float))))
+        rc = muser_errorf(err, MUSER_E_NOMEM, "engine: out of memory for a step's tapped rows");
+    else if (q->cancelled)
         rc = muser_errorf(err, MUSER_E_CANCELLED, "sequence %llu was cancelled", (unsigned long long)q->id);
     else if (q->req != REQ_NONE)
         rc = muser_errorf(err, MUSER_E_ARG, "sequence %llu already has a request running", (unsigned long long)q->id);
@@ -563,6 +588,7 @@ static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n
     q->n = n;
     q->done = 0;
     q->verify = verify;
+    q->tap = tap;
     q->n_keep = n_keep;
     q->logits = logits;
     q->t_submit = muser_now_s();
@@ -578,23 +604,35 @@ static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n
 
 int muser_seq_prefill(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err)
 {
+    return muser_seq_prefill_tap(q, tokens, n, logits, NULL, err);
+}
+
+int muser_seq_prefill_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, const muser_tap *tap,
+                          muser_error *err)
+{
     if (!q || (!tokens && n)) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: NULL argument");
     if (!n) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: no tokens");
-    return submit(q, REQ_PREFILL, tokens, n, false, 0, logits, err);
+    return submit(q, REQ_PREFILL, tokens, n, false, 0, logits, tap, err);
 }
 
 int muser_seq_decode(muser_seq *q, int32_t token, float *logits, muser_error *err)
 {
     if (!q) return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode: NULL sequence");
-    return submit(q, REQ_DECODE, &token, 1, false, 0, logits, err);
+    return submit(q, REQ_DECODE, &token, 1, false, 0, logits, NULL, err);
 }
 
 int muser_seq_verify(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err)
 {
+    return muser_seq_verify_tap(q, tokens, n, logits, NULL, err);
+}
+
+int muser_seq_verify_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, const muser_tap *tap,
+                         muser_error *err)
+{
     if (!q || !tokens) return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: NULL argument");
     if (n == 0 || n > KV_MAX_SPEC_ROWS || n > q->e->d->max_rows)
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: %u rows (1..%u)", n, KV_MAX_SPEC_ROWS);
-    return submit(q, REQ_DECODE, tokens, n, true, 0, logits, err);
+    return submit(q, REQ_DECODE, tokens, n, true, 0, logits, tap, err);
 }
 
 int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err)
@@ -603,13 +641,13 @@ int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err)
     if (q->e != src->e || q->n_ctx != src->n_ctx)
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_copy_from: the sequences need one engine and one context");
     q->copy_src = src;
-    return submit(q, REQ_COPY, NULL, 0, false, 0, NULL, err);
+    return submit(q, REQ_COPY, NULL, 0, false, 0, NULL, NULL, err);
 }
 
 int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err)
 {
     if (!q) return muser_errorf(err, MUSER_E_ARG, "muser_seq_rollback: NULL sequence");
-    return submit(q, REQ_ROLLBACK, NULL, 0, false, n_keep, NULL, err);
+    return submit(q, REQ_ROLLBACK, NULL, 0, false, n_keep, NULL, NULL, err);
 }
 
 uint64_t muser_seq_pos(const muser_seq *q)

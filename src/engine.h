@@ -83,6 +83,14 @@ int muser_seq_decode(muser_seq *q, int32_t token, float *logits, muser_error *er
  * other sequences' rows), after a KV checkpoint; logits [n][V] (may be NULL). Each row's bytes
  * are those of decoding it alone. Follow it with muser_seq_rollback. */
 int muser_seq_verify(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err);
+/* muser_seq_prefill / muser_seq_verify with the hidden-state tap (session.h muser_tap; tap->out
+ * [n][n_layers][E], written when the request succeeds; tap NULL: none), the same bytes of logits
+ * and cache: what a DFlash drafter reads. Verify blocks with different tap layers do not share a
+ * pass. A backend without the tap refuses (MUSER_E_UNSUPPORTED; the prefill route: CUDA, oracle). */
+int muser_seq_prefill_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, const muser_tap *tap,
+                          muser_error *err);
+int muser_seq_verify_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, const muser_tap *tap,
+                         muser_error *err);
 /* Keep positions < n_keep of the last verify block (n_keep >= its first position) and drop the
  * checkpoint: the cache holds exactly what decoding the kept rows alone would have written. */
 int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err);

@@ -103,6 +103,11 @@ static int read_arch(const gguf_file *f, muser_arch *out, muser_error *err)
         *out = MUSER_ARCH_LLAMA;
     else if (gguf_str_eq(s, "qwen3"))
         *out = MUSER_ARCH_QWEN3;
+    else if (gguf_str_eq(s, "dflash"))
+        return muser_errorf(err, MUSER_E_UNSUPPORTED,
+                            "%s: a DFlash drafter (general.architecture 'dflash'), not a model: it drafts "
+                            "for its target (muser run --draft-dflash)",
+                            f->path);
     else
         return muser_errorf(err, MUSER_E_UNSUPPORTED,
                             "%s: general.architecture = '%.*s': unsupported (muse, llama, qwen3)",
@@ -268,8 +273,8 @@ static int hparams_read(const gguf_file *f, muser_hparams *hp, muser_error *err)
 /* ---- tensor binding ---- */
 
 /* Bind `name` with expected ne0 x ne1 (ne1 == 0: a vector [ne0], which must be F32). */
-static int bind_tensor(const gguf_file *f, const char *name, uint64_t ne0, uint64_t ne1,
-                       muser_tensor *out, muser_error *err)
+int muser_tensor_bind(const gguf_file *f, const char *name, uint64_t ne0, uint64_t ne1,
+                      muser_tensor *out, muser_error *err)
 {
     const gguf_tensor *t = gguf_find_tensor(f, name);
     if (!t)
@@ -338,7 +343,7 @@ static int bind_layer(const gguf_file *f, const muser_hparams *hp, uint32_t l, m
 #define BIND(field, suffix, ne0, ne1)                                                          \
     do {                                                                                       \
         snprintf(name, sizeof name, "blk.%u." suffix ".weight", l);                           \
-        if ((rc = bind_tensor(f, name, (ne0), (ne1), &L->field, err)))                         \
+        if ((rc = muser_tensor_bind(f, name, (ne0), (ne1), &L->field, err)))                         \
             return rc;                                                                         \
     } while (0)
     BIND(attn_norm, "attn_norm", E, 0);
@@ -395,13 +400,13 @@ int muser_model_bind(muser_model **out, gguf_file *f, muser_error *err)
                           hp->n_layer);
         goto fail;
     }
-    if ((rc = bind_tensor(f, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err)) ||
-        (rc = bind_tensor(f, "output_norm.weight", hp->n_embd, 0, &m->output_norm, err)))
+    if ((rc = muser_tensor_bind(f, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, err)) ||
+        (rc = muser_tensor_bind(f, "output_norm.weight", hp->n_embd, 0, &m->output_norm, err)))
         goto fail;
     /* output.weight is required for muse (SPEC §1); llama/qwen3 files may tie it to the
      * embedding by leaving it out. */
     if (hp->arch == MUSER_ARCH_MUSE || gguf_find_tensor(f, "output.weight")) {
-        if ((rc = bind_tensor(f, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err)))
+        if ((rc = muser_tensor_bind(f, "output.weight", hp->n_embd, hp->n_vocab, &m->output, err)))
             goto fail;
     } else {
         m->output = m->tok_embd;

@@ -99,6 +99,10 @@ int muser_model_load(muser_model **out, const char *path, muser_error *err);
 /* Bind an already-open file; takes ownership of f on success only. */
 int muser_model_bind(muser_model **out, gguf_file *f, muser_error *err);
 void muser_model_free(muser_model *m);
+/* Bind f's tensor `name` as a matrix [ne0 -> ne1] (ne1 0: a vector, which must be f32), checking
+ * that it exists, its dims, a supported type and its byte size; the error names file and tensor. */
+int muser_tensor_bind(const gguf_file *f, const char *name, uint64_t ne0, uint64_t ne1, muser_tensor *out,
+                      muser_error *err);
 const char *muser_arch_name(muser_arch a);
 
 /* Row r of a matrix tensor, and dequantize it into dst[cols]. */

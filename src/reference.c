@@ -16,6 +16,7 @@
  *
  * Fail closed: NaN or Inf in the logits returns MUSER_E_NUMERIC and puts the KV cache back as it
  * was before the call (rows saved in an undo copy), so the session is unchanged. */
+#include "reference.h"
 #include "session.h"
 
 #include "quant.h"
@@ -332,7 +333,7 @@ fail:
 /* ---- the operations of SPEC §1, f64 ---- */
 
 /* y = x / sqrt(mean(x²) + eps) ⊙ w  (w == NULL: weightless). y may alias x. */
-static void rmsnorm(double *y, const double *x, const float *w, uint64_t n, double eps)
+void oracle_rmsnorm(double *y, const double *x, const float *w, uint64_t n, double eps)
 {
     double ss = 0.0;
     for (uint64_t i = 0; i < n; i++)
@@ -349,7 +350,7 @@ static const float *norm_weight(const muser_tensor *t)
 
 /* RoPE of one head at position pos. NORM mode (muse, llama): pairs (x[2i], x[2i+1]); NEOX mode
  * (qwen3, as its public GGUF files expect): pairs (x[i], x[i + D/2]). Angle pos·theta^(-2i/D). */
-static void rope_head(double *x, uint32_t D, uint64_t pos, double theta, bool neox)
+void oracle_rope_head(double *x, uint32_t D, uint64_t pos, double theta, bool neox)
 {
     for (uint32_t i = 0; i < D / 2; i++) {
         const double angle = (double)pos * pow(theta, -2.0 * (double)i / (double)D);
@@ -422,12 +423,12 @@ static int forward_token(muser_session *s, oracle_state *st, int32_t token, uint
     for (uint64_t i = 0; i < E; i++)
         st->h[i] = st->row[i];
     if (hp->entry_norm)
-        rmsnorm(st->h, st->h, NULL, E, eps);
+        oracle_rmsnorm(st->h, st->h, NULL, E, eps);
 
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const muser_layer *L = &m->layers[l];
         /* attention block */
-        rmsnorm(st->a, st->h, norm_weight(&L->attn_norm), E, eps);
+        oracle_rmsnorm(st->a, st->h, norm_weight(&L->attn_norm), E, eps);
         if ((rc = matvec(pool, &L->attn_q, st->a, st->q, err)) ||
             (rc = matvec(pool, &L->attn_k, st->a, st->k, err)) ||
             (rc = matvec(pool, &L->attn_v, st->a, st->v, err)))
@@ -436,18 +437,18 @@ static int forward_token(muser_session *s, oracle_state *st, int32_t token, uint
             return rc;
         if (hp->qk_norm) {
             for (uint32_t h = 0; h < hp->n_head; h++)
-                rmsnorm(st->q + (uint64_t)h * D, st->q + (uint64_t)h * D,
+                oracle_rmsnorm(st->q + (uint64_t)h * D, st->q + (uint64_t)h * D,
                         norm_weight(&L->attn_q_norm), D, eps);
             for (uint32_t h = 0; h < hp->n_head_kv; h++)
-                rmsnorm(st->k + (uint64_t)h * D, st->k + (uint64_t)h * D,
+                oracle_rmsnorm(st->k + (uint64_t)h * D, st->k + (uint64_t)h * D,
                         norm_weight(&L->attn_k_norm), D, eps);
         }
         if (muser_layer_has_rope(hp, l)) {
             const bool neox = hp->arch == MUSER_ARCH_QWEN3;
             for (uint32_t h = 0; h < hp->n_head; h++)
-                rope_head(st->q + (uint64_t)h * D, D, pos, hp->rope_theta, neox);
+                oracle_rope_head(st->q + (uint64_t)h * D, D, pos, hp->rope_theta, neox);
             for (uint32_t h = 0; h < hp->n_head_kv; h++)
-                rope_head(st->k + (uint64_t)h * D, D, pos, hp->rope_theta, neox);
+                oracle_rope_head(st->k + (uint64_t)h * D, D, pos, hp->rope_theta, neox);
         }
         const uint64_t KVD = (uint64_t)hp->n_head_kv * D;
         for (uint64_t i = 0; i < KVD; i++) {
@@ -463,12 +464,12 @@ static int forward_token(muser_session *s, oracle_state *st, int32_t token, uint
         if ((rc = matvec(pool, &L->attn_output, st->o, st->proj, err)))
             return rc;
         if (hp->sandwich)
-            rmsnorm(st->proj, st->proj, norm_weight(&L->post_attention_norm), E, post_eps);
+            oracle_rmsnorm(st->proj, st->proj, norm_weight(&L->post_attention_norm), E, post_eps);
         for (uint64_t i = 0; i < E; i++)
             st->h[i] += st->proj[i];
 
         /* FFN block: silu(gate) ⊙ up, down */
-        rmsnorm(st->a, st->h, norm_weight(&L->ffn_norm), E, eps);
+        oracle_rmsnorm(st->a, st->h, norm_weight(&L->ffn_norm), E, eps);
         if ((rc = matvec(pool, &L->ffn_gate, st->a, st->ffn_gate, err)) ||
             (rc = matvec(pool, &L->ffn_up, st->a, st->ffn_up, err)))
             return rc;
@@ -477,11 +478,11 @@ static int forward_token(muser_session *s, oracle_state *st, int32_t token, uint
         if ((rc = matvec(pool, &L->ffn_down, st->ffn_gate, st->proj, err)))
             return rc;
         if (hp->sandwich)
-            rmsnorm(st->proj, st->proj, norm_weight(&L->post_ffw_norm), E, post_eps);
+            oracle_rmsnorm(st->proj, st->proj, norm_weight(&L->post_ffw_norm), E, post_eps);
         for (uint64_t i = 0; i < E; i++)
             st->h[i] += st->proj[i];
     }
-    rmsnorm(st->a, st->h, norm_weight(&m->output_norm), E, eps);
+    oracle_rmsnorm(st->a, st->h, norm_weight(&m->output_norm), E, eps);
     return MUSER_OK;
 }
 

@@ -188,7 +188,7 @@ static int check_tokens(const muser_model *m, const int32_t *tokens, uint32_t n,
 }
 
 static int prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
-                   muser_error *err);
+                   const muser_tap *tap, muser_error *err);
 
 int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                           bool all_logits, muser_error *err)
@@ -199,31 +199,57 @@ int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
         return muser_errorf(err, MUSER_E_ARG, "muser_session_forward: no tokens");
     if (n == 1) /* the small-batch route with one row: decode */
         return muser_step(s->dev, &s, tokens, 1, logits, NULL, err);
-    return prefill(s, tokens, n, logits, all_logits, err);
+    return prefill(s, tokens, n, logits, all_logits, NULL, err);
 }
 
 int muser_session_prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                           muser_error *err)
 {
+    return muser_session_prefill_tap(s, tokens, n, logits, NULL, err);
+}
+
+int muser_session_prefill_tap(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
+                              const muser_tap *tap, muser_error *err)
+{
     if (!s || !tokens)
         return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill: NULL argument");
     if (n == 0)
         return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill: no tokens");
-    return prefill(s, tokens, n, logits, false, err);
+    return prefill(s, tokens, n, logits, false, tap, err);
 }
 
-/* the prefill route (the backend's forward) for any n: checked here, n_past advanced on success */
+int muser_tap_check(const muser_model *m, const muser_tap *tap, muser_error *err)
+{
+    if (!tap->out || !tap->layers || tap->n_layers == 0 || tap->n_layers > MUSER_TAP_MAX_LAYERS)
+        return muser_errorf(err, MUSER_E_ARG, "tap: %u layers (1..%u) and an output buffer are needed", tap->n_layers,
+                            MUSER_TAP_MAX_LAYERS);
+    for (uint32_t k = 0; k < tap->n_layers; k++)
+        if (tap->layers[k] >= m->hp.n_layer || (k > 0 && tap->layers[k] <= tap->layers[k - 1]))
+            return muser_errorf(err, MUSER_E_ARG, "tap layer %u (entry %u): layers must ascend below %u",
+                                tap->layers[k], k, m->hp.n_layer);
+    return MUSER_OK;
+}
+
+/* the prefill route (the backend's forward, or forward_tap with a tap) for any n: checked here,
+ * n_past advanced on success */
 static int prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
-                   muser_error *err)
+                   const muser_tap *tap, muser_error *err)
 {
     int rc = check_tokens(s->model, tokens, n, err);
+    if (!rc && tap)
+        rc = muser_tap_check(s->model, tap, err);
+    if (!rc && tap && !s->be->forward_tap)
+        rc = muser_errorf(err, MUSER_E_UNSUPPORTED,
+                          "the %s backend has no hidden-state tap on the prefill route (the cpu backend has)",
+                          s->be->name);
     if (rc)
         return rc;
     if (s->n_past + n > s->opts.n_ctx)
         return muser_errorf(err, MUSER_E_CONTEXT_FULL,
                             "context full: %llu tokens held + %u new > context of %llu",
                             (unsigned long long)s->n_past, n, (unsigned long long)s->opts.n_ctx);
-    rc = s->be->forward(s, tokens, n, logits, all_logits, err);
+    rc = tap ? s->be->forward_tap(s, tokens, n, logits, all_logits, tap, err)
+             : s->be->forward(s, tokens, n, logits, all_logits, err);
     if (rc)
         return rc;
     s->n_past += n;
@@ -269,15 +295,8 @@ int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens
                                 (unsigned long long)s->opts.n_ctx, (unsigned long long)s->opts.n_ctx);
         i = k;
     }
-    if (tap) {
-        if (!tap->out || tap->n_layers == 0)
-            return muser_errorf(err, MUSER_E_ARG, "step: a tap needs layers and an output buffer");
-        for (uint32_t k = 0; k < tap->n_layers; k++)
-            if (tap->layers[k] >= d->model->hp.n_layer || (k > 0 && tap->layers[k] <= tap->layers[k - 1]))
-                return muser_errorf(err, MUSER_E_ARG,
-                                    "step: tap layer %u (entry %u): layers must ascend below %u",
-                                    tap->layers[k], k, d->model->hp.n_layer);
-    }
+    if (tap && (rc = muser_tap_check(d->model, tap, err)))
+        return rc;
     const muser_step_rows rows = {.n = n, .seq = seq, .tokens = tokens, .tap = tap};
     rc = d->be->step(d, &rows, logits, err);
     if (rc)

@@ -43,6 +43,7 @@ typedef struct muser_device muser_device;
 
 /* The hidden-state tap of a step (forward.h): the residual after each listed layer, per row. */
 typedef fwd_tap muser_tap;
+#define MUSER_TAP_MAX_LAYERS 8u
 
 /* One small-batch pass as the backend receives it, checked by muser_step: rows of the same
  * session are one contiguous run at that session's next positions. */
@@ -87,6 +88,11 @@ typedef struct muser_backend {
      * land where meta places them (n == 0: the metadata only; kv_plane_import). */
     int (*kv_import)(muser_session *s, uint32_t l, const kv_plane *meta, uint64_t pos0, uint32_t n,
                      const uint16_t *k, const uint16_t *v, muser_error *err);
+    /* The prefill route with the hidden-state tap (tap->out [n][n_layers][E], session.c checked
+     * it), otherwise forward exactly: the same bytes. NULL: the backend has no prefill tap (CUDA
+     * and the oracle for now). */
+    int (*forward_tap)(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
+                       const muser_tap *tap, muser_error *err);
 } muser_backend;
 
 struct muser_device {
@@ -128,6 +134,12 @@ int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
  * do not depend on where the chunks end (logits [V] of the last row, may be NULL). */
 int muser_session_prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                           muser_error *err);
+/* muser_session_prefill with the hidden-state tap (tap->out [n][n_layers][E]; tap NULL: none): the
+ * same bytes of logits and cache. MUSER_E_UNSUPPORTED on a backend without a prefill tap. */
+int muser_session_prefill_tap(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
+                              const muser_tap *tap, muser_error *err);
+/* A tap is well formed for m: 1..MUSER_TAP_MAX_LAYERS ascending layers below n_layer, a buffer. */
+int muser_tap_check(const muser_model *m, const muser_tap *tap, muser_error *err);
 /* The small-batch route over n rows (seq[i], tokens[i]) of sessions on d: logits [n][V] (may be
  * NULL), tap as muser_tap (may be NULL). Refused before anything runs, with an error naming the
  * row: more rows than d->max_rows, a session of another device, a token out of range, a

@@ -202,6 +202,76 @@ int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const
     return MUSER_OK;
 }
 
+/* ---- DFlash ---- */
+
+_Static_assert(MUSER_DFLASH_MAX_TAP <= MUSER_TAP_MAX_LAYERS, "a drafter's target layers must fit one tap");
+
+typedef struct dflash_drafter {
+    muser_drafter base;
+    muser_dflash_run *run;
+    float *logits;       /* [B-1][V] */
+} dflash_drafter;
+
+static int df_propose(muser_drafter *dr, const int32_t *ctx, uint64_t n, uint32_t k, int32_t *out, muser_error *err)
+{
+    dflash_drafter *f = dr->self;
+    const muser_dflash *df = f->run->d;
+    const uint32_t B = df->hp.block_size, V = df->target->hp.n_vocab;
+    /* the block starts at the next token's position; every earlier position's features must be in */
+    if (n == 0 || muser_dflash_run_held(f->run) != n - 1 || n - 1 + B > f->run->n_ctx)
+        return 0;
+    const uint32_t m = k < B - 1 ? k : B - 1; /* only the rows it will propose need the LM head */
+    int rc = muser_dflash_run_block(f->run, ctx[n - 1], m, f->logits, err);
+    if (rc)
+        return rc;
+    for (uint32_t i = 0; i < m; i++) {
+        const float *row = f->logits + (uint64_t)i * V;
+        uint32_t best = 0;
+        for (uint32_t t = 1; t < V; t++)
+            if (row[t] > row[best])
+                best = t;
+        out[i] = (int32_t)best;
+    }
+    return (int)m;
+}
+
+static int df_observe(muser_drafter *dr, uint64_t pos0, const float *feats, uint32_t n, muser_error *err)
+{
+    dflash_drafter *f = dr->self;
+    if (pos0 > muser_dflash_run_held(f->run) || pos0 + n > f->run->n_ctx)
+        return MUSER_OK; /* a gap (a prompt prefilled without the tap) or past its context: it drafts nothing */
+    return muser_dflash_run_context(f->run, pos0, feats, n, err);
+}
+
+static void df_free(muser_drafter *dr)
+{
+    dflash_drafter *f = dr->self;
+    muser_dflash_run_free(f->run);
+    free(f->logits);
+    free(f);
+}
+
+int muser_drafter_dflash_new(muser_drafter **out, const muser_dflash *df, muser_dflash_kind kind, uint64_t n_ctx,
+                             muser_error *err)
+{
+    *out = NULL;
+    dflash_drafter *f = calloc(1, sizeof *f);
+    if (!f)
+        return muser_errorf(err, MUSER_E_NOMEM, "dflash drafter: out of memory");
+    int rc = muser_dflash_run_new(&f->run, df, kind, n_ctx, err);
+    if (!rc && !(f->logits = malloc((size_t)(df->hp.block_size - 1) * df->target->hp.n_vocab * sizeof(float))))
+        rc = muser_errorf(err, MUSER_E_NOMEM, "dflash drafter: out of memory");
+    if (rc) {
+        muser_dflash_run_free(f->run);
+        free(f);
+        return rc;
+    }
+    f->base = (muser_drafter){.name = "dflash", .propose = df_propose, .free = df_free, .self = f,
+                              .n_tap = df->hp.n_tap, .tap_layers = df->hp.tap_layers, .observe = df_observe};
+    *out = &f->base;
+    return MUSER_OK;
+}
+
 void muser_drafter_free(muser_drafter *d)
 {
     if (d && d->free)
@@ -209,6 +279,30 @@ void muser_drafter_free(muser_drafter *d)
 }
 
 /* ---- rounds ---- */
+
+#define SPEC_TAP_CHUNK 256u /* prompt rows per tapped prefill call: bounds the features in memory */
+
+int muser_spec_prefill(muser_seq *q, muser_drafter *d, const int32_t *tokens, uint32_t n, float *logits,
+                       muser_error *err)
+{
+    if (!d || !d->n_tap)
+        return muser_seq_prefill(q, tokens, n, logits, err);
+    const uint64_t row = (uint64_t)d->n_tap * muser_seq_model(q)->hp.n_embd;
+    float *feats = malloc((size_t)(n < SPEC_TAP_CHUNK ? n : SPEC_TAP_CHUNK) * row * sizeof(float));
+    if (!feats)
+        return muser_errorf(err, MUSER_E_NOMEM, "speculation: out of memory for a prompt's tapped rows");
+    int rc = MUSER_OK;
+    for (uint32_t off = 0; off < n && !rc; off += SPEC_TAP_CHUNK) {
+        const uint32_t c = n - off < SPEC_TAP_CHUNK ? n - off : SPEC_TAP_CHUNK;
+        const uint64_t pos0 = muser_seq_pos(q);
+        const muser_tap tap = {.n_layers = d->n_tap, .layers = d->tap_layers, .out = feats};
+        rc = muser_seq_prefill_tap(q, tokens + off, c, logits, &tap, err);
+        if (!rc)
+            rc = d->observe(d, pos0, feats, c, err);
+    }
+    free(feats);
+    return rc;
+}
 
 int muser_spec_init(muser_spec *sp, muser_seq *q, uint64_t n_ctx, muser_sampler *smp, muser_drafter *d,
                     uint32_t k_max, const int32_t *prompt, uint64_t n_prompt, float *logits, muser_error *err)
@@ -227,7 +321,9 @@ int muser_spec_init(muser_spec *sp, muser_seq *q, uint64_t n_ctx, muser_sampler 
     sp->cap = n_ctx + 1;
     sp->hist = malloc(sp->cap * sizeof *sp->hist);
     sp->rows = malloc((size_t)KV_MAX_SPEC_ROWS * V * sizeof *sp->rows);
-    if (!sp->hist || !sp->rows) {
+    if (d->n_tap)
+        sp->feats = malloc((size_t)KV_MAX_SPEC_ROWS * d->n_tap * muser_seq_model(q)->hp.n_embd * sizeof *sp->feats);
+    if (!sp->hist || !sp->rows || (d->n_tap && !sp->feats)) {
         muser_spec_free(sp);
         return muser_errorf(err, MUSER_E_NOMEM, "speculation: out of memory");
     }
@@ -240,6 +336,7 @@ void muser_spec_free(muser_spec *sp)
 {
     free(sp->hist);
     free(sp->rows);
+    free(sp->feats);
     memset(sp, 0, sizeof *sp);
 }
 
@@ -283,7 +380,8 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
     if (kd < 0)
         return kd;
     sp->st.drafted += (uint64_t)kd;
-    int rc = muser_seq_verify(sp->q, block, (uint32_t)kd + 1, sp->rows, err);
+    const muser_tap tap = {.n_layers = sp->d->n_tap, .layers = sp->d->tap_layers, .out = sp->feats};
+    int rc = muser_seq_verify_tap(sp->q, block, (uint32_t)kd + 1, sp->rows, sp->d->n_tap ? &tap : NULL, err);
     if (rc) {
         sp->n_hist--;
         return rc;
@@ -323,7 +421,9 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
     }
     if (!rc && all) /* every draft taken: the block's last row is the next position's */
         memcpy(sp->logits, sp->rows + (size_t)kd * V, V * sizeof(float));
-    const int r2 = muser_seq_rollback(sp->q, p0 + keep, err);
+    int r2 = muser_seq_rollback(sp->q, p0 + keep, err);
+    if (!rc && !r2 && sp->d->n_tap) /* the kept rows' hidden states: the drafter's next context */
+        r2 = sp->d->observe(sp->d, p0, sp->feats, keep, err);
     *n_out = n;
     return rc ? rc : r2;
 }

@@ -12,6 +12,7 @@
 #ifndef MUSER_SPEC_H
 #define MUSER_SPEC_H
 
+#include "dflash.h"
 #include "engine.h"
 #include "sampler.h"
 
@@ -25,6 +26,12 @@ struct muser_drafter {
     int (*propose)(muser_drafter *d, const int32_t *ctx, uint64_t n, uint32_t k, int32_t *out, muser_error *err);
     void (*free)(muser_drafter *d);
     void *self;
+    /* A drafter that reads the target's hidden states (DFlash): the target layers (n_tap 0: none).
+     * muser_spec_prefill and every verify of the round loop tap them and hand observe the rows the
+     * cache keeps: positions [pos0, pos0 + n) hold feats [n][n_tap][E], later ones are forgotten. */
+    uint32_t n_tap;
+    const uint32_t *tap_layers;
+    int (*observe)(muser_drafter *d, uint64_t pos0, const float *feats, uint32_t n, muser_error *err);
 };
 
 /* Prompt lookup: the longest suffix of the context (n_max tokens down to 1) that occurred before,
@@ -34,7 +41,18 @@ int muser_drafter_ngram_new(muser_drafter **out, uint32_t n_max, muser_error *er
  * session (backend b, n_ctx positions). */
 int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const muser_model *target,
                             muser_backend_kind b, uint32_t n_threads, uint64_t n_ctx, muser_error *err);
+/* DFlash (dflash.h): one block from the target's hidden states per round, on its own run (kind: the
+ * CPU engine or the oracle) of n_ctx positions; df must outlive the drafter. A round drafts only when
+ * the drafter holds the features of every position before the next token (the prompt was prefilled
+ * through muser_spec_prefill), else it proposes nothing. */
+int muser_drafter_dflash_new(muser_drafter **out, const muser_dflash *df, muser_dflash_kind kind, uint64_t n_ctx,
+                             muser_error *err);
 void muser_drafter_free(muser_drafter *d);
+
+/* muser_seq_prefill for a sequence d will speculate on: with d's tap when it has one (its features
+ * go to d->observe, in chunks), else plainly. The same logits and cache bytes either way. */
+int muser_spec_prefill(muser_seq *q, muser_drafter *d, const int32_t *tokens, uint32_t n, float *logits,
+                       muser_error *err);
 
 /* Acceptance of a point-mass draft d against row (the target's logits [V]) under s: returns the
  * token to emit (d when accepted, else a draw from p without d) and sets *accepted. */
@@ -58,6 +76,7 @@ typedef struct muser_spec {
     int32_t *hist;       /* the sequence's tokens */
     uint64_t n_hist, cap;
     float *rows;         /* [16][V] a verify block's logits */
+    float *feats;        /* [16][n_tap][E] a verify block's tapped residuals (a drafter with a tap) */
     float *logits;
     int32_t pending;     /* a token already chosen (a rejection's draw), emitted next; -1 none */
     float pending_lp;

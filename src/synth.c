@@ -1084,3 +1084,155 @@ done:
     free(ts);
     return rc;
 }
+
+/* ------------------------------------------------------- a DFlash drafter ---- */
+
+/* One tensor of a synthetic drafter: rows of cols values, uniform with std 1/sqrt(cols) for a
+ * matrix, 1 + 0.1 u for a norm, std 1 for the mask vector; quantized to type row by row. */
+static int dflash_tensor(gguf_writer *w, uint64_t seed, const char *name, uint32_t type, uint64_t cols,
+                         uint64_t rows, int kind /* 0 matrix, 1 norm, 2 mask */, float *row, uint8_t *q,
+                         muser_error *err)
+{
+    const float amp = kind == 0 ? (float)sqrt(3.0 / (double)cols) : kind == 2 ? 1.7320508f : 0.1f;
+    const uint64_t rb = quant_row_bytes(type, cols);
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t st = mix64(mix64(seed, fnv1a64(name)), r);
+        for (uint64_t i = 0; i < cols; i += 2) {
+            float a, b;
+            uniform2(&st, &a, &b);
+            row[i] = (kind == 1 ? 1.0f : 0.0f) + amp * a;
+            if (i + 1 < cols)
+                row[i + 1] = (kind == 1 ? 1.0f : 0.0f) + amp * b;
+        }
+        int rc = quant_quantize_row(type, row, q, cols);
+        if (rc)
+            return muser_errorf(err, rc, "synth dflash: %s: cannot store rows of %llu as %s", name,
+                                (unsigned long long)cols, quant_info(type) ? quant_info(type)->name : "?");
+        if ((rc = gguf_writer_tensor_data(w, q, rb, err)))
+            return rc;
+    }
+    return MUSER_OK;
+}
+
+int muser_synth_dflash_write(const muser_model *target, const muser_synth_dflash_opts *o, const char *path,
+                             muser_error *err)
+{
+    if (!target || !o || !path)
+        return muser_errorf(err, MUSER_E_ARG, "muser_synth_dflash_write: NULL argument");
+    const muser_hparams *th = &target->hp;
+    muser_dflash_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    hp.n_layer = o->n_layer ? o->n_layer : 1;
+    hp.block_size = o->block_size ? o->block_size : 8;
+    hp.n_embd = th->n_embd;
+    hp.n_ff = th->n_ff;
+    hp.n_head = th->n_head;
+    hp.n_head_kv = th->n_head_kv;
+    hp.head_dim = th->head_dim;
+    const uint32_t type = o->type < 0 ? GGML_TYPE_F32 : (uint32_t)o->type;
+    const quant_type_info *qi = quant_info(type);
+    if (!qi || !qi->supported)
+        return muser_errorf(err, MUSER_E_ARG, "synth dflash: matrix type %d is not one muser computes with", o->type);
+    if (hp.block_size < 2 || hp.block_size > MUSER_DFLASH_MAX_BLOCK || hp.n_layer > 64)
+        return muser_errorf(err, MUSER_E_ARG, "synth dflash: block size %u (2..%d), %u layers (1..64)", hp.block_size,
+                            MUSER_DFLASH_MAX_BLOCK, hp.n_layer);
+    if (o->n_tap) {
+        if (o->n_tap > MUSER_DFLASH_MAX_TAP)
+            return muser_errorf(err, MUSER_E_ARG, "synth dflash: %u target layers (1..%d)", o->n_tap,
+                                MUSER_DFLASH_MAX_TAP);
+        hp.n_tap = o->n_tap;
+        memcpy(hp.tap_layers, o->tap_layers, o->n_tap * sizeof(uint32_t));
+    } else { /* spread: 1, L/2, L-1 (fewer for shallow targets) */
+        const uint32_t L = th->n_layer, c[3] = {L > 2 ? 1 : 0, L / 2, L - 1};
+        for (int i = 0; i < 3; i++)
+            if (!hp.n_tap || c[i] > hp.tap_layers[hp.n_tap - 1])
+                hp.tap_layers[hp.n_tap++] = c[i];
+    }
+    char fp[65];
+    int rc = muser_dflash_fingerprint(target, fp, err);
+    if (rc)
+        return rc;
+    const uint64_t E = hp.n_embd, QD = (uint64_t)hp.n_head * hp.head_dim, KVD = (uint64_t)hp.n_head_kv * hp.head_dim;
+    gguf_writer *w = gguf_writer_new(0);
+    if (!w)
+        return muser_errorf(err, MUSER_E_NOMEM, "synth dflash: out of memory");
+    gguf_writer_set_str(w, "general.architecture", MUSER_DFLASH_ARCH);
+    gguf_writer_set_str(w, "general.name", "synthetic dflash drafter");
+    gguf_writer_set_u32(w, "dflash.block_count", hp.n_layer);
+    gguf_writer_set_u32(w, "dflash.embedding_length", hp.n_embd);
+    gguf_writer_set_u32(w, "dflash.feed_forward_length", hp.n_ff);
+    gguf_writer_set_u32(w, "dflash.attention.head_count", hp.n_head);
+    gguf_writer_set_u32(w, "dflash.attention.head_count_kv", hp.n_head_kv);
+    gguf_writer_set_u32(w, "dflash.attention.key_length", hp.head_dim);
+    gguf_writer_set_f32(w, "dflash.attention.layer_norm_rms_epsilon", th->rms_eps);
+    gguf_writer_set_f32(w, "dflash.rope.freq_base", th->rope_theta);
+    gguf_writer_set_u32(w, "dflash.block_size", hp.block_size);
+    gguf_writer_set_arr(w, "dflash.target_layers", GGUF_TYPE_UINT32, hp.tap_layers, hp.n_tap);
+    gguf_writer_set_u32(w, "dflash.target.vocab_size", th->n_vocab);
+    gguf_writer_set_u32(w, "dflash.target.block_count", th->n_layer);
+    gguf_writer_set_str(w, "dflash.target.fingerprint", fp);
+    /* name, cols (ne0), rows (0: a vector), kind */
+    typedef struct { char name[48]; uint64_t cols, rows; int kind; } spec_t;
+    const uint32_t n_ts = 4 + 11 * hp.n_layer;
+    spec_t *ts = calloc(n_ts, sizeof *ts);
+    float *row = NULL;
+    uint8_t *q = NULL;
+    bool begun = false;
+    if (!ts) {
+        rc = muser_errorf(err, MUSER_E_NOMEM, "synth dflash: out of memory");
+        goto done;
+    }
+    uint32_t k = 0;
+    ts[k++] = (spec_t){"fc.weight", hp.n_tap * E, E, 0};
+    ts[k++] = (spec_t){"hidden_norm.weight", E, 0, 1};
+    ts[k++] = (spec_t){"mask_embd.weight", E, 0, 2};
+    for (uint32_t l = 0; l < hp.n_layer; l++) {
+        static const char *const names[11] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+                                              "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+        const uint64_t dims[11][2] = {{E, 0}, {E, QD}, {E, KVD}, {E, KVD}, {hp.head_dim, 0}, {hp.head_dim, 0},
+                                      {QD, E}, {E, 0}, {E, hp.n_ff}, {E, hp.n_ff}, {hp.n_ff, E}};
+        for (int i = 0; i < 11; i++, k++) {
+            snprintf(ts[k].name, sizeof ts[k].name, "blk.%u.%s.weight", l, names[i]);
+            ts[k].cols = dims[i][0];
+            ts[k].rows = dims[i][1];
+            ts[k].kind = dims[i][1] ? 0 : 1;
+        }
+    }
+    ts[k++] = (spec_t){"output_norm.weight", E, 0, 1};
+    uint64_t most = 0;
+    for (uint32_t i = 0; i < n_ts; i++) {
+        const uint32_t ty = ts[i].rows ? type : GGML_TYPE_F32;
+        if (ts[i].rows && ts[i].cols % qi->block_elems)
+            rc = muser_errorf(err, MUSER_E_ARG, "synth dflash: %s has rows of %llu, not a multiple of the %s block",
+                              ts[i].name, (unsigned long long)ts[i].cols, qi->name);
+        const uint64_t ne[2] = {ts[i].cols, ts[i].rows ? ts[i].rows : 1};
+        if (!rc)
+            rc = gguf_writer_add_tensor(w, ts[i].name, ty, ts[i].rows ? 2 : 1, ne, err);
+        if (rc)
+            goto done;
+        if (ts[i].cols > most)
+            most = ts[i].cols;
+    }
+    row = malloc((most + 1) * sizeof(float));
+    q = malloc((most + 1) * sizeof(float));
+    if (!row || !q) {
+        rc = muser_errorf(err, MUSER_E_NOMEM, "synth dflash: out of memory");
+        goto done;
+    }
+    if ((rc = gguf_writer_begin(w, path, err)))
+        goto done;
+    begun = true;
+    for (uint32_t i = 0; i < n_ts && !rc; i++)
+        rc = dflash_tensor(w, o->seed, ts[i].name, ts[i].rows ? type : GGML_TYPE_F32, ts[i].cols,
+                           ts[i].rows ? ts[i].rows : 1, ts[i].kind, row, q, err);
+    if (!rc)
+        rc = gguf_writer_finish(w, err);
+done:
+    gguf_writer_free(w);
+    if (rc && begun)
+        unlink(path);
+    free(ts);
+    free(row);
+    free(q);
+    return rc;
+}

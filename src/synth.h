@@ -9,6 +9,7 @@
 #ifndef MUSER_SYNTH_H
 #define MUSER_SYNTH_H
 
+#include "dflash.h"
 #include "model.h"
 
 typedef enum {
@@ -51,5 +52,21 @@ int muser_synth_hparams(const muser_synth_opts *o, muser_hparams *hp, muser_erro
  * partial file is removed. out_bytes (may be NULL) receives the file size. */
 int muser_synth_write(const muser_synth_opts *o, const char *path, uint64_t *out_bytes,
                       muser_error *err);
+
+/* A DFlash drafter (dflash.h) with random weights for target: the target's width, heads, eps and
+ * RoPE base, its vocabulary size, layer count and fingerprint, so muser_dflash_load accepts it for
+ * that target and no other. Weights are a pure function of (seed, tensor name, row). Tests use it
+ * for the drafter's checks; its drafts are noise (docs/dflash.md). */
+typedef struct muser_synth_dflash_opts {
+    uint64_t seed;
+    uint32_t n_layer;          /* drafter layers; 0: 1 */
+    uint32_t block_size;       /* B; 0: 8 */
+    uint32_t n_tap;            /* 0: up to 3 target layers spread over the depth, the last included */
+    uint32_t tap_layers[MUSER_DFLASH_MAX_TAP];
+    int type;                  /* ggml type of every matrix (F32, F16, BF16, Q8_0, Q4_K, Q6_K); -1: F32 */
+} muser_synth_dflash_opts;
+
+int muser_synth_dflash_write(const muser_model *target, const muser_synth_dflash_opts *o, const char *path,
+                             muser_error *err);
 
 #endif

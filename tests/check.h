@@ -4,6 +4,7 @@
 #define MUSER_CHECK_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,34 @@ static inline char *check_read_file(const char *path, size_t *n)
         *n = (size_t)sz;
     }
     return b;
+}
+
+/* SPEC §4 for one row against its reference: max |log_softmax(got) - log_softmax(ref)| over the V
+ * logits, and *top1_ok: the same argmax, or the reference's best two within 1e-3 of each other. */
+static inline double check_lsm_diff(const float *got, const float *ref, uint32_t V, bool *top1_ok)
+{
+    double mg = -INFINITY, mr = -INFINITY, sg = 0, sr = 0;
+    for (uint32_t i = 0; i < V; i++) {
+        mg = got[i] > mg ? got[i] : mg;
+        mr = ref[i] > mr ? ref[i] : mr;
+    }
+    for (uint32_t i = 0; i < V; i++) {
+        sg += exp((double)got[i] - mg);
+        sr += exp((double)ref[i] - mr);
+    }
+    const double lg = mg + log(sg), lr = mr + log(sr);
+    double worst = 0, second = -INFINITY;
+    uint32_t tg = 0, tr = 0;
+    for (uint32_t i = 0; i < V; i++) {
+        const double d = fabs(((double)got[i] - lg) - ((double)ref[i] - lr));
+        worst = d > worst ? d : worst;
+        tg = got[i] > got[tg] ? i : tg;
+        tr = ref[i] > ref[tr] ? i : tr;
+    }
+    for (uint32_t i = 0; i < V; i++)
+        if (i != tr && ref[i] > second) second = ref[i];
+    *top1_ok = tg == tr || (double)ref[tr] - second <= 1e-3;
+    return worst;
 }
 
 static inline int check_report(const char *name)

@@ -11,105 +11,12 @@
  *      distribution within a total-variation bound that the naive rule (redraw from p) misses by
  *      far; seeded sampled speculation repeats exactly;
  *   3. a draft model with another vocabulary is refused with a clear error. */
-#include "check.h"
-#include "spec.h"
+#include "spec_run.h"
 #include "synth.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define GEN 90
-
-static muser_backend_kind g_backend = MUSER_BACKEND_CPU; /* greedy() runs on each */
-
-typedef struct out {
-    int32_t ids[GEN];
-    float lp[GEN];
-    uint32_t n;
-    char kv[65];
-    muser_spec_stats st;
-} out;
-
-static muser_engine *engine(const muser_model *m)
-{
-    muser_engine_opts o;
-    memset(&o, 0, sizeof o);
-    o.dev.backend = g_backend;
-    o.dev.n_threads = 2;
-    o.dev.n_ctx = 512;
-    muser_error err = {0};
-    muser_engine *e = NULL;
-    CHECK_OK(muser_engine_new(&e, m, &o, &err), &err);
-    return e;
-}
-
-static muser_sampler *sampler(uint32_t V, float temp, uint64_t seed)
-{
-    muser_sampler_params p;
-    muser_sampler_params_default(&p);
-    p.temperature = temp;
-    p.seed = seed;
-    muser_error err = {0};
-    muser_sampler *s = NULL;
-    CHECK_OK(muser_sampler_new(&s, V, &p, &err), &err);
-    return s;
-}
-
-/* plain decoding: sample, emit, feed (not the last) */
-static void plain(muser_engine *e, const int32_t *prompt, uint32_t np, float temp, uint64_t seed, out *o)
-{
-    muser_error err = {0};
-    muser_seq *q = NULL;
-    CHECK_OK(muser_engine_open(e, 0, &q, &err), &err);
-    const uint32_t V = muser_seq_model(q)->hp.n_vocab;
-    float *lg = malloc(V * sizeof(float));
-    muser_sampler *s = sampler(V, temp, seed);
-    CHECK_OK(muser_seq_prefill(q, prompt, np, lg, &err), &err);
-    for (uint32_t i = 0; i < np; i++) muser_sampler_accept(s, prompt[i]);
-    o->n = 0;
-    for (uint32_t g = 0; g < GEN; g++) {
-        const int32_t t = muser_sampler_sample(s, lg, &o->lp[o->n], NULL);
-        o->ids[o->n++] = t;
-        if (g + 1 == GEN) break;
-        CHECK_OK(muser_seq_decode(q, t, lg, &err), &err);
-        muser_sampler_accept(s, t);
-    }
-    CHECK_OK(muser_seq_kv_sha256(q, o->kv, &err), &err);
-    muser_sampler_free(s);
-    free(lg);
-    muser_engine_close(q);
-}
-
-static void speculate(muser_engine *e, muser_drafter *d, uint32_t k, const int32_t *prompt, uint32_t np, float temp,
-                      uint64_t seed, out *o)
-{
-    muser_error err = {0};
-    muser_seq *q = NULL;
-    CHECK_OK(muser_engine_open(e, 0, &q, &err), &err);
-    const uint32_t V = muser_seq_model(q)->hp.n_vocab;
-    float *lg = malloc(V * sizeof(float));
-    muser_sampler *s = sampler(V, temp, seed);
-    CHECK_OK(muser_seq_prefill(q, prompt, np, lg, &err), &err);
-    for (uint32_t i = 0; i < np; i++) muser_sampler_accept(s, prompt[i]);
-    muser_spec sp;
-    CHECK_OK(muser_spec_init(&sp, q, 512, s, d, k, prompt, np, lg, &err), &err);
-    o->n = 0;
-    while (o->n < GEN) {
-        uint32_t n = 0;
-        bool ended = false;
-        int rc = muser_spec_next(&sp, GEN - o->n, true, NULL, NULL, o->ids + o->n, o->lp + o->n, &n, &ended, &err);
-        CHECK_OK(rc, &err);
-        o->n += n;
-        if (rc || ended || !n) break;
-    }
-    o->st = sp.st;
-    muser_spec_free(&sp);
-    CHECK_OK(muser_seq_kv_sha256(q, o->kv, &err), &err);
-    muser_sampler_free(s);
-    free(lg);
-    muser_engine_close(q);
-}
 
 static void greedy(const muser_model *m, const muser_model *draft, const char *what, const int32_t *prompt, uint32_t np)
 {
@@ -130,8 +37,7 @@ static void greedy(const muser_model *m, const muser_model *draft, const char *w
             if (!d) continue;
             out got;
             speculate(e, d, ks[ki], prompt, np, 0.0f, 1, &got);
-            const bool ok = got.n == ref.n && !memcmp(got.ids, ref.ids, ref.n * sizeof *ref.ids) &&
-                            !memcmp(got.lp, ref.lp, ref.n * sizeof *ref.lp) && !strcmp(got.kv, ref.kv);
+            const bool ok = same_output(&got, &ref);
             CHECKF(ok, "%s: %s drafter, k %u: the tokens, logprobs or cache differ from plain greedy decoding", what,
                    dk < 2 ? "n-gram" : "model", ks[ki]);
             same += ok;

@@ -10,9 +10,14 @@
 static void synth_help(FILE *f)
 {
     fprintf(f,
-            "usage: muser synth --preset tiny|small|glimmer -o OUT.gguf [options]\n\n"
+            "usage: muser synth --preset tiny|small|glimmer -o OUT.gguf [options]\n"
+            "       muser synth --dflash-for TARGET.gguf -o OUT.gguf [--seed N] [--type T]\n"
+            "                   [--block B] [--layers N]\n\n"
             "Write a model with random weights, the exact tensor layout and metadata of the\n"
-            "preset, and a byte-level BPE tokenizer. Same options -> same bytes.\n\n"
+            "preset, and a byte-level BPE tokenizer. Same options -> same bytes.\n"
+            "With --dflash-for: a DFlash drafter with random weights for that target (its\n"
+            "width, vocabulary and fingerprint; docs/dflash.md), for tests and plumbing: its\n"
+            "drafts are noise.\n\n"
             "options:\n"
             "  --preset NAME     tiny (8 layers, E 256), small (22 layers, E 2048),\n"
             "                    glimmer (SPEC §1: 52 layers, E 6656, 16.7 GB in the mix)\n"
@@ -25,7 +30,27 @@ static void synth_help(FILE *f)
             "  --vocab V         glimmer's vocabulary: o200k (default; data/tokenizers or\n"
             "                    $MUSER_DATA_DIR/tokenizers) or synthetic (the byte-level BPE of\n"
             "                    tiny/small, grown to 202048); tiny/small are always synthetic\n"
+            "  --dflash-for PATH a DFlash drafter for the target model at PATH\n"
+            "  --block B         its block size, 2..16 (default 8)\n"
+            "  --layers N        its decoder layers (default 1)\n"
             "  -h, --help        this help\n");
+}
+
+static int synth_dflash(const char *target_path, const muser_synth_dflash_opts *o, const char *out)
+{
+    muser_error err = {0};
+    muser_model *t = NULL;
+    int rc = muser_model_load(&t, target_path, &err);
+    if (!rc)
+        rc = muser_synth_dflash_write(t, o, out, &err);
+    muser_model_free(t);
+    if (rc) {
+        fprintf(stderr, "muser synth: %s\n", err.msg);
+        return 1;
+    }
+    printf("wrote %s: a DFlash drafter with random weights for %s (block %u, %u layer(s), seed %llu)\n", out,
+           target_path, o->block_size ? o->block_size : 8, o->n_layer ? o->n_layer : 1, (unsigned long long)o->seed);
+    return 0;
 }
 
 int cmd_synth(int argc, char **argv)
@@ -37,14 +62,17 @@ int cmd_synth(int argc, char **argv)
     muser_synth_opts o;
     muser_synth_opts_default(&o);
     o.progress = true;
-    const char *out = NULL;
-    bool have_preset = false;
+    const char *out = NULL, *dflash_for = NULL;
+    bool have_preset = false, have_type = false;
+    muser_synth_dflash_opts dfo;
+    memset(&dfo, 0, sizeof dfo);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--preset") || !strcmp(a, "--arch") || !strcmp(a, "-o") ||
             !strcmp(a, "--output") || !strcmp(a, "--seed") || !strcmp(a, "--type") ||
-            !strcmp(a, "-t") || !strcmp(a, "--threads") || !strcmp(a, "--vocab")) {
+            !strcmp(a, "-t") || !strcmp(a, "--threads") || !strcmp(a, "--vocab") ||
+            !strcmp(a, "--dflash-for") || !strcmp(a, "--block") || !strcmp(a, "--layers")) {
             if (!val)
                 return cli_usage_error("synth", "%s needs a value", a);
             i++;
@@ -83,6 +111,14 @@ int cmd_synth(int argc, char **argv)
                         "synth", "unknown type '%s' (f32, f16, bf16, q8_0, q4_k, q6_k, mix)", val);
                 o.type = t;
             }
+            have_type = true;
+        } else if (!strcmp(a, "--dflash-for")) {
+            dflash_for = val;
+        } else if (!strcmp(a, "--block") || !strcmp(a, "--layers")) {
+            const bool blk = !strcmp(a, "--block");
+            if (!muser_parse_u64(val, &u) || u < (blk ? 2 : 1) || u > (blk ? MUSER_DFLASH_MAX_BLOCK : 64))
+                return cli_usage_error("synth", "%s wants %s, not '%s'", a, blk ? "2..16" : "1..64", val);
+            *(blk ? &dfo.block_size : &dfo.n_layer) = (uint32_t)u;
         } else if (!strcmp(a, "--vocab")) {
             if (!strcmp(val, "synthetic"))
                 o.synthetic_vocab = true;
@@ -96,10 +132,19 @@ int cmd_synth(int argc, char **argv)
             o.n_threads = (uint32_t)u;
         }
     }
-    if (!have_preset)
-        return cli_usage_error("synth", "--preset is required");
     if (!out)
         return cli_usage_error("synth", "-o OUT is required");
+    if (dflash_for) {
+        if (have_preset)
+            return cli_usage_error("synth", "--preset and --dflash-for write two kinds of file: pick one");
+        dfo.seed = o.seed;
+        dfo.type = have_type && o.type != MUSER_SYNTH_TYPE_MIX ? o.type : -1;
+        return synth_dflash(dflash_for, &dfo, out);
+    }
+    if (dfo.block_size || dfo.n_layer)
+        return cli_usage_error("synth", "--block and --layers go with --dflash-for");
+    if (!have_preset)
+        return cli_usage_error("synth", "--preset is required");
 
     muser_error err = {0};
     uint64_t bytes = 0;

@@ -284,6 +284,11 @@ void gen_close(gen_ctx *g)
 
 int gen_prefill(gen_ctx *g, const int32_t *toks, size_t n, muser_error *err)
 {
+    return gen_prefill_spec(g, NULL, toks, n, err);
+}
+
+int gen_prefill_spec(gen_ctx *g, muser_drafter *d, const int32_t *toks, size_t n, muser_error *err)
+{
     const uint64_t past = gen_pos(g);
     if (past + n > g->n_ctx)
         return muser_errorf(err, MUSER_E_CONTEXT_FULL,
@@ -292,7 +297,7 @@ int gen_prefill(gen_ctx *g, const int32_t *toks, size_t n, muser_error *err)
     if (n > UINT32_MAX)
         return muser_errorf(err, MUSER_E_ARG, "%zu tokens in one prompt", n);
     if (n) { /* the engine runs it in chunks */
-        int rc = muser_seq_prefill(g->seq, toks, (uint32_t)n, g->logits, err);
+        int rc = muser_spec_prefill(g->seq, d, toks, (uint32_t)n, g->logits, err);
         if (rc)
             return rc;
     }

@@ -61,6 +61,9 @@ void gen_close(gen_ctx *g);
  * the sampler about them. Refuses (MUSER_E_CONTEXT_FULL) without running anything if they do not
  * fit. */
 int gen_prefill(gen_ctx *g, const int32_t *toks, size_t n, muser_error *err);
+/* gen_prefill for a generation drafter d will speculate on (muser_spec_prefill: a DFlash drafter
+ * gets the prompt's hidden states; d NULL: plain). */
+int gen_prefill_spec(gen_ctx *g, muser_drafter *d, const int32_t *toks, size_t n, muser_error *err);
 /* Tokenize and append to a growing malloc'ed vector. */
 int gen_tokenize_append(gen_ctx *g, const char *text, bool add_bos, bool parse_special,
                         int32_t **vec, size_t *n, size_t *cap, muser_error *err);

@@ -87,21 +87,6 @@ static const float *norm_w(const muser_tensor *t)
     return t ? (const float *)t->data : NULL;
 }
 
-/* dst = x / sqrt(mean(x^2) + eps) * w (w NULL: weightless). Sum of squares in f64. */
-static void rms_row(const float *x, const float *w, float eps, float *dst, uint64_t n)
-{
-    double ss = 0.0;
-    for (uint64_t i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    const float inv = (float)(1.0 / sqrt(ss / (double)n + eps));
-    if (w)
-        for (uint64_t i = 0; i < n; i++)
-            dst[i] = x[i] * inv * w[i];
-    else
-        for (uint64_t i = 0; i < n; i++)
-            dst[i] = x[i] * inv;
-}
-
 /* ---- per-row jobs: run inline for one row, across the pool for many ---- */
 
 typedef struct row_job {
@@ -147,7 +132,7 @@ static void embed_row(row_job *j, uint32_t i)
     /* The token was range-checked by the session; the type was checked at bind. */
     st->kn.dequant_row(t->type, muser_tensor_row(t, (uint64_t)j->r->tokens[i]), h, st->E);
     if (j->entry_norm)
-        rms_row(h, NULL, j->eps, h, st->E);
+        cpu_rms_row(h, NULL, j->eps, h, st->E);
 }
 
 static void op_embed(void *be, const fwd_rows *r, bool entry_norm, float eps)
@@ -159,7 +144,7 @@ static void op_embed(void *be, const fwd_rows *r, bool entry_norm, float eps)
 static void norm_row(row_job *j, uint32_t i)
 {
     cpu_state *st = j->st;
-    rms_row(row_of(st, j->src, i), j->w, j->eps, row_of(st, j->dst, i), st->width[j->src]);
+    cpu_rms_row(row_of(st, j->src, i), j->w, j->eps, row_of(st, j->dst, i), st->width[j->src]);
 }
 
 static void op_rmsnorm(void *be, const fwd_rows *r, fwd_buf src, const muser_tensor *w, float eps,
@@ -186,7 +171,7 @@ static void tail_row(row_job *j, uint32_t i)
         for (uint64_t k = 0; k < E; k++)
             h[k] += sub[k];
     }
-    rms_row(h, j->w2, j->eps2, row_of(st, j->dst, i), E);
+    cpu_rms_row(h, j->w2, j->eps2, row_of(st, j->dst, i), E);
 }
 
 static void op_tail(void *be, const fwd_rows *r, const muser_tensor *w_post, float eps_post,
@@ -241,13 +226,13 @@ static void stage_row(row_job *j, uint32_t i)
     const float *c = st->rope_cos + (uint64_t)i * (D / 2), *s = st->rope_sin + (uint64_t)i * (D / 2);
     for (uint32_t h = 0; h < st->H; h++) {
         if (j->w)
-            rms_row(q + h * D, j->w, j->eps, q + h * D, D);
+            cpu_rms_row(q + h * D, j->w, j->eps, q + h * D, D);
         if (j->rope)
             rope_head(q + h * D, c, s, D, j->neox);
     }
     for (uint32_t h = 0; h < st->HKV; h++) {
         if (j->w2)
-            rms_row(k + h * D, j->w2, j->eps, k + h * D, D);
+            cpu_rms_row(k + h * D, j->w2, j->eps, k + h * D, D);
         if (j->rope)
             rope_head(k + h * D, c, s, D, j->neox);
     }
@@ -742,9 +727,9 @@ static void set_rope(cpu_state *st, uint32_t n)
         }
 }
 
-/* The prefill route: chunks of max_batch rows of one session. */
-static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
-                       bool all_logits, muser_error *err)
+/* The prefill route: chunks of max_batch rows of one session (tap: each chunk's rows of it). */
+static int cpu_forward_tap(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
+                           bool all_logits, const muser_tap *tap, muser_error *err)
 {
     cpu_state *st = s->dev->be_state;
     cpu_seq *q = s->be_state;
@@ -767,7 +752,13 @@ static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, floa
         for (uint32_t i = 0; i < c; i++)
             st->pos[i] = p0 + off + i;
         set_rope(st, c);
-        const fwd_rows rows = {.n = c, .tokens = tokens + off, .pos = st->pos, .route = route};
+        fwd_tap chunk_tap;
+        if (tap) {
+            chunk_tap = *tap;
+            chunk_tap.out = tap->out + (uint64_t)off * tap->n_layers * st->E;
+        }
+        const fwd_rows rows = {.n = c, .tokens = tokens + off, .pos = st->pos, .route = route,
+                               .tap = tap ? &chunk_tap : NULL};
         int want = 0;
         if (logits && all_logits)
             want = 2;
@@ -784,6 +775,12 @@ static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, floa
     if (logits && !all_logits)
         memcpy(logits, st->logits, (uint64_t)st->V * sizeof(float));
     return MUSER_OK;
+}
+
+static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
+                       bool all_logits, muser_error *err)
+{
+    return cpu_forward_tap(s, tokens, n, logits, all_logits, NULL, err);
 }
 
 /* The small-batch route: one pass over rows of any sessions (session.c checked the runs). */
@@ -895,6 +892,7 @@ static const muser_backend cpu_backend = {
     .kv_copy = cpu_kv_copy,
     .kv_rows = cpu_kv_rows,
     .kv_import = cpu_kv_import,
+    .forward_tap = cpu_forward_tap,
 };
 
 const muser_backend *muser_backend_cpu(void)

@@ -1194,3 +1194,18 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
     (void)force_scalar;
 #endif
 }
+
+/* dst = x / sqrt(mean(x^2) + eps) * w (w NULL: weightless). Sum of squares in f64. */
+void cpu_rms_row(const float *x, const float *w, float eps, float *dst, uint64_t n)
+{
+    double ss = 0.0;
+    for (uint64_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    const float inv = (float)(1.0 / sqrt(ss / (double)n + eps));
+    if (w)
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = x[i] * inv * w[i];
+    else
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = x[i] * inv;
+}

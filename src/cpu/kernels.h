@@ -88,4 +88,8 @@ typedef struct cpu_kernels {
  * bits at twice the width; their xsums keep xp in a 512-bit order) unless MUSER_SIMD is "avx2". */
 void cpu_kernels_init(cpu_kernels *k, bool force_scalar);
 
+/* dst = x / sqrt(mean(x^2) + eps) * w (w NULL: weightless), the sum of squares in f64: the CPU
+ * engine's one rmsnorm row (the model's passes and the DFlash drafter's). dst may alias x. */
+void cpu_rms_row(const float *x, const float *w, float eps, float *dst, uint64_t n);
+
 #endif

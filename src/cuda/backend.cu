@@ -1834,6 +1834,7 @@ static int be_kv_import(muser_session *s, uint32_t l, const kv_plane *meta, uint
 static const muser_backend cuda_backend = {
     "cuda", be_dev_init, be_dev_free, be_init,     be_free,  be_forward,  be_step,
     be_checkpoint, be_rollback, be_commit, be_reset, be_kv_export, be_kv_copy, be_kv_rows, be_kv_import,
+    nullptr, /* forward_tap: no hidden-state tap on the GPU yet (session.c refuses a tapped prefill) */
 };
 
 extern "C" const muser_backend *muser_backend_cuda(void)

@@ -6,14 +6,20 @@ PyTorch can run the *released* (quantized) weights: an implementation independen
 """
 import struct
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # reading the directory and raw bytes (dflash_io.py's fingerprint) needs no numpy
+    np = None
 
 T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_F32, T_BOOL, T_STR, T_ARR, T_U64, T_I64, T_F64 = range(13)
 GGML_F32, GGML_F16, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K, GGML_BF16 = 0, 1, 8, 12, 14, 30
 _SCALAR = {T_U8: "<B", T_I8: "<b", T_U16: "<H", T_I16: "<h", T_U32: "<I", T_I32: "<i",
            T_F32: "<f", T_BOOL: "<?", T_U64: "<Q", T_I64: "<q", T_F64: "<d"}
 _BLOCK = {GGML_F32: (1, 4), GGML_F16: (1, 2), GGML_BF16: (1, 2), GGML_Q8_0: (32, 34),
-          GGML_Q4_K: (256, 144), GGML_Q6_K: (256, 210)}
+          GGML_Q4_K: (256, 144), GGML_Q6_K: (256, 210),
+          # sizes only (not dequantized here): Q4_0, Q4_1, Q5_0, Q5_1, Q8_1, Q2_K, Q3_K, Q5_K, Q8_K
+          2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 9: (32, 36), 10: (256, 84),
+          11: (256, 110), 13: (256, 176), 15: (256, 292)}
 
 
 def _str(s):
@@ -121,6 +127,16 @@ class Reader:
 
     def names(self):
         return [t[0] for t in self.tinfo]
+
+    def raw(self, i):
+        """Tensor i of the directory (file order): (name, dims, ggml type, its data bytes)."""
+        name, dims, typ, off = self.tinfo[i]
+        count = 1
+        for d in dims:
+            count *= d
+        be, bb = _BLOCK[typ]
+        start = self.data + off
+        return name, dims, typ, self.buf[start:start + count // be * bb]
 
 
 def _f16(b):
