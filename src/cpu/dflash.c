@@ -1,23 +1,27 @@
 /* cpu/dflash.c — the DFlash drafter's forward pass on the CPU (dflash.h), f32, written plainly
  * over the CPU engine's kernels (kernels.h): every matrix is dot_rows over the block's rows (each
  * weight block unpacked once for all of them), norms sum squares in f64 like the engine's, the
- * attention is a plain softmax per head. One thread: a block is 16 rows of a few layers plus the
- * LM head, small beside the target's verify pass it feeds.
+ * attention is a plain softmax per head. The matrices' weight rows are split over a thread pool
+ * of its own (one thread per online CPU: the target's pool is idle while the drafter runs); each
+ * output is one thread's dot_rows, so the bits do not depend on the thread count.
  *
  * State, sized at creation: the context keys and values of every drafter layer, f32, normed and
  * rotated ([n_layer][n_ctx][HKV*D]), and one block's activations. Nothing is allocated per round. */
 #include "cpu/kernels.h"
+#include "cpu/pool.h"
 #include "dflash.h"
 #include "util.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define ROWS MUSER_DFLASH_MAX_BLOCK /* rows of one matrix call: a block, or a slice of context */
 
 typedef struct cpu_dflash {
     cpu_kernels kn;
+    cpu_pool *pool;
     uint32_t E, F, H, HKV, D, QD, KVD, B, M, V, group;
     float *ctx_k, *ctx_v;        /* [n_layer][n_ctx][KVD] the context's keys (normed, rotated), values */
     float *x;                    /* [ROWS][E] the block's residual stream */
@@ -49,12 +53,36 @@ static void head_norm_rope(const cpu_dflash *c, float *x, uint32_t heads, const 
     }
 }
 
-/* y[i][r] = w_r · x[i] for m input rows (stride ldx) whose sums are in c->xs */
+typedef struct mm_job {
+    const cpu_dflash *c;
+    const muser_tensor *w;
+    const float *x;
+    uint64_t ldx, ldy;
+    uint32_t m;
+    float *y;
+    atomic_uint_fast64_t next;
+} mm_job;
+
+static void mm_run(void *arg, uint32_t thread, uint32_t n_threads)
+{
+    (void)thread;
+    (void)n_threads;
+    mm_job *j = arg;
+    uint64_t lo, hi;
+    while (cpu_pool_grab(&j->next, j->w->rows, 16, &lo, &hi))
+        for (uint64_t r = lo; r < hi; r++)
+            j->c->kn.dot_rows(j->w->type, muser_tensor_row(j->w, r), j->x, j->ldx, j->c->xs, j->m, j->w->cols,
+                              j->y + r, j->ldy);
+}
+
+/* y[i][r] = w_r · x[i] for m input rows (stride ldx) whose sums are in c->xs; weight rows in
+ * blocks of 16 over the pool */
 static void matmul(cpu_dflash *c, const muser_tensor *w, const float *x, uint64_t ldx, uint32_t m, float *y,
                    uint64_t ldy)
 {
-    for (uint64_t r = 0; r < w->rows; r++)
-        c->kn.dot_rows(w->type, muser_tensor_row(w, r), x, ldx, c->xs, m, w->cols, y + r, ldy);
+    mm_job j = {.c = c, .w = w, .x = x, .ldx = ldx, .ldy = ldy, .m = m, .y = y};
+    atomic_init(&j.next, 0);
+    cpu_pool_run(c->pool, mm_run, &j);
 }
 
 static void sums(cpu_dflash *c, const float *x, uint64_t ldx, uint32_t m, uint64_t n)
@@ -74,6 +102,8 @@ static void cpu_dflash_free(muser_dflash_run *r)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         muser_free_aligned(bufs[i]);
     free(c->inv_freq);
+    if (c->pool)
+        cpu_pool_free(c->pool);
     for (int i = 0; i < ROWS; i++) {
         free(c->xs[i].s16);
         free(c->xs[i].s32);
@@ -130,6 +160,12 @@ static int cpu_dflash_init(muser_dflash_run *r, muser_error *err)
     }
     for (uint32_t i = 0; i < c->D / 2; i++)
         c->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * (double)i / (double)c->D);
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    const int rc = cpu_pool_new(&c->pool, online > 0 ? (uint32_t)online : 1, err);
+    if (rc) {
+        cpu_dflash_free(r);
+        return rc;
+    }
     return MUSER_OK;
 }
 
