@@ -7,8 +7,9 @@
 #   model     fuzz/fuzz_model.c     muser_model_bind (+ a 1-token oracle forward) on mutated models
 #   serve     fuzz/fuzz_serve.c     `muser serve`'s request decoding (tools/serve_req.c) on JSON bodies
 #   handoff   fuzz/fuzz_handoff.c   the remote-prefill frames, request, manifest and stream (src/handoff/wire.c)
+#   dflash    fuzz/fuzz_dflash.c    muser_dflash_load (+ a context step and a block) on edited drafters
 #
-#   scripts/fuzz.sh --short [TARGET...]          gguf 20 s, the others 15 s each
+#   scripts/fuzz.sh --short [TARGET...]          gguf 20 s, dflash 40 s, the others 15 s each
 #   scripts/fuzz.sh --long [SECONDS] [TARGET...] default 3600 s per target
 #   scripts/fuzz.sh --seeds                      regenerate fuzz/corpus/gguf/ with fuzz/make_seeds.c
 # TARGET defaults to gguf (what tests/cli_fuzz_gguf.sh runs); "all" runs them all in turn.
@@ -53,7 +54,7 @@ case "$MODE" in
 esac
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(gguf)
-[ "${TARGETS[0]}" = all ] && TARGETS=(gguf tok tok_load model serve handoff)
+[ "${TARGETS[0]}" = all ] && TARGETS=(gguf tok tok_load model serve handoff dflash)
 
 S=$ROOT/src
 TOK_SOURCES=("$S/tokenizer.c" "$S/vocab_o200k.c" "$S/gguf.c" "$S/util.c")
@@ -71,10 +72,13 @@ build() {
   case "$target" in
     gguf) srcs=("$S/gguf.c" "$S/util.c") ;;
     tok | tok_load) srcs=("${TOK_SOURCES[@]}"); libs+=(-lpcre2-8) ;;
-    model) srcs=("${ENGINE_SOURCES[@]}"); libs+=(-lpthread) ;;
+    model) srcs=("${ENGINE_SOURCES[@]}" "$ROOT/fuzz/fuzz_cpu_shim.c"); libs+=(-lpthread) ;;
     serve) srcs=("$ROOT/tools/serve_req.c"); libs+=(-lcjson) ;;
     handoff) srcs=("$S/handoff/wire.c" "$S/util.c") ;;
-    *) echo "fuzz.sh: unknown target '$target' (gguf, tok, tok_load, model, serve, handoff, all)" >&2; return 2 ;;
+    dflash) srcs=("${ENGINE_SOURCES[@]}" "$S/dflash.c" "$S/dflash_ref.c" "$S/synth.c" "$S/tokenizer.c" "$S/vocab_o200k.c"
+                  "$ROOT/fuzz/fuzz_cpu_shim.c")
+            libs+=(-lpthread -lpcre2-8) ;;
+    *) echo "fuzz.sh: unknown target '$target' (gguf, tok, tok_load, model, serve, handoff, dflash, all)" >&2; return 2 ;;
   esac
   local bin=$dir/fuzz_$target
   local all=("$ROOT/fuzz/fuzz_$target.c" "${srcs[@]}")
@@ -131,6 +135,8 @@ for target in "${TARGETS[@]}"; do
     secs=$LONG_SECONDS
   elif [ "$target" = gguf ]; then
     secs=${MUSER_FUZZ_SECONDS:-20}
+  elif [ "$target" = dflash ]; then
+    secs=${MUSER_FUZZ_SECONDS:-40} # a load binds a whole drafter and fingerprints its target: ~15 ms
   else
     secs=${MUSER_FUZZ_SECONDS:-15}
   fi
