@@ -1075,10 +1075,11 @@ static int profile_pass(cu_ctx *c, cu_seq *sq, uint32_t n, const char *what, mus
 static bool rows_ok(const cu_ctx *c, const cu_seq *sq) { return c->rows_geom && sq->n_ctx == c->rows_n_ctx; }
 
 /* One multi-row pass: row i is token tok[i] of session sqs[i] at position pos[i] (n >= 2 distinct
- * sessions, each rows_ok, each at its next position); logits, if non-NULL, [n][V]. The sessions'
- * metadata take the appends (the caller restores them on failure: be_step). */
-static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const uint64_t *pos, uint32_t n, float *logits,
-                     muser_error *err)
+ * sessions, each rows_ok, each at its next position), row step_row[i] of the caller's step (for
+ * messages); logits, if non-NULL, [n][V]. The sessions' metadata take the appends (the caller
+ * restores them on failure: be_step). */
+static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const uint64_t *pos, const uint32_t *step_row,
+                     uint32_t n, float *logits, muser_error *err)
 {
     const uint32_t nl = c->m->hp.n_layer;
     if (!c->g_rows[n]) {
@@ -1108,8 +1109,8 @@ static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const ui
     if (e) return muser_errorf(err, MUSER_E_BACKEND, "cuda: a pass of %u rows: %s", n, cudaGetErrorString(e));
     for (uint32_t i = 0; i < n; i++)
         if (c->h_flags[2 + i] != 0)
-            return muser_errorf(err, MUSER_E_NUMERIC, "cuda: non-finite logits in pass row %u (position %llu; fail closed)",
-                                i, (unsigned long long)pos[i]);
+            return muser_errorf(err, MUSER_E_NUMERIC, "cuda: non-finite logits in step row %u (position %llu; fail closed)",
+                                step_row[i], (unsigned long long)pos[i]);
     if (logits) memcpy(logits, c->h_logits, (size_t)n * c->m->hp.n_vocab * sizeof(float));
     return MUSER_OK;
 }
@@ -1668,7 +1669,7 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
                 if (np == 1) { /* one row: the session's own graph */
                     rc = decode_one(ps[0], pt[0], pp[0], logits ? c->step_logits + (size_t)prow[0] * V : NULL, err);
                 } else {
-                    rc = rows_pass(c, ps, pt, pp, np, NULL, err);
+                    rc = rows_pass(c, ps, pt, pp, prow, np, NULL, err);
                     for (uint32_t i = 0; !rc && logits && i < np; i++)
                         memcpy(c->step_logits + (size_t)prow[i] * V, c->h_logits + (size_t)i * V, V * sizeof(float));
                 }
