@@ -9,8 +9,9 @@
  *   -> [LM head matvec + scale + soft cap] -> [argmax] (+ logits copy when asked).
  * Why not src/forward.h's op interface: it did not exist when this was written, and the device
  * route must be enqueued once into a graph with every shape fixed and the position read from
- * device memory; this sequence is that recording (route_enqueue). Position and KV metadata live
- * in device memory (cu_step), refreshed by one host->device copy that is the graph's first node.
+ * device memory; this sequence is that recording (route_enqueue_n: one session's row, or a
+ * multi-row pass over the device's row tables). Position and KV metadata live in device memory
+ * (cu_step), refreshed by one host->device copy that is the graph's first node.
  *
  * Nothing is allocated per token: buffers, graph and pinned staging are made at init. */
 #include <cuda_runtime.h>
