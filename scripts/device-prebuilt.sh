@@ -44,7 +44,7 @@ D=.devbin
 T0=$(date +%s)
 S="$OUT/summary.txt"
 note() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$S"; }
-steps=${*:-tests parity kbench bench}
+steps=${*:-tests rows parity kbench bench}
 W=$(mktemp -d)
 for step in $steps; do
     case $step in
