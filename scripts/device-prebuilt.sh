@@ -5,7 +5,7 @@
 #       kbench_attention
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
-#   bash scripts/device-prebuilt.sh [steps...]  # steps: tests parity kbench bench (default: all),
+#   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
 #                                               # and glimmer, rows, parallel, prefill, engine, serve, skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
