@@ -186,6 +186,26 @@ __device__ __forceinline__ void att_range(uint64_t pos, uint64_t len, uint32_t n
     if (*e > pos + 1) *e = pos + 1;
 }
 
+/* A split kernel's arguments moved to pass row `row` (cu_rows): its q, step, plane metadata,
+ * partials (D floats an entry) and, from the tables, its K and V planes. Row 0 of a one-row pass
+ * keeps them all. */
+__device__ __forceinline__ void att_split_row(const cu_rows &R, uint32_t row, uint32_t D, const float *&q,
+                                              const cu_step *&step, const cu_plane_meta *&meta, const uint16_t *&kp,
+                                              const uint16_t *&vp, float *&part_ml, float *&part_acc)
+{
+    if (row) {
+        q += (size_t)row * R.x_stride;
+        step = cu_row_step(step, R, row);
+        meta = cu_row_meta(meta, R, row);
+        part_ml += (size_t)row * R.part_stride * 2;
+        part_acc += (size_t)row * R.part_stride * D;
+    }
+    if (R.kp) {
+        kp = R.kp[row];
+        vp = R.vp[row];
+    }
+}
+
 /* G query heads per KV head, D = 32·DPL. */
 template <int G, int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, const cu_step *step,
@@ -198,17 +218,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
     constexpr int D = 32 * DPL;
     /* blockIdx.z = pass row · (GT / G) + this block's head group */
     const uint32_t zg = blockIdx.z % (GT / G), row = blockIdx.z / (GT / G);
-    if (row) {
-        q += (size_t)row * R.x_stride;
-        step = cu_row_step(step, R, row);
-        meta = cu_row_meta(meta, R, row);
-        part_ml += (size_t)row * R.part_stride * 2;
-        part_acc += (size_t)row * R.part_stride * D;
-    }
-    if (R.kp) {
-        kp = R.kp[row];
-        vp = R.vp[row];
-    }
+    att_split_row(R, row, D, q, step, meta, kp, vp, part_ml, part_acc);
     __shared__ float qs[G][D];
     __shared__ float ps[ATT_WARPS][G][32];
     __shared__ float mg[2][G][D];
@@ -604,20 +614,12 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     __shared__ float wml[TC_WARPS][TC_G][2];
     __shared__ double rsin[TC_D / 2], rcos[TC_D / 2], ksum[TC_WARPS];
     const uint32_t split = blockIdx.x, h = blockIdx.y, row = blockIdx.z; /* row: the pass row */
-    if (row) {
-        q += (size_t)row * R.x_stride;
-        step = cu_row_step(step, R, row);
-        meta = cu_row_meta(meta, R, row);
-        part_ml += (size_t)row * R.part_stride * 2;
-        part_acc += (size_t)row * R.part_stride * TC_D;
-        if (F.k) {
-            F.k += (size_t)row * R.x_stride;
-            F.v += (size_t)row * R.x_stride;
-        }
+    att_split_row(R, row, TC_D, q, step, meta, kp, vp, part_ml, part_acc);
+    if (row && F.k) { /* fused: this row's k and v, stored into its planes */
+        F.k += (size_t)row * R.x_stride;
+        F.v += (size_t)row * R.x_stride;
     }
     if (R.kp) {
-        kp = R.kp[row];
-        vp = R.vp[row];
         F.kw = (uint16_t *)kp;
         F.vw = (uint16_t *)vp;
     }

@@ -535,6 +535,26 @@ __device__ __forceinline__ void mpp_flush(double sum[2][2], double *dst, uint32_
         sum[r][0] = sum[r][1] = 0;
     }
 }
+/* The persistent pair's end: per output (x row n < nx, tile t0 + tl, row) the gate and up sums of
+ * the 8 warps added in warp order in f64 from red ([tiles][NX rows][8 warps][32]: gate rows 0-15,
+ * up rows 16-31), then silu(g)·u on the f32 matvec results, as mmq_kernel; A.out moved to the
+ * CTA's row group (mmq_group). mpp_body and mmqd.cuh's dense body share it. */
+template <int NX>
+__device__ __forceinline__ void mpp_epilogue(const mmq_args &A, const double *red, uint32_t t0, uint32_t t1, uint32_t nx)
+{
+    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 16 * nx; i += blockDim.x) {
+        const uint32_t n = i / ((t1 - t0) * 16), tl = i % ((t1 - t0) * 16) / 16, row16 = i % 16;
+        double ys = 0, us = 0;
+        for (int w = 0; w < 8; w++) {
+            ys += red[((tl * NX + n) * 8 + w) * 32 + row16];
+            us += red[((tl * NX + n) * 8 + w) * 32 + 16 + row16];
+        }
+        float y = (float)ys;
+        const float uu = (float)us;
+        y = y / (1.f + expf(-y)) * uu;
+        A.out[(size_t)n * A.os + (size_t)(t0 + tl) * 16 + row16] = y;
+    }
+}
 /* CTA cta of a grid of `grid`; mpp_red: [tiles of this CTA][NX rows][8 warps][32] doubles of shared
  * memory (gate rows 0-15, up rows 0-15); wait: as mmq_body's; grp: the row group (mmq_group). */
 template <typename Wait = mmq_pdl_wait, int NX = 1>
@@ -588,18 +608,7 @@ __device__ __forceinline__ void mpp_body(const mmq_args &A0, uint32_t cta, uint3
 #pragma unroll
         for (int n = 0; n < NX; n++) mpp_flush(sum[n], mpp_red + (((key - t0) * NX + n) * 8 + wid) * 32, lane);
     __syncthreads();
-    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 16 * nx; i += blockDim.x) {
-        const uint32_t n = i / ((t1 - t0) * 16), tl = i % ((t1 - t0) * 16) / 16, row16 = i % 16;
-        double ys = 0, us = 0;
-        for (int w = 0; w < 8; w++) {
-            ys += mpp_red[((tl * NX + n) * 8 + w) * 32 + row16];
-            us += mpp_red[((tl * NX + n) * 8 + w) * 32 + 16 + row16];
-        }
-        float y = (float)ys;
-        const float uu = (float)us;
-        y = y / (1.f + expf(-y)) * uu; /* SiLU·up on the f32 matvec results, as mmq_kernel */
-        A.out[(size_t)n * A.os + (size_t)(t0 + tl) * 16 + row16] = y;
-    }
+    mpp_epilogue<NX>(A, mpp_red, t0, t1, nx);
 }
 /* grid: the tile split's CTA count (n_sm · MPP_CTAS_PER_SM), the same for every row count, so a
  * row's sums run over the same blocks in every pass; the launch has grid · ng blocks (mmq_cta). */

@@ -232,18 +232,7 @@ __device__ __forceinline__ void mpd_body(const mmq_args &A0, uint32_t cta, uint3
     }
     if (key != 0xFFFFFFFFu) flush(key);
     __syncthreads();
-    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 16 * nx; i += blockDim.x) {
-        const uint32_t n = i / ((t1 - t0) * 16), tl = i % ((t1 - t0) * 16) / 16, row16 = i % 16;
-        double ys = 0, us = 0;
-        for (int w = 0; w < 8; w++) {
-            ys += red[((tl * NX + n) * 8 + w) * 32 + row16];
-            us += red[((tl * NX + n) * 8 + w) * 32 + 16 + row16];
-        }
-        float y = (float)ys;
-        const float uu = (float)us;
-        y = y / (1.f + expf(-y)) * uu; /* SiLU·up on the f32 matvec results, as mpp_body */
-        A.out[(size_t)n * A.os + (size_t)(t0 + tl) * 16 + row16] = y;
-    }
+    mpp_epilogue<NX>(A, red, t0, t1, nx);
 }
 
 template <int NQ>
