@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, prefill, engine, serve, skip, ab, abm,
+#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
 # `--pack` also writes them xz-compressed (~6 MB) into .devbin-pack/ (git-ignored): carry
@@ -162,6 +162,30 @@ for step in $steps; do
             >"$OUT/parallel.log" 2>&1
         note "parallel rc=$?"
         grep '^parallel' "$OUT/parallel.log" | sed 's/^/    /' >>"$S"
+        ;;
+    verify)
+        # what a speculative verify pass of B rows costs against a decode step (one sequence)
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        timeout -k 5 200 "$D/muser" bench --backend cuda -m /tmp/g.gguf --verify ${VER:-2,4,8,16} --ctx ${VER_CTX:-0,4096} \
+            --gen 16 --reps 2 >"$OUT/verify.log" 2>&1
+        note "verify rc=$?"
+        grep '^verify' "$OUT/verify.log" | sed 's/^/    /' >>"$S"
+        ;;
+    spec)
+        # speculative decoding on the GPU (synthesized Glimmer): plain greedy decoding, then prompt
+        # lookup at several block sizes on the same prompt; the texts must be the same
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        P="${SPEC_PROMPT:-one two three four five six seven eight nine ten one two three four five six seven eight nine ten one two three}"
+        timeout -k 5 120 "$D/muser" run -m /tmp/g.gguf --backend cuda -n ${SPEC_N:-160} --temp 0 -p "$P" \
+            >"$OUT/spec_plain.out" 2>"$OUT/spec_plain.err"
+        note "spec plain rc=$? :: $(grep -iE 'tok/s' "$OUT/spec_plain.err" | tail -1)"
+        for k in ${SPEC_K:-3 7 15}; do
+            timeout -k 5 120 "$D/muser" run -m /tmp/g.gguf --backend cuda -n ${SPEC_N:-160} --temp 0 -p "$P" \
+                --draft-ngram 3 --draft-max "$k" >"$OUT/spec_ng$k.out" 2>"$OUT/spec_ng$k.err"
+            rc=$?
+            same=same; cmp -s "$OUT/spec_plain.out" "$OUT/spec_ng$k.out" || same=DIFFERENT
+            note "spec n-gram 3 K $k rc=$rc ($same text) :: $(grep -iE 'tok/s|per pass|accepted' "$OUT/spec_ng$k.err" | tr '\n' ' ')"
+        done
         ;;
     same)
         # logits of the staged build $SAME_BASE (default muser-base) against muser's, byte for byte

@@ -6,6 +6,10 @@
  * 16-row SWA ring over stored rows, so rows it overwrote must come back too. The CUDA backend is
  * checked when a device is present (it runs a multi-row call row by row).
  *
+ * The same holds for a step of several sessions (muser_step: on the GPU one multi-row pass, or
+ * several when the rows exceed one): every session of the failed step keeps its position and its
+ * cache bytes (SHA-256 against a twin that never saw the step) and goes on like the twin.
+ *
  * The poison: token 5's embedding row is set to NaN in a tiny F32 model. */
 #include "check.h"
 #include "session.h"
@@ -39,6 +43,75 @@ static int poison_embedding_row(const char *path, int32_t token, muser_error *er
         fwrite(&nan_value, 4, 1, fp);
     fclose(fp);
     return MUSER_OK;
+}
+
+/* A step with a poisoned row fails closed for every session in it. Sessions s[0] and s[1] (and
+ * their twins t[0], t[1]) hold `prefix` tokens; the step gives s[0] n_bad rows holding the NaN token
+ * (past the 16-row ring: they wrap it) and s[1] n_good clean rows, or the other way round when
+ * bad_last; then each session's cache must equal its twin's and the next steps the same logits. */
+static void step_fails_closed(const muser_model *m, muser_backend_kind kind, uint32_t prefix, uint32_t n_bad,
+                              uint32_t n_good, bool bad_last)
+{
+    const char *name = muser_backend_name(kind);
+    const uint32_t V = m->hp.n_vocab;
+    muser_session_opts o = {.backend = kind, .n_ctx = 64, .n_threads = 2};
+    muser_error err = {0};
+    muser_device *d = NULL;
+    CHECK_OK(muser_device_new(&d, m, &o, &err), &err);
+    if (!d)
+        return;
+    muser_session *s[2] = {0}, *t[2] = {0};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(muser_session_open(&s[i], d, 0, &err), &err);
+        CHECK_OK(muser_session_open(&t[i], d, 0, &err), &err);
+    }
+    int32_t pre[32], tok[MUSER_STEP_MAX_ROWS];
+    muser_session *who[MUSER_STEP_MAX_ROWS];
+    for (uint32_t i = 0; i < prefix; i++)
+        pre[i] = 40 + (int32_t)(i * 7 % 50);
+    for (int i = 0; i < 2 && s[i] && t[i]; i++) {
+        CHECK_OK(muser_session_forward(s[i], pre, prefix, NULL, false, &err), &err);
+        CHECK_OK(muser_session_forward(t[i], pre, prefix, NULL, false, &err), &err);
+    }
+    uint32_t n = 0;
+    for (int part = 0; part < 2; part++) {
+        const bool bad = (part == 0) != bad_last;
+        const uint32_t k = bad ? n_bad : n_good;
+        for (uint32_t j = 0; j < k; j++) {
+            who[n] = s[bad ? 0 : 1];
+            tok[n++] = bad && j == k / 2 ? NAN_TOKEN : 60 + (int32_t)j;
+        }
+    }
+    float *lg = malloc((size_t)n * V * sizeof(float)), *a = malloc(sizeof(float) * V),
+          *b = malloc(sizeof(float) * V);
+    const int rc = muser_step(d, who, tok, n, lg, NULL, &err);
+    CHECKF(rc == MUSER_E_NUMERIC, "%s: poisoned step (%u + %u rows) returned %d", name, n_bad, n_good, rc);
+    for (int i = 0; i < 2; i++) {
+        CHECKF(s[i]->n_past == prefix, "%s: session %d at %llu after a failed step", name, i,
+               (unsigned long long)s[i]->n_past);
+        char hs[65], ht[65];
+        CHECK_OK(muser_session_kv_sha256(s[i], hs, &err), &err);
+        CHECK_OK(muser_session_kv_sha256(t[i], ht, &err), &err);
+        CHECKF(!strcmp(hs, ht), "%s: session %d's cache changed in a failed step (%u + %u rows)", name, i,
+               n_bad, n_good);
+        const int32_t next[3] = {61, 62, 63};
+        for (int j = 0; j < 3; j++) {
+            CHECK_OK(muser_step(d, &s[i], &next[j], 1, a, NULL, &err), &err);
+            CHECK_OK(muser_step(d, &t[i], &next[j], 1, b, NULL, &err), &err);
+            CHECKF(!memcmp(a, b, sizeof(float) * V), "%s: session %d differs from its twin after a failed step",
+                   name, i);
+        }
+    }
+    printf("%s: a step of %u poisoned + %u clean rows%s fails closed for both sessions\n", name, n_bad, n_good,
+           bad_last ? " (poison last)" : "");
+    free(lg);
+    free(a);
+    free(b);
+    for (int i = 0; i < 2; i++) {
+        muser_session_free(s[i]);
+        muser_session_free(t[i]);
+    }
+    muser_device_free(d);
 }
 
 int main(void)
@@ -105,6 +178,10 @@ int main(void)
         CHECKF(!memcmp(a, b, sizeof(float) * V),
                "%s: after a failed prefill the session differs from a clean one", name);
         printf("%s: fails closed (with and without logits, multi-pass)\n", name);
+        /* steps: one pass of 8 rows (a run that wraps the ring), and 20 rows (two passes on the
+         * GPU, the poisoned run in the second) */
+        step_fails_closed(m, kinds[k], P, 6, 2, false);
+        step_fails_closed(m, kinds[k], P, 6, 14, true);
         muser_session_free(s1);
         muser_session_free(s2);
         muser_session_free(s3);

@@ -51,6 +51,8 @@ typedef struct bench_opts {
     uint32_t n_ctx;
     uint32_t par[BENCH_MAX_CTX]; /* --parallel: sequence counts (0 entries: not asked) */
     uint32_t n_par;
+    uint32_t ver[BENCH_MAX_CTX]; /* --verify: block sizes (0 entries: not asked) */
+    uint32_t n_ver;
 } bench_opts;
 
 /* ---- memory bandwidth: threads each sum a slice of one large buffer ---- */
@@ -343,6 +345,71 @@ out:
     return rc;
 }
 
+/* --verify: what a speculative verify pass costs. One sequence after C tokens (each --ctx; a
+ * short prompt at 0), then --gen times: checkpoint, one pass of B rows of that sequence (the block
+ * muser_step verifies), rollback to where it was; ms per pass against B = 1 (a decode step). */
+static int bench_verify(const bench_opts *o, const muser_model *m, uint64_t C)
+{
+    const uint32_t V = m->hp.n_vocab;
+    uint32_t bmax = 1;
+    for (uint32_t k = 0; k < o->n_ver; k++)
+        if (o->ver[k] > bmax) bmax = o->ver[k];
+    const uint64_t pre = C > 16 ? C : 16;
+    muser_session_opts so = {.backend = (muser_backend_kind)o->backend,
+                             .n_ctx = pre + bmax + 1,
+                             .n_threads = o->threads,
+                             .max_batch = o->max_batch};
+    muser_device *d = NULL;
+    muser_session *s = NULL;
+    muser_error err = {0};
+    float *logits = malloc((size_t)bmax * V * sizeof(float));
+    int32_t *tok = malloc((size_t)(pre > bmax ? pre : bmax) * sizeof(int32_t));
+    muser_session *rs[MUSER_STEP_MAX_ROWS];
+    int rc = 1;
+    if (!logits || !tok || muser_device_new(&d, m, &so, &err) || muser_session_open(&s, d, 0, &err)) {
+        fprintf(stderr, "muser bench: %s\n", logits && tok ? err.msg : "out of memory");
+        goto out;
+    }
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (uint64_t i = 0; i < (pre > bmax ? pre : bmax); i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        tok[i] = (int32_t)(x % V);
+    }
+    for (uint32_t i = 0; i < bmax; i++) rs[i] = s;
+    if (muser_session_forward(s, tok, (uint32_t)pre, NULL, false, &err)) {
+        fprintf(stderr, "muser bench: prompt: %s\n", err.msg);
+        goto out;
+    }
+    double one = 0;
+    for (uint32_t k = 0; k <= o->n_ver; k++) {
+        const uint32_t B = k == 0 ? 1 : o->ver[k - 1];
+        if (k > 0 && B == 1) continue;
+        double ms[BENCH_MAX_REPS];
+        for (uint32_t r = 0; r <= o->reps; r++) { /* rep 0: untimed warm-up (a row count's first pass records its graph) */
+            const double t0 = muser_now_s();
+            for (uint32_t g = 0; g < o->gen; g++) {
+                if (muser_session_checkpoint(s, &err) || muser_step(d, rs, tok, B, logits, NULL, &err) ||
+                    muser_session_rollback(s, pre, &err)) {
+                    fprintf(stderr, "muser bench: verify %u: %s\n", B, err.msg);
+                    goto out;
+                }
+            }
+            if (r) ms[r - 1] = 1e3 * (muser_now_s() - t0) / o->gen;
+        }
+        const double t = median(ms, o->reps);
+        if (B == 1) one = t;
+        printf("verify  ctx %-6llu %2u rows: %8.2f ms/pass = %5.2fx a decode step (%.1f rows/s) | median of %u\n",
+               (unsigned long long)C, B, t, t / one, 1e3 * B / t, o->reps);
+    }
+    rc = 0;
+out:
+    muser_session_free(s);
+    muser_device_free(d);
+    free(logits);
+    free(tok);
+    return rc;
+}
+
 /* The same through the engine (engine.h): P threads, each its sequence's prompt and --gen decode
  * steps (muser_seq_decode), the engine's batcher packing them; the wall time from all threads'
  * release to the last step. */
@@ -549,7 +616,10 @@ int cmd_bench(int argc, char **argv)
                "timed repetitions (default 3, at most 64); the medians are printed.\n"
                "--parallel P1,P2,...: aggregate decode of P sequences packed into one pass per\n"
                "step (the small-batch route; P <= 64), each after its own short prompt, beside\n"
-               "P = 1 (single-stream decode through the same route).\n");
+               "P = 1 (single-stream decode through the same route).\n"
+               "--verify B1,B2,...: the cost of a speculative verify pass of B rows of one\n"
+               "sequence (checkpoint, one muser_step of B rows, rollback) beside a decode step,\n"
+               "after each --ctx of context (B <= 64).\n");
         return 0;
     }
     bench_opts o = {.model = NULL, .backend = MUSER_BACKEND_CPU, .prompt = 128, .gen = 32,
@@ -560,7 +630,7 @@ int cmd_bench(int argc, char **argv)
         if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--backend") ||
             !strcmp(a, "--prompt") || !strcmp(a, "--gen") || !strcmp(a, "--threads") ||
             !strcmp(a, "--ctx") || !strcmp(a, "--max-batch") || !strcmp(a, "--reps") ||
-            !strcmp(a, "--parallel")) {
+            !strcmp(a, "--parallel") || !strcmp(a, "--verify")) {
             if (!v)
                 return cli_usage_error("bench", "%s needs a value", a);
             i++;
@@ -591,6 +661,17 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--ctx")) {
             if (parse_ctx_list(v, &o))
                 return cli_usage_error("bench", "--ctx wants a list like 0,4096, got '%s'", v);
+        } else if (!strcmp(a, "--verify")) {
+            bench_opts t = o;
+            if (parse_ctx_list(v, &t))
+                return cli_usage_error("bench", "--verify wants a list like 4,16, got '%s'", v);
+            o.n_ver = t.n_ctx;
+            for (uint32_t k = 0; k < t.n_ctx; k++) {
+                if (t.ctx[k] < 1 || t.ctx[k] > MUSER_STEP_MAX_ROWS)
+                    return cli_usage_error("bench", "--verify blocks must be 1..%u, got %llu", MUSER_STEP_MAX_ROWS,
+                                           (unsigned long long)t.ctx[k]);
+                o.ver[k] = (uint32_t)t.ctx[k];
+            }
         } else if (!strcmp(a, "--parallel")) {
             bench_opts t = o;
             if (parse_ctx_list(v, &t))
@@ -623,6 +704,15 @@ int cmd_bench(int argc, char **argv)
             muser_model_free(m);
             return 1;
         }
+    if (o.n_ver) { /* verify passes: B = 1 first, so each block compares with it */
+        printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights; backend %s\n", o.model,
+               muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_ff, hp->n_vocab, m->weight_bytes / 1e6,
+               muser_backend_name((muser_backend_kind)o.backend));
+        int rc = 0;
+        for (uint32_t c = 0; c < o.n_ctx && !rc; c++) rc = bench_verify(&o, m, o.ctx[c]);
+        muser_model_free(m);
+        return rc;
+    }
     if (o.n_par) { /* the small-batch route: P = 1 first, so each count compares with it */
         printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights; backend %s\n", o.model,
                muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_ff, hp->n_vocab, m->weight_bytes / 1e6,

@@ -83,12 +83,12 @@ __device__ __forceinline__ size_t att_off(bool ring, uint32_t hkv, uint32_t D, u
 __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_norm, const float *k_norm, float eps, int rope,
                                 int neox, float theta, const cu_step *step, const cu_plane_meta *meta,
                                 uint16_t *kp, uint16_t *vp, uint32_t H, uint32_t HKV, uint32_t D, int ring,
-                                const cu_rows R)
+                                const cu_rows R, int kv_only)
 {
     CU_TL_SCOPE(TL_ROPE);
     extern __shared__ float xs[];
     __shared__ double sh[32];
-    const uint32_t b = blockIdx.x, row = blockIdx.y; /* head, pass row */
+    const uint32_t b = blockIdx.x + (kv_only ? H : 0), row = blockIdx.y; /* head, pass row */
     if (row) {
         qkv += (size_t)row * R.x_stride;
         vsrc += (size_t)row * R.x_stride;
@@ -140,10 +140,16 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
         return;
     }
     const uint32_t h = b - H;
-    const cu_plane_meta m = meta[0];
-    const uint64_t r = att_row(m, ring, pos);
     const float *v = vsrc + (size_t)h * D;
-    const size_t off = att_off(ring, HKV, D, m.capacity, h, r);
+    size_t off;
+    if (R.sk) { /* a staged pass: the row's stage row (token-major) */
+        kp = R.sk + (size_t)row * HKV * D;
+        vp = R.sv + (size_t)row * HKV * D;
+        off = (size_t)h * D;
+    } else {
+        const cu_plane_meta m = meta[0];
+        off = att_off(ring, HKV, D, m.capacity, h, att_row(m, ring, pos));
+    }
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
         x[d] = xs[d];
         kp[off + d] = __half_as_ushort(__float2half_rn(xs[d]));
@@ -154,17 +160,62 @@ __global__ void k_qk_rope_store(float *qkv, const float *vsrc, const float *q_no
 void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *v, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
                       const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g, bool pdl,
-                      uint32_t n, const cu_rows *R)
+                      uint32_t n, const cu_rows *R, bool kv_only)
 {
     (void)rope_dim;
     const uint32_t threads = g->head_dim < 32 ? 32 : (g->head_dim > 256 ? 256 : g->head_dim);
     const cu_rows rows = R ? *R : cu_rows{};
     cudaLaunchAttribute at[1];
-    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(g->n_head + g->n_head_kv, n), dim3(threads), st, pdl, at);
+    cudaLaunchConfig_t cfg =
+        cu_pdl_cfg(dim3((kv_only ? 0 : g->n_head) + g->n_head_kv, n), dim3(threads), st, pdl, at);
     cfg.dynamicSmemBytes = g->head_dim * sizeof(float);
     cudaLaunchKernelEx(&cfg, k_qk_rope_store,
         qkv, v, q_norm, k_norm, eps, (int)rope, (int)neox, theta, step, meta, k_plane, v_plane, g->n_head, g->n_head_kv,
-        g->head_dim, g->ring, rows);
+        g->head_dim, g->ring, rows, (int)kv_only);
+}
+
+/* Block (layer l, pass row r): row r's staged K and V of layer l into its plane at its position,
+ * by its own metadata (after its append); nothing when any row of the pass has a non-finite logit. */
+__global__ void k_stage_commit(const cu_step *step, uint32_t step_stride, const uint16_t *const *kp,
+                               const uint16_t *const *vp, const uint16_t *sk, const uint16_t *sv,
+                               const int32_t *d_nonfinite, uint32_t n, uint32_t rows_max, const cu_ring_mask ring,
+                               uint32_t HKV, uint32_t D)
+{
+    const uint32_t l = blockIdx.x, r = blockIdx.y;
+    for (uint32_t i = 0; i < n; i++)
+        if (d_nonfinite[i]) return; /* fail closed: the planes stay as they were */
+    const cu_step *s = (const cu_step *)((const uint8_t *)step + (size_t)r * step_stride);
+    const cu_plane_meta m = ((const cu_plane_meta *)(s + 1))[l];
+    const bool rg = ring.bits[l >> 6] >> (l & 63) & 1;
+    const uint64_t pr = att_row(m, rg, s->pos);
+    const size_t kvd = (size_t)HKV * D, src = ((size_t)l * rows_max + r) * kvd;
+    uint16_t *k = (uint16_t *)kp[(size_t)l * rows_max + r], *v = (uint16_t *)vp[(size_t)l * rows_max + r];
+    for (uint32_t i = threadIdx.x; i < kvd; i += blockDim.x) {
+        const uint32_t h = i / D, d = i % D;
+        const size_t off = att_off(rg, HKV, D, m.capacity, h, pr) + d;
+        k[off] = sk[src + i];
+        v[off] = sv[src + i];
+    }
+}
+
+void cu_stage_commit(cudaStream_t st, const cu_step *step, uint32_t step_stride, const uint16_t *const *kp,
+                     const uint16_t *const *vp, const uint16_t *sk, const uint16_t *sv, const int32_t *d_nonfinite,
+                     uint32_t n, uint32_t rows_max, uint32_t n_layer, const cu_ring_mask *ring, uint32_t HKV, uint32_t D)
+{
+    k_stage_commit<<<dim3(n_layer, n), 128, 0, st>>>(step, step_stride, kp, vp, sk, sv, d_nonfinite, n, rows_max, *ring,
+                                                    HKV, D);
+}
+
+__global__ void k_copy_segments(const cu_copy_list L)
+{
+    const uint16_t *src = L.seg[blockIdx.x].src;
+    uint16_t *dst = L.seg[blockIdx.x].dst;
+    for (uint64_t i = threadIdx.x; i < L.seg[blockIdx.x].elems; i += blockDim.x) dst[i] = src[i];
+}
+
+void cu_copy_segments(cudaStream_t st, const cu_copy_list *L)
+{
+    if (L->n) k_copy_segments<<<L->n, 256, 0, st>>>(*L);
 }
 
 /* Positions per split: ceil(len / n_split) rounded up to a multiple of `align` (a power of two,
@@ -186,12 +237,42 @@ __device__ __forceinline__ void att_range(uint64_t pos, uint64_t len, uint32_t n
     if (*e > pos + 1) *e = pos + 1;
 }
 
+/* Where a row's K and V come from: its planes, and in a staged pass (cu_rows.sk) its run's staged
+ * rows for the positions from s0 on (the rows of its session in this pass, its own included). */
+struct att_kv {
+    const uint16_t *kp, *vp; /* the planes */
+    const uint16_t *sk, *sv; /* the run's first staged row */
+    uint64_t s0;             /* its position; UINT64_MAX: nothing staged */
+};
+
+/* Offset of position j's K (and V) row of head h from A.kp (or, staged, A.sk); *staged says which. */
+__device__ __forceinline__ size_t att_kv_off(const att_kv &A, bool ring, uint32_t HKV, uint32_t D,
+                                             const cu_plane_meta &m, uint32_t h, uint64_t j, bool *staged)
+{
+    *staged = j >= A.s0;
+    return *staged ? (size_t)(j - A.s0) * HKV * D + (size_t)h * D : att_off(ring, HKV, D, m.capacity, h, att_row(m, ring, j));
+}
+__device__ __forceinline__ const uint16_t *att_k_at(const att_kv &A, bool ring, uint32_t HKV, uint32_t D,
+                                                    const cu_plane_meta &m, uint32_t h, uint64_t j)
+{
+    bool st;
+    const size_t o = att_kv_off(A, ring, HKV, D, m, h, j, &st);
+    return (st ? A.sk : A.kp) + o;
+}
+__device__ __forceinline__ const uint16_t *att_v_at(const att_kv &A, bool ring, uint32_t HKV, uint32_t D,
+                                                    const cu_plane_meta &m, uint32_t h, uint64_t j)
+{
+    bool st;
+    const size_t o = att_kv_off(A, ring, HKV, D, m, h, j, &st);
+    return (st ? A.sv : A.vp) + o;
+}
+
 /* A split kernel's arguments moved to pass row `row` (cu_rows): its q, step, plane metadata,
- * partials (D floats an entry) and, from the tables, its K and V planes. Row 0 of a one-row pass
- * keeps them all. */
-__device__ __forceinline__ void att_split_row(const cu_rows &R, uint32_t row, uint32_t D, const float *&q,
+ * partials (D floats an entry) and, from the tables, its K and V planes; *A its K/V sources. Row 0
+ * of a one-row pass keeps them all. */
+__device__ __forceinline__ void att_split_row(const cu_rows &R, uint32_t row, uint32_t HKV, uint32_t D, const float *&q,
                                               const cu_step *&step, const cu_plane_meta *&meta, const uint16_t *&kp,
-                                              const uint16_t *&vp, float *&part_ml, float *&part_acc)
+                                              const uint16_t *&vp, float *&part_ml, float *&part_acc, att_kv *A)
 {
     if (row) {
         q += (size_t)row * R.x_stride;
@@ -203,6 +284,15 @@ __device__ __forceinline__ void att_split_row(const cu_rows &R, uint32_t row, ui
     if (R.kp) {
         kp = R.kp[row];
         vp = R.vp[row];
+    }
+    A->kp = kp;
+    A->vp = vp;
+    A->s0 = UINT64_MAX;
+    A->sk = A->sv = NULL;
+    if (R.sk) {
+        A->s0 = step->stage_pos;
+        A->sk = R.sk + (size_t)step->stage_row * HKV * D;
+        A->sv = R.sv + (size_t)step->stage_row * HKV * D;
     }
 }
 
@@ -218,7 +308,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
     constexpr int D = 32 * DPL;
     /* blockIdx.z = pass row · (GT / G) + this block's head group */
     const uint32_t zg = blockIdx.z % (GT / G), row = blockIdx.z / (GT / G);
-    att_split_row(R, row, D, q, step, meta, kp, vp, part_ml, part_acc);
+    att_kv A;
+    att_split_row(R, row, HKV, D, q, step, meta, kp, vp, part_ml, part_acc, &A);
     __shared__ float qs[G][D];
     __shared__ float ps[ATT_WARPS][G][32];
     __shared__ float mg[2][G][D];
@@ -266,7 +357,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
 #pragma unroll
         for (int g = 0; g < G; g++) s[g] = 0.f;
         if (valid) {
-            const uint16_t *kr = kp + att_off(ring, HKV, D, m.capacity, h, att_row(m, ring, j));
+            const uint16_t *kr = att_k_at(A, ring, HKV, D, m, h, j);
 #pragma unroll
             for (int d0 = 0; d0 < D; d0 += 8) {
                 const uint4 kv = __ldg((const uint4 *)(kr + d0));
@@ -311,7 +402,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attn_split(const float *q, c
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int jj = j8 + u < n ? j8 + u : n - 1;
-                const uint16_t *vr = vp + att_off(ring, HKV, D, m.capacity, h, att_row(m, ring, j0 + jj)) + lane * DPL;
+                const uint16_t *vr = att_v_at(A, ring, HKV, D, m, h, j0 + jj) + lane * DPL;
                 if (DPL == 4) {
                     const uint2 vv = __ldg((const uint2 *)vr);
                     const float2 f0 = __half22float2(*(const __half2 *)&vv.x), f1 = __half22float2(*(const __half2 *)&vv.y);
@@ -582,7 +673,7 @@ __device__ __forceinline__ float tc_pow2(int e) { return __int_as_float((127 + e
  * 16-byte chunk l % 16 of rows 2k + l / 16, k = 0..7: each instruction reads two whole rows. */
 template <bool RING>
 __device__ __forceinline__ void tc_issue(uint32_t stage_u, uint64_t j0, uint64_t e, const cu_plane_meta &m,
-                                         uint32_t HKV, uint32_t h, const uint16_t *kp, const uint16_t *vp, int lane)
+                                         uint32_t HKV, uint32_t h, const att_kv &A, int lane)
 {
     const int ch = lane & 15;
 #pragma unroll
@@ -590,10 +681,11 @@ __device__ __forceinline__ void tc_issue(uint32_t stage_u, uint64_t j0, uint64_t
         const int row = 2 * k + (lane >> 4);
         const uint64_t j = j0 + row;
         const bool valid = j < e;
-        const size_t off = valid ? att_off(RING, HKV, TC_D, m.capacity, h, att_row(m, RING, j)) + ch * 8 : 0;
+        bool staged = false;
+        const size_t off = valid ? att_kv_off(A, RING, HKV, TC_D, m, h, j, &staged) + ch * 8 : 0;
         const uint32_t so = row * 256 + ((ch ^ (row & 7)) << 4);
-        tc_cp16(stage_u + so, kp + off, valid);
-        tc_cp16(stage_u + TC_TILE_BYTES + so, vp + off, valid);
+        tc_cp16(stage_u + so, (staged ? A.sk : A.kp) + off, valid);
+        tc_cp16(stage_u + TC_TILE_BYTES + so, (staged ? A.sv : A.vp) + off, valid);
     }
 }
 
@@ -614,8 +706,12 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     __shared__ float wml[TC_WARPS][TC_G][2];
     __shared__ double rsin[TC_D / 2], rcos[TC_D / 2], ksum[TC_WARPS];
     const uint32_t split = blockIdx.x, h = blockIdx.y, row = blockIdx.z; /* row: the pass row */
-    att_split_row(R, row, TC_D, q, step, meta, kp, vp, part_ml, part_acc);
-    if (row && F.k) { /* fused: this row's k and v, stored into its planes */
+    att_kv A;
+    att_split_row(R, row, HKV, TC_D, q, step, meta, kp, vp, part_ml, part_acc, &A);
+    /* fused and not staged: this row's k and v, stored into its planes by this kernel (staged:
+     * cu_qk_rope_store(kv_only) put them in the stage; this kernel norms and rotates q only) */
+    const bool store = F.k && !R.sk;
+    if (row && F.k) {
         F.k += (size_t)row * R.x_stride;
         F.v += (size_t)row * R.x_stride;
     }
@@ -635,8 +731,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     float4 qv[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) qv[i] = __ldg((const float4 *)(qh + qhd * TC_D + qsub * 16) + i);
-    const float kx0 = F.k ? F.k[(size_t)h * TC_D + threadIdx.x] : 0.f; /* thread d of the row (TC_WARPS·32 = TC_D) */
-    const float vx0 = F.k ? F.v[(size_t)h * TC_D + threadIdx.x] : 0.f;
+    const float kx0 = store ? F.k[(size_t)h * TC_D + threadIdx.x] : 0.f; /* thread d of the row (TC_WARPS·32 = TC_D) */
+    const float vx0 = store ? F.v[(size_t)h * TC_D + threadIdx.x] : 0.f;
     const double inv = F.k && F.rope && threadIdx.x < TC_D / 2 ? F.inv_freq[threadIdx.x] : 0.0;
     att_range(pos, m.len, n_split, align, split, &b, &e);
     if (b >= e) return; /* the combine skips it too */
@@ -666,7 +762,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
 #pragma unroll
             for (int j = 0; j < 16; j++) x[j] = x[j] * r * F.q_norm[qsub * 16 + j];
         }
-        const bool has_pos = pos >= b && pos < e;
+        const bool has_pos = store && pos >= b && pos < e;
         float kx = 0.f, vx = 0.f;
         if (has_pos) { /* thread d = threadIdx.x of this token's k and v row */
             kx = kx0;
@@ -721,8 +817,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
 #pragma unroll
     for (uint32_t i = 0; i < STAGES - 1; i++) {
         if (i < my_tiles)
-            tc_issue<RING>(wsm + i * 2 * TC_TILE_BYTES, b + (uint64_t)(w + TC_WARPS * i) * TC_TILE, e, m, HKV, h, kp,
-                           vp, lane);
+            tc_issue<RING>(wsm + i * 2 * TC_TILE_BYTES, b + (uint64_t)(w + TC_WARPS * i) * TC_TILE, e, m, HKV, h, A,
+                           lane);
         tc_commit();
     }
 
@@ -778,7 +874,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
     for (uint32_t i = 0; i < my_tiles; i++) {
         if (i + STAGES - 1 < my_tiles)
             tc_issue<RING>(wsm + ((i + STAGES - 1) % STAGES) * 2 * TC_TILE_BYTES,
-                           b + (uint64_t)(w + TC_WARPS * (i + STAGES - 1)) * TC_TILE, e, m, HKV, h, kp, vp, lane);
+                           b + (uint64_t)(w + TC_WARPS * (i + STAGES - 1)) * TC_TILE, e, m, HKV, h, A, lane);
         tc_commit();
         tc_wait<STAGES - 1>();
         __syncwarp();

@@ -91,6 +91,8 @@ typedef struct cu_ctx {
     uint8_t *d_rows, *h_rows;  /* [CU_ROWS_MAX] cu_step blocks of row_bytes, then kp[n_layer][CU_ROWS_MAX], vp[…] */
     size_t row_bytes, rows_bytes;
     cu_attn_geom *rows_geom;   /* [n_layer] the geometry of every session the pass takes (rows_ok) */
+    cu_ring_mask rows_ring;    /* which of those layers are rings (cu_stage_commit) */
+    uint16_t *stage_k, *stage_v; /* [n_layer][CU_ROWS_MAX][HKV·D] the pass's staged K/V (cu_rows.sk) */
     uint64_t rows_n_ctx;       /* the context of those sessions (the device's) */
     cudaGraphExec_t g_rows[CU_ROWS_MAX + 1];
     bool profile;              /* MUSER_CUDA_PROFILE set: each row count's first pass is profiled (profile_pass) */
@@ -677,9 +679,11 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool readback, boo
         cu_layer *L = &c->layers[l];
         const cu_attn_geom *geom = sq ? &sq->pl[l].geom : &c->rows_geom[l];
         uint16_t *kp = sq ? sq->pl[l].kp : NULL, *vp = sq ? sq->pl[l].vp : NULL;
-        if (!sq) {
+        if (!sq) { /* a multi-row pass: K/V staged, stored by cu_stage_commit after the logits */
             R.kp = rows_kp(c, l);
             R.vp = rows_vp(c, l);
+            R.sk = c->stage_k + (size_t)l * CU_ROWS_MAX * HKV * D;
+            R.sv = c->stage_v + (size_t)l * CU_ROWS_MAX * HKV * D;
         }
         pf_mark(pf, st, PF_QKVG);
         if (!SKIP(c, SK_QKVG)) enqueue_qkvg(c, st, L, dg, q, k, g, v);
@@ -698,10 +702,12 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool readback, boo
         Fu.kw = kp;
         Fu.vw = vp;
         Fu.inv_freq = c->rope_inv;
-        if (!SKIP(c, SK_ROPE) && !fuse)
+        /* fused in a multi-row pass: the split kernel norms and rotates q; K and V are staged first
+         * (the same bytes as the fused store) so that a run's later rows read its earlier ones */
+        if (!SKIP(c, SK_ROPE) && (!fuse || R.sk))
             cu_qk_rope_store(st, c->qkvg, v, L->q_norm, L->k_norm, hp->rms_eps, muser_layer_has_rope(hp, l),
                              hp->arch == MUSER_ARCH_QWEN3, hp->rope_theta, hp->rope_dim, dstep, dmeta + l, kp, vp, geom,
-                             true, n, &R);
+                             true, n, &R, fuse);
         pf_mark(pf, st, PF_ATTN);
         /* the combine writes o_proj's digits, in the layout o_proj's matvec reads */
         set_site(c, XS_OPROJ);
@@ -756,6 +762,9 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool readback, boo
     hl.seg[0].cap = hp->final_softcap;
     if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, digits_ready(dg), E); /* dg: the last tail's, qkvg_digits(n_layer) */
     cu_argmax(st, c->logits, V, c->am_v, c->am_i, c->d_token, c->d_nonfinite, n);
+    if (!sq) /* the staged K/V into the planes, unless a row's logits are non-finite */
+        cu_stage_commit(st, dstep, R.step_stride, rows_kp(c, 0), rows_vp(c, 0), c->stage_k, c->stage_v, c->d_nonfinite, n,
+                        CU_ROWS_MAX, hp->n_layer, &c->rows_ring, HKV, D);
     if (sq) {
         cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
         cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
@@ -813,7 +822,7 @@ static int name_mask(const char *s, const char *const *names, int n, uint32_t *m
 static void ctx_free(cu_ctx *c)
 {
     if (!c) return;
-    void *dev[] = {c->weights, c->h, c->part_ml, c->part_acc, c->xm_site[0], c->rope_inv, c->d_rows};
+    void *dev[] = {c->weights, c->h, c->part_ml, c->part_acc, c->xm_site[0], c->rope_inv, c->d_rows, c->stage_k};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     for (uint32_t n = 0; n <= CU_ROWS_MAX; n++)
         if (c->g_rows[n]) cudaGraphExecDestroy(c->g_rows[n]);
@@ -953,6 +962,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     c->row_bytes = (sizeof(cu_step) + hp->n_layer * sizeof(cu_plane_meta) + 15) / 16 * 16;
     c->rows_bytes = NR * c->row_bytes + 2 * (size_t)hp->n_layer * NR * sizeof(uint16_t *);
     if (!e) e = cudaMalloc((void **)&c->d_rows, c->rows_bytes);
+    if (!e) e = cudaMalloc((void **)&c->stage_k, 2 * hp->n_layer * NR * KD * sizeof(uint16_t));
+    if (!e) c->stage_v = c->stage_k + hp->n_layer * NR * KD;
     if (!e) e = cudaMallocHost((void **)&c->h_rows, c->rows_bytes);
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: step buffers: %s", cudaGetErrorString(e)));
     memset(c->h_rows, 0, c->rows_bytes);
@@ -1036,10 +1047,15 @@ static int seq_new(cu_seq **out, cu_ctx *c, uint64_t n_ctx, muser_error *err)
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: session buffers: %s", cudaGetErrorString(e)));
     memset(sq->h_step, 0, sq->step_bytes);
     sq->n_ctx = n_ctx;
-    if (!c->rows_geom && n_ctx == c->n_ctx) { /* the multi-row pass takes sessions of the device's context */
+    /* the multi-row pass takes sessions of the device's context */
+    if (!c->rows_geom && n_ctx == c->n_ctx && hp->n_layer <= CU_MAX_LAYERS) {
         c->rows_geom = (cu_attn_geom *)malloc(hp->n_layer * sizeof(cu_attn_geom));
         if (!c->rows_geom) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: out of memory"));
-        for (uint32_t l = 0; l < hp->n_layer; l++) c->rows_geom[l] = sq->pl[l].geom;
+        memset(&c->rows_ring, 0, sizeof c->rows_ring);
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            c->rows_geom[l] = sq->pl[l].geom;
+            if (sq->pl[l].geom.ring) c->rows_ring.bits[l >> 6] |= 1ull << (l & 63);
+        }
         c->rows_n_ctx = n_ctx;
     }
     FAIL(record_graph(c, sq, true, false, &sq->g_fwd, err));
@@ -1057,6 +1073,8 @@ static void step_write(const cu_seq *sq, cu_step *s, uint64_t pos, int32_t token
     s->pos = pos;
     s->token = token;
     s->n_layer = sq->kv.n_layer;
+    s->stage_pos = UINT64_MAX; /* a multi-row pass sets its rows' runs (rows_pass) */
+    s->stage_row = 0;
     cu_plane_meta *m = cu_step_meta(s);
     for (uint32_t l = 0; l < sq->kv.n_layer; l++) {
         const kv_plane *pl = &sq->kv.planes[l];
@@ -1075,10 +1093,11 @@ static int profile_pass(cu_ctx *c, cu_seq *sq, uint32_t n, const char *what, mus
  * graphs were recorded with (the device's context). */
 static bool rows_ok(const cu_ctx *c, const cu_seq *sq) { return c->rows_geom && sq->n_ctx == c->rows_n_ctx; }
 
-/* One multi-row pass: row i is token tok[i] of session sqs[i] at position pos[i] (n >= 2 distinct
- * sessions, each rows_ok, each at its next position), row step_row[i] of the caller's step (for
- * messages); logits, if non-NULL, [n][V]. The sessions' metadata take the appends (the caller
- * restores them on failure: be_step). */
+/* One multi-row pass: row i is token tok[i] of session sqs[i] at position pos[i] (n >= 2 rows, each
+ * session rows_ok; a session's rows one run in position order from its next position), row
+ * step_row[i] of the caller's step (for messages); logits, if non-NULL, [n][V]. K/V are staged and
+ * stored after the logits were checked (cu_stage_commit): a failing pass leaves every plane as it
+ * was. The sessions' metadata take the appends (the caller restores them on failure: be_step). */
 static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const uint64_t *pos, const uint32_t *step_row,
                      uint32_t n, float *logits, muser_error *err)
 {
@@ -1096,7 +1115,16 @@ static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const ui
             kt[(size_t)l * CU_ROWS_MAX + i] = sq->pl[l].kp;
             vt[(size_t)l * CU_ROWS_MAX + i] = sq->pl[l].vp;
         }
-        step_write(sq, (cu_step *)(c->h_rows + i * c->row_bytes), pos[i], tok[i]);
+        cu_step *st = (cu_step *)(c->h_rows + i * c->row_bytes);
+        step_write(sq, st, pos[i], tok[i]);
+        if (i > 0 && sqs[i - 1] == sq) { /* the run goes on: its first row's stage */
+            const cu_step *prev = (const cu_step *)(c->h_rows + (i - 1) * c->row_bytes);
+            st->stage_pos = prev->stage_pos;
+            st->stage_row = prev->stage_row;
+        } else {
+            st->stage_pos = pos[i];
+            st->stage_row = i;
+        }
     }
     if (c->profile && !(c->rows_profiled >> n & 1)) { /* MUSER_CUDA_PROFILE: once per row count, before the replay */
         c->rows_profiled |= 1u << n;
@@ -1576,12 +1604,13 @@ static cudaError_t rings_copy(cu_seq *sq, bool to_undo)
 }
 
 /* Before a call of n rows of one session: its metadata, and (when the rows wrap a ring over rows
- * a retry's window still reads) a copy of its rings. Returns whether the rings were copied. */
-static int seq_save(cu_seq *sq, uint32_t n, bool *wraps, muser_error *err)
+ * a retry's window still reads, and the call may store some rows before it fails: stores) a copy
+ * of its rings. Returns whether the rings were copied. */
+static int seq_save(cu_seq *sq, uint32_t n, bool stores, bool *wraps, muser_error *err)
 {
     memcpy(sq->meta_call, sq->kv.planes, sq->kv.n_layer * sizeof(kv_plane));
     *wraps = false;
-    for (uint32_t l = 0; n > 1 && l < sq->kv.n_layer; l++)
+    for (uint32_t l = 0; stores && n > 1 && l < sq->kv.n_layer; l++)
         *wraps |= sq->kv.planes[l].ring && sq->kv.planes[l].len + n > sq->kv.planes[l].capacity;
     if (*wraps) CU_TRY(rings_copy(sq, true), "ring undo copy");
     return MUSER_OK;
@@ -1610,7 +1639,7 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
      * every later call would meet a cache that is ahead of n_past (CacheDiscontinuity), and ring
      * rows they overwrote must come back. (FULL-plane rows past n_past are never read.) */
     bool wraps = false;
-    int rc = seq_save(sq, n, &wraps, err);
+    int rc = seq_save(sq, n, true, &wraps, err);
     if (rc) return rc;
     if (pf_model_ok(sq->c)) {
         rc = pf_forward(sq, tokens, n, s->n_past, logits, all_logits, s->opts.max_batch, err);
@@ -1632,54 +1661,54 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
     return MUSER_OK;
 }
 
-/* The small-batch route. A step's rows go in waves: wave j holds the j-th row of every session's
- * run, so each session has at most one row in a wave and its rows go in position order. A wave runs
- * as multi-row passes of up to CU_ROWS_MAX rows (rows_pass: every kernel takes all the rows, the
- * weights read once), or through a session's own one-row graph where a pass would have one row or
- * the session's planes have another geometry. Every row's bits are those of decoding it alone (row
- * invariance). All or nothing over every session of the step. */
+/* Run the rows gathered for one pass (be_step): one row through its session's own graph, more as a
+ * multi-row pass; each row's logits (when wanted) into c->step_logits at its step row. */
+static int step_flush(cu_ctx *c, cu_seq *const *ps, const int32_t *pt, const uint64_t *pp, const uint32_t *prow,
+                      uint32_t np, bool want, muser_error *err)
+{
+    const uint64_t V = c->m->hp.n_vocab;
+    if (np == 1) return decode_one(ps[0], pt[0], pp[0], want ? c->step_logits + (size_t)prow[0] * V : NULL, err);
+    const int rc = rows_pass(c, ps, pt, pp, prow, np, NULL, err);
+    for (uint32_t i = 0; !rc && want && i < np; i++)
+        memcpy(c->step_logits + (size_t)prow[i] * V, c->h_logits + (size_t)i * V, V * sizeof(float));
+    return rc;
+}
+
+/* The small-batch route. A step's rows go in order as multi-row passes of up to CU_ROWS_MAX rows
+ * (rows_pass: every kernel takes all the rows, the weights read once; a session's run of rows,
+ * verify's block, attends over its staged rows), a pass of one row through the session's own
+ * graph, and the rows of a session whose planes have another geometry each through its graph.
+ * Every row's bits are those of decoding it alone (row invariance). All or nothing over every
+ * session of the step: when the step is one pass, a failure stored nothing; else rings a failed
+ * call may have overwritten are restored from a copy (seq_save). */
 static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
 {
     if (rows->tap)
         return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: the hidden-state tap is not built on the GPU yet");
     const uint64_t V = d->model->hp.n_vocab;
     cu_ctx *c = (cu_ctx *)d->be_state;
+    bool one_pass = rows->n > 1 && rows->n <= CU_ROWS_MAX;
+    for (uint32_t i = 0; i < rows->n; i++) one_pass &= rows_ok(c, (cu_seq *)rows->seq[i]->be_state);
     bool wraps[MUSER_STEP_MAX_ROWS];
     uint32_t first[MUSER_STEP_MAX_ROWS + 1], nrun = 0; /* run r: rows first[r] .. first[r + 1] − 1 */
     int rc = MUSER_OK;
     for (uint32_t i = 0; i < rows->n;) {
         uint32_t k = i;
         while (k < rows->n && rows->seq[k] == rows->seq[i]) k++;
-        rc = seq_save((cu_seq *)rows->seq[i]->be_state, k - i, &wraps[nrun], err);
+        rc = seq_save((cu_seq *)rows->seq[i]->be_state, k - i, !one_pass, &wraps[nrun], err);
         if (rc) break;
         first[nrun++] = i;
         i = k;
     }
     first[nrun] = rows->n;
-    for (uint32_t j = 0; !rc; j++) {
-        uint32_t wrow[MUSER_STEP_MAX_ROWS], nw = 0; /* wave j's step rows */
-        for (uint32_t r = 0; r < nrun; r++)
-            if (first[r] + j < first[r + 1]) wrow[nw++] = first[r] + j;
-        if (!nw) break;
-        cu_seq *ps[CU_ROWS_MAX];
-        int32_t pt[CU_ROWS_MAX];
-        uint64_t pp[CU_ROWS_MAX];
-        uint32_t prow[CU_ROWS_MAX], np = 0;
-        for (uint32_t w = 0; w <= nw && !rc; w++) {
-            if (np && (w == nw || np == CU_ROWS_MAX)) { /* run what is gathered */
-                if (np == 1) { /* one row: the session's own graph */
-                    rc = decode_one(ps[0], pt[0], pp[0], logits ? c->step_logits + (size_t)prow[0] * V : NULL, err);
-                } else {
-                    rc = rows_pass(c, ps, pt, pp, prow, np, NULL, err);
-                    for (uint32_t i = 0; !rc && logits && i < np; i++)
-                        memcpy(c->step_logits + (size_t)prow[i] * V, c->h_logits + (size_t)i * V, V * sizeof(float));
-                }
-                np = 0;
-            }
-            if (w == nw || rc) break;
-            const uint32_t row = wrow[w];
-            cu_seq *sq = (cu_seq *)rows->seq[row]->be_state;
-            const uint64_t pos = rows->seq[row]->n_past + j;
+    cu_seq *ps[CU_ROWS_MAX];
+    int32_t pt[CU_ROWS_MAX];
+    uint64_t pp[CU_ROWS_MAX];
+    uint32_t prow[CU_ROWS_MAX], np = 0;
+    for (uint32_t r = 0; !rc && r < nrun; r++) {
+        cu_seq *sq = (cu_seq *)rows->seq[first[r]]->be_state;
+        for (uint32_t row = first[r]; !rc && row < first[r + 1]; row++) {
+            const uint64_t pos = rows->seq[row]->n_past + (row - first[r]);
             if (!rows_ok(c, sq)) {
                 rc = decode_one(sq, rows->tokens[row], pos, logits ? c->step_logits + (size_t)row * V : NULL, err);
                 continue;
@@ -1688,8 +1717,13 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
             pt[np] = rows->tokens[row];
             pp[np] = pos;
             prow[np++] = row;
+            if (np == CU_ROWS_MAX) {
+                rc = step_flush(c, ps, pt, pp, prow, np, logits != NULL, err);
+                np = 0;
+            }
         }
     }
+    if (!rc && np) rc = step_flush(c, ps, pt, pp, prow, np, logits != NULL, err);
     if (rc) {
         for (uint32_t r = 0; r < nrun; r++) {
             const int r2 = seq_restore((cu_seq *)rows->seq[first[r]]->be_state, wraps[r], err);
@@ -1701,25 +1735,50 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
     return MUSER_OK;
 }
 
+/* Copies of ring rows i0 .. i1 − 1 counted from physical row r0 (wrapping at cap), rows of re
+ * elements, between a plane and its save buffer (row i of the run at save + i·re), into L; full
+ * lists are launched on st as they fill. */
+static void ring_rows_copy(cudaStream_t st, cu_copy_list *L, uint16_t *plane, uint16_t *save, uint64_t r0, uint64_t i0,
+                           uint64_t i1, uint64_t cap, size_t re, bool to_plane)
+{
+    while (i0 < i1) {
+        const uint64_t r = (r0 + i0) % cap, run = i1 - i0 < cap - r ? i1 - i0 : cap - r; /* up to the ring's end */
+        if (L->n == CU_COPY_MAX) {
+            cu_copy_segments(st, L);
+            L->n = 0;
+        }
+        uint16_t *p = plane + r * re, *q = save + i0 * re;
+        L->seg[L->n].src = to_plane ? q : p;
+        L->seg[L->n].dst = to_plane ? p : q;
+        L->seg[L->n++].elems = run * re;
+        i0 += run;
+    }
+}
+
+/* Before a verify block: every ring's rows the block's appends will land on (at most
+ * KV_MAX_SPEC_ROWS) into its save buffers, in one launch; stream-ordered before the block. */
 static int be_checkpoint(muser_session *s, muser_error *err)
 {
     cu_seq *sq = (cu_seq *)s->be_state;
     cu_ctx *c = sq->c;
     const size_t re = (size_t)s->model->hp.n_head_kv * s->model->hp.head_dim;
+    cu_copy_list L;
+    L.n = 0;
     for (uint32_t l = 0; l < sq->kv.n_layer; l++) {
         const kv_plane *pl = &sq->kv.planes[l];
         if (!pl->ring) continue;
         const uint64_t n = pl->capacity < KV_MAX_SPEC_ROWS ? pl->capacity : KV_MAX_SPEC_ROWS;
-        for (uint64_t i = 0; i < n; i++) {
-            const uint64_t r = (pl->origin_physical + pl->len + i) % pl->capacity;
-            cudaMemcpyAsync(sq->pl[l].save_k + i * re, sq->pl[l].kp + r * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
-            cudaMemcpyAsync(sq->pl[l].save_v + i * re, sq->pl[l].vp + r * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
-        }
+        const uint64_t r0 = (pl->origin_physical + pl->len) % pl->capacity;
+        ring_rows_copy(c->st, &L, sq->pl[l].kp, sq->pl[l].save_k, r0, 0, n, pl->capacity, re, false);
+        ring_rows_copy(c->st, &L, sq->pl[l].vp, sq->pl[l].save_v, r0, 0, n, pl->capacity, re, false);
     }
-    CU_TRY(cudaStreamSynchronize(c->st), "checkpoint");
+    cu_copy_segments(c->st, &L);
+    CU_TRY(cudaGetLastError(), "checkpoint");
     return kv_checkpoint(&sq->kv, err);
 }
 
+/* Rewind to n_keep positions: the metadata (kv_rollback) and the rejected rows the block wrote
+ * over ring rows back from the save buffers, in one launch. */
 static int be_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
 {
     cu_seq *sq = (cu_seq *)s->be_state;
@@ -1731,17 +1790,18 @@ static int be_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
     memcpy(before, sq->kv.planes, nl * sizeof(kv_plane));
     int rc = kv_rollback(&sq->kv, n_keep, err);
     if (rc) return rc;
+    cu_copy_list L;
+    L.n = 0;
     for (uint32_t l = 0; l < nl; l++) {
         const kv_plane *m = &sq->kv.ckpt[l].meta;
         if (!m->ring) continue;
         const uint64_t accepted = n_keep - m->next_pos, written = before[l].next_pos - m->next_pos;
         const uint64_t n = m->capacity < KV_MAX_SPEC_ROWS ? m->capacity : KV_MAX_SPEC_ROWS;
-        for (uint64_t i = accepted; i < written && i < n; i++) {
-            const uint64_t r = (m->origin_physical + m->len + i) % m->capacity;
-            cudaMemcpyAsync(sq->pl[l].kp + r * re, sq->pl[l].save_k + i * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
-            cudaMemcpyAsync(sq->pl[l].vp + r * re, sq->pl[l].save_v + i * re, re * 2, cudaMemcpyDeviceToDevice, c->st);
-        }
+        const uint64_t r0 = (m->origin_physical + m->len) % m->capacity, end = written < n ? written : n;
+        ring_rows_copy(c->st, &L, sq->pl[l].kp, sq->pl[l].save_k, r0, accepted, end, m->capacity, re, true);
+        ring_rows_copy(c->st, &L, sq->pl[l].vp, sq->pl[l].save_v, r0, accepted, end, m->capacity, re, true);
     }
+    cu_copy_segments(c->st, &L);
     CU_TRY(cudaStreamSynchronize(c->st), "rollback");
     return MUSER_OK;
 }

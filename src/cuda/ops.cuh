@@ -29,6 +29,11 @@ typedef struct cu_step {
     uint64_t pos;
     int32_t token;   /* the token of this step (the bench lane writes it from argmax instead) */
     uint32_t n_layer;
+    /* A multi-row pass (cu_rows.sk set): the first position of this row's run (the rows of its
+     * session in the pass) and that run's first pass row. Positions from stage_pos on are read
+     * from the pass's staged rows (stage row stage_row + (p − stage_pos)), the rest from the plane. */
+    uint64_t stage_pos;
+    uint32_t stage_row, pad;
 } cu_step;
 
 static inline cu_plane_meta *cu_step_meta(cu_step *s) { return (cu_plane_meta *)(s + 1); }
@@ -72,6 +77,11 @@ typedef struct cu_rows {
                                             * attention; y, h and a for the tails) and output */
     uint32_t part_stride;                  /* attention partials (entries) between rows */
     const uint16_t *const *kp, *const *vp; /* [rows] this layer's planes; NULL: the call's */
+    /* The pass's staged K and V of this layer, [rows][HKV·D] f16 each, row r's at + r·HKV·D; NULL:
+     * K/V go straight into the planes (the one-row pass). Staged, a pass writes no plane until
+     * cu_stage_commit, so rows of one session attend over the plane as it was plus the run's
+     * staged rows (cu_step.stage_pos), and ring rows the run overwrites are still read. */
+    uint16_t *sk, *sv;
 } cu_rows;
 
 __host__ __device__ __forceinline__ const cu_step *cu_row_step(const cu_step *s, const cu_rows &R, uint32_t r)
@@ -109,10 +119,37 @@ void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, 
 /* attention.cu */
 /* qkv: q then k (normed and rotated in place); v: the values stored beside k. pdl: launched as a
  * programmatic dependent of the projections (it waits before its first read of qkv) */
+/* R->sk set: K and V go to the pass row's stage row instead of the plane; kv_only: the K heads
+ * only (q is normed and rotated by the fused split kernel) */
 void cu_qk_rope_store(cudaStream_t st, float *qkv, const float *v, const float *q_norm, const float *k_norm, float eps,
                       bool rope, bool neox, float theta, uint32_t rope_dim, const cu_step *step,
                       const cu_plane_meta *meta, uint16_t *k_plane, uint16_t *v_plane, const cu_attn_geom *g, bool pdl,
-                      uint32_t n = 1, const cu_rows *R = NULL); /* n pass rows: cu_rows (x_stride: qkv's) */
+                      uint32_t n = 1, const cu_rows *R = NULL, bool kv_only = false); /* n pass rows: cu_rows (x_stride: qkv's) */
+/* Device-to-device copies of f16 runs in one launch (the checkpoint's and rollback's ring rows:
+ * one kernel instead of a copy call per row and layer). */
+#define CU_COPY_MAX 128
+typedef struct cu_copy_list {
+    uint32_t n;
+    struct {
+        const uint16_t *src;
+        uint16_t *dst;
+        uint64_t elems;
+    } seg[CU_COPY_MAX];
+} cu_copy_list;
+void cu_copy_segments(cudaStream_t st, const cu_copy_list *L);
+/* Layers' ring flags for cu_stage_commit (bit l: layer l's plane is a ring). */
+#define CU_MAX_LAYERS 256
+typedef struct cu_ring_mask {
+    uint64_t bits[CU_MAX_LAYERS / 64];
+} cu_ring_mask;
+/* After a staged pass of n rows: every layer's staged K/V rows into the rows' planes (row r's at
+ * its position by its own metadata), unless a row's logits held a non-finite value (d_nonfinite
+ * [n]): then nothing is stored and the planes are as before the pass (fail closed). Tables as
+ * route_enqueue_n's: row r's cu_step at step + r·step_stride bytes, layer l's metadata at meta + l
+ * of it, its planes at kp[l·rows_max + r], the stage of layer l at sk + l·rows_max·HKV·D. */
+void cu_stage_commit(cudaStream_t st, const cu_step *step, uint32_t step_stride, const uint16_t *const *kp,
+                     const uint16_t *const *vp, const uint16_t *sk, const uint16_t *sv, const int32_t *d_nonfinite,
+                     uint32_t n, uint32_t rows_max, uint32_t n_layer, const cu_ring_mask *ring, uint32_t HKV, uint32_t D);
 /* QK-norm + RoPE + KV store folded into the tc split kernel (cu_attention's fuse; the arithmetic of
  * cu_qk_rope_store with non-NeoX pairs): q is this token's raw q, k and v its raw k and v rows. */
 typedef struct cu_attn_fuse {
@@ -121,7 +158,8 @@ typedef struct cu_attn_fuse {
     float eps;
     int rope;                        /* rotate pairs (2i, 2i+1) by pos·theta^(−2i/D) */
     float theta;
-    uint16_t *kw, *vw;               /* the K and V planes, written at pos */
+    uint16_t *kw, *vw;               /* the K and V planes, written at pos (not in a staged pass:
+                                      * cu_qk_rope_store(kv_only) staged them) */
     const double *inv_freq;          /* NULL, or the D/2 angle rates (cu_rope_inv_table): the same bits */
 } cu_attn_fuse;
 /* dg: also write out as matvec input digits (cu_digits); head_dim % 32 == 0. fuse: NULL, or the

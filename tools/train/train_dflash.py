@@ -123,6 +123,9 @@ def main():
     ap.add_argument("--steps", type=int, default=20000)
     ap.add_argument("--minutes", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=4321)
+    ap.add_argument("--data-cache", default="",
+                    help="a .pt file: the generated sequences are loaded from it when it exists, else saved to it "
+                         "(drafters of several block sizes then train on one generation)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     random.seed(args.seed)
@@ -144,7 +147,13 @@ def main():
     print(f"corpus: {len(ids) / 1e6:.2f}M tokens", flush=True)
 
     args.gen_seqs += args.val_seqs
-    seqs = make_data(target, ids, args, dev)
+    if args.data_cache and os.path.exists(args.data_cache):
+        seqs = torch.load(args.data_cache).to(dev)
+        print(f"data: {len(seqs)} sequences from {args.data_cache}", flush=True)
+    else:
+        seqs = make_data(target, ids, args, dev)
+        if args.data_cache:
+            torch.save(seqs.cpu(), args.data_cache)
     perm = torch.randperm(len(seqs), device=dev)
     val, data = seqs[perm[:args.val_seqs]], seqs[perm[args.val_seqs:]]
     print(f"data: {len(data)} training, {len(val)} validation sequences of {seqs.shape[1]} tokens "
