@@ -101,8 +101,10 @@ typedef struct cu_ctx {
     uint8_t *xm;               /* mmq_prep output of the current matvec input (the Q4_KT matrices) */
     uint8_t *x6;               /* mmq6_prep output of the current matvec input (the Q6_KT matrices) */
     uint8_t *xm_site[XS_N], *x6_site[XS_N]; /* xm and x6 per input site (set_site), in one allocation */
-    uint8_t *xd, *xd_gu;       /* the dense multi-row layout (mmqd.cuh) of gate·up's input (xd: while
-                                * enqueuing site XS_GU of a multi-row pass, else NULL) */
+    /* the dense multi-row layouts of the current matvec input (xd: mmqd.cuh, Q4_KT; xd6: mmqd6.cuh,
+     * Q6_KT), NULL where the site's matrices read the one-row layouts (set_site) */
+    uint8_t *xd, *xd6;
+    uint8_t *xd_site[XS_N], *xd6_site[XS_N]; /* per input site, in xm_site[0]'s allocation */
     int site;                  /* the matvec input site being enqueued (XS_*, set_site) */
     bool tail_trigger;         /* the tails (and the embedding entry) let the matvec after them launch at their
                                 * start: only where every matvec input is a per-site digit buffer (tc_inputs_only) */
@@ -410,6 +412,7 @@ static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint
 #define DIG_XM 1u /* Q4_KT's, in c->xm */
 #define DIG_X6 2u /* Q6_KT's, in c->x6 */
 #define DIG_XD 4u /* the dense multi-row Q4_KT layout, in c->xd */
+#define DIG_XD6 8u /* the dense multi-row Q6_KT layout, in c->xd6 */
 
 /* x's digits for the c->rn rows of the pass (row r's x at + r·xst floats), one launch */
 template <typename WR>
@@ -426,8 +429,11 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
 {
     const uint32_t t = L->seg[0].a.type;
     if (t == MV_T_Q6_KT) {
+        /* several rows: the dense kernel (mmqd6.cuh) on their digits in its layout */
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & DIG_X6) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q6>(c, st, x, c->x6, K, xst);
+        const bool dense = c->rn > 1 && c->xd6;
+        if (dense && !(ready & DIG_XD6) && !SKIP(c, SK_PREP)) prep_rows<mmqd6_prep>(c, st, x, c->xd6, K, xst);
+        if (!dense && !(ready & DIG_X6) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q6>(c, st, x, c->x6, K, xst);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             mmq6_args A;
@@ -435,7 +441,7 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.a = g->a.data;
             A.rows = g->a.rows;
             A.K = K;
-            A.x = c->x6;
+            A.x = dense ? c->xd6 : c->x6;
             A.out = g->out;
             A.op = g->op;
             A.scale = g->scale;
@@ -443,14 +449,19 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.nx = c->rn;
             A.xs = c->dig_rs;
             A.os = g->os;
-            if (c->site == XS_DOWN) mmq6_launch_down(A, st, true);
+            if (dense && c->site == XS_DOWN) mmqd6_launch_down(A, st, true);
+            else if (dense) mmqd6_launch_auto(A, st, true);
+            else if (c->site == XS_DOWN) mmq6_launch_down(A, st, true);
             else mmq6_launch_auto(A, st, true);
         }
         return;
     }
     if (t == MV_T_Q4_KT) {
+        /* several rows: the dense kernels (mmqd.cuh) on their digits in its layout */
         const uint32_t K = L->seg[0].a.cols;
-        if (!(ready & (DIG_XM | DIG_XD)) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q4>(c, st, x, c->xm, K, xst);
+        const bool dense = c->rn > 1 && c->xd;
+        if (dense && !(ready & DIG_XD) && !SKIP(c, SK_PREP)) prep_rows<mmqd_prep>(c, st, x, c->xd, K, xst);
+        if (!dense && !(ready & DIG_XM) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q4>(c, st, x, c->xm, K, xst);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
             const bool pair = g->op == MV_OP_SILU_MUL;
@@ -468,13 +479,17 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             A.nx = c->rn;
             A.xs = c->dig_rs;
             A.os = g->os;
-            /* several rows of gate·up: the dense kernel on their digits in its layout */
-            if (pair && c->rn > 1 && (ready & DIG_XD)) {
+            if (dense) {
                 mmq_args D = A;
                 D.x = c->xd;
+                if (!pair) {
+                    mmqd_launch_auto(D, st, true);
+                    continue;
+                }
                 if (mmqd_pair_launch(D, c->n_sm, st, true)) continue;
+                /* a CTA's sums do not fit its shared memory: the one-row layout's kernels */
+                if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q4>(c, st, x, c->xm, K, xst);
             }
-            if (!(ready & DIG_XM) && (ready & DIG_XD) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q4>(c, st, x, c->xm, K, xst);
             /* gate·up on a persistent grid where its tiles fit a CTA's shared memory */
             if (!(pair && mmq_pair_persist_launch(A, c->n_sm, st, true))) mmq_launch_auto(A, pair, st, true, c->n_sm);
         }
@@ -508,8 +523,9 @@ static void mv_group(cu_ctx *c, cudaStream_t st, const mv_mat *const *mats, floa
 static cu_digits digits_for(const cu_ctx *c, uint32_t type)
 {
     cu_digits d = {NULL, NULL, c->dig_rs, NULL};
-    if (type == MV_T_Q4_KT && c->xd) d.qd = c->xd; /* gate·up of a multi-row pass: the dense layout */
+    if (type == MV_T_Q4_KT && c->xd) d.qd = c->xd; /* a multi-row pass: the dense layout */
     else if (type == MV_T_Q4_KT) d.q4 = c->xm;
+    else if (type == MV_T_Q6_KT && c->xd6) d.qd6 = c->xd6; /* a multi-row pass: the dense layout */
     else if (type == MV_T_Q6_KT) d.q6 = c->x6;
     return d;
 }
@@ -519,10 +535,15 @@ static cu_digits digits_or(cu_digits a, cu_digits b)
 {
     if (!a.q4) a.q4 = b.q4;
     if (!a.q6) a.q6 = b.q6;
+    if (!a.qd) a.qd = b.qd;
+    if (!a.qd6) a.qd6 = b.qd6;
     return a;
 }
 /* The tensor-core layouts (DIG_*) a producer writing d leaves ready. */
-static uint32_t digits_ready(cu_digits d) { return (d.q4 ? DIG_XM : 0u) | (d.q6 ? DIG_X6 : 0u) | (d.qd ? DIG_XD : 0u); }
+static uint32_t digits_ready(cu_digits d)
+{
+    return (d.q4 ? DIG_XM : 0u) | (d.q6 ? DIG_X6 : 0u) | (d.qd ? DIG_XD : 0u) | (d.qd6 ? DIG_XD6 : 0u);
+}
 
 /* The digits the producer of layer l's attention-projection input must write: the Q4_K layout for
  * the stacked launch, and v's when v is outside the stack; none when the projections are not
@@ -533,9 +554,8 @@ static cu_digits qkvg_digits(const cu_ctx *c, uint32_t l)
     if (!L) return digits_for(c, c->out.type);
     cu_digits d = {NULL, NULL, c->dig_rs, NULL};
     if (!L->qkg.data) return d;
-    d = L->qkg_v ? digits_for(c, MV_T_Q4_KT) : digits_for(c, L->v.type);
-    d.q4 = c->xm;
-    return d;
+    d = digits_for(c, MV_T_Q4_KT); /* the stack's */
+    return L->qkg_v ? d : digits_or(d, digits_for(c, L->v.type));
 }
 
 static bool tc_type(uint32_t t) { return t == MV_T_Q4_KT || t == MV_T_Q6_KT; }
@@ -560,8 +580,9 @@ static void set_site(cu_ctx *c, int s)
     c->site = s;
     c->xm = c->xm_site[s];
     c->x6 = c->x6_site[s];
-    /* gate·up of a multi-row pass reads the dense layout where both are Q4_KT (mmqd_pair_launch) */
-    c->xd = s == XS_GU && c->rn > 1 && c->gate_up_paired && c->layers[0].ffn_gate.type == MV_T_Q4_KT ? c->xd_gu : NULL;
+    /* every Q4_KT and Q6_KT matrix of a multi-row pass reads the dense layouts (mmqd.cuh, mmqd6.cuh) */
+    c->xd = c->rn > 1 ? c->xd_site[s] : NULL;
+    c->xd6 = c->rn > 1 ? c->xd6_site[s] : NULL;
 }
 
 /* Floats between the rows of the qkvg buffer (q | k | gate | v) in a multi-row pass. */
@@ -584,15 +605,16 @@ static void enqueue_qkvg(cu_ctx *c, cudaStream_t st, const cu_layer *L, cu_digit
         mv_group(c, st, mats, outs, hp->attn_gate ? 4 : 3, c->a, 0, QW, E);
         return;
     }
+    const uint32_t both = c->rn > 1 ? DIG_XD | DIG_XD6 : DIG_XM | DIG_X6; /* the layouts they read (mv_go) */
     const bool with_v = !L->qkg_v && L->qkg.type == MV_T_Q4_KT && L->v.type == MV_T_Q6_KT &&
-                        (digits_ready(dg) & (DIG_XM | DIG_X6)) == (DIG_XM | DIG_X6);
+                        (digits_ready(dg) & both) == both;
     if (with_v) {
         mmq_args S;
         memset(&S, 0, sizeof S);
         S.a = L->qkg.data;
         S.rows = L->qkg.rows;
         S.K = L->qkg.cols;
-        S.x = c->xm;
+        S.x = c->rn > 1 ? c->xd : c->xm;
         S.out = q;
         S.nx = c->rn;
         S.xs = c->dig_rs;
@@ -602,20 +624,21 @@ static void enqueue_qkvg(cu_ctx *c, cudaStream_t st, const cu_layer *L, cu_digit
         V.a = L->v.data;
         V.rows = L->v.rows;
         V.K = L->v.cols;
-        V.x = c->x6;
+        V.x = c->rn > 1 ? c->xd6 : c->x6;
         V.out = v;
         V.op = MV_OP_STORE;
         V.scale = 1.f;
         V.nx = c->rn;
         V.xs = c->dig_rs;
         V.os = QW;
-        mmq_stack_v_launch(S, V, st, true);
+        if (c->rn > 1) mmqd_stack_v_launch(S, V, st, true);
+        else mmq_stack_v_launch(S, V, st, true);
         return;
     }
     mv_launch sl;
     memset(&sl, 0, sizeof sl);
     seg_set(&sl, &L->qkg, q, MV_OP_STORE, 1, QW);
-    mv_go(c, st, &sl, c->a, DIG_XM, E);
+    mv_go(c, st, &sl, c->a, digits_ready(dg), E);
     if (!L->qkg_v) {
         const mv_mat *vm[1] = {&L->v};
         float *vo[1] = {v};
@@ -938,11 +961,13 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         const size_t x6b = (mmq6_x_bytes((uint32_t)kmax + 255) + 255) / 256 * 256;
         const size_t rs = xmb > x6b ? xmb : x6b; /* one row of any layout (mmqd's is smaller) */
         c->dig_rs = (uint32_t)rs;
-        e = cudaMalloc((void **)&c->xm_site[0], (XS_N * 2 + 1) * NR * rs);
-        c->xd_gu = c->xm_site[0] + XS_N * 2 * NR * rs;
+        /* per site the four layouts: xm, x6, xd (mmqd), xd6 (mmqd6), each NR rows of rs */
+        e = cudaMalloc((void **)&c->xm_site[0], XS_N * 4 * NR * rs);
         for (int s = 0; !e && s < XS_N; s++) {
             c->xm_site[s] = c->xm_site[0] + s * NR * rs;
             c->x6_site[s] = c->xm_site[0] + (XS_N + s) * NR * rs;
+            c->xd_site[s] = c->xm_site[0] + (2 * XS_N + s) * NR * rs;
+            c->xd6_site[s] = c->xm_site[0] + (3 * XS_N + s) * NR * rs;
         }
         c->xm = c->xm_site[0];
         c->x6 = c->x6_site[0];

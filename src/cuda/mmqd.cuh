@@ -72,18 +72,19 @@ __device__ __forceinline__ void mmqd_load(const uint8_t *unit, uint32_t lane, mm
     W.h1 = __ldg((const uint4 *)(hd + 16));
 }
 
-/* One item (gate r = 0 and up r = 1, one block) for NQ quads of x rows: acc[Q][r][t][half] gets
- * lane t's fold of mmq_block for x row 4Q + (lane & 3). xb: row 0's block; xs: bytes between rows;
- * nx: rows that exist (the rest read row nx − 1 and are never stored). */
-template <int NQ>
-__device__ __forceinline__ void mmqd_block(const mmqd_w W[2], const uint8_t *xb, uint32_t xs, uint32_t nx, uint32_t lane,
-                                           float acc[NQ][2][4][2])
+/* One item (NU units of the same block: gate r = 0 and up r = 1, or NU = 1 tile of one matrix) for
+ * NQ quads of x rows: acc[Q][r][t][half] gets lane t's fold of mmq_block for x row 4Q + (lane & 3)
+ * (mmq_fold adds into it). xb: row 0's block; xs: bytes between rows; nx: rows that exist (the
+ * rest read row nx − 1 and are never stored). */
+template <int NQ, int NU = 2>
+__device__ __forceinline__ void mmqd_block(const mmqd_w *W, const uint8_t *xb, uint32_t xs, uint32_t nx, uint32_t lane,
+                                           float acc[NQ][NU][4][2])
 {
     const uint32_t g = lane >> 2, t = lane & 3;
     /* the words of group G's other pair: the partner's c = 2, 3 words */
-    uint4 recv[2][2];
+    uint4 recv[NU][2];
 #pragma unroll
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < NU; r++)
 #pragma unroll
         for (int G = 0; G < 2; G++) {
             const uint4 m = W[r].q[2 * G + 1];
@@ -95,14 +96,14 @@ __device__ __forceinline__ void mmqd_block(const mmqd_w W[2], const uint8_t *xb,
      * the same f, so a half is folded as soon as its four sub-blocks are known */
 #pragma unroll
     for (int f = 0; f < 2; f++) {
-        float Psc[NQ][2][2][2][2]; /* [Q][r][G][nibble e][half] */
+        float Psc[NQ][NU][2][2][2]; /* [Q][r][G][nibble e][half] */
         float Sv[NQ][2][2];        /* [Q][G][e]: S of sub 4G + 2f + e of the lane's x row */
 #pragma unroll
         for (int G = 0; G < 2; G++) {
             const uint32_t P = 2 * G + f;
-            uint32_t a[2][2][4]; /* [r][nibble][4 words] */
+            uint32_t a[NU][2][4]; /* [r][nibble][4 words] */
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
+            for (int r = 0; r < NU; r++) {
                 const uint4 A = (t >> 1) == (uint32_t)f ? W[r].q[2 * G] : recv[r][G];
                 const uint32_t w4[4] = {A.x, A.y, A.z, A.w};
 #pragma unroll
@@ -124,7 +125,7 @@ __device__ __forceinline__ void mmqd_block(const mmqd_w W[2], const uint8_t *xb,
                     const float2 sS = cu_ldx<float2>(xb + (size_t)ro * xs + MMQD_XS + 8 * j);
                     Sv[Q][G][e] = sS.y;
 #pragma unroll
-                    for (int r = 0; r < 2; r++) {
+                    for (int r = 0; r < NU; r++) {
                         int C1[4] = {0, 0, 0, 0}, C2[4] = {0, 0, 0, 0};
                         mmq_mma(C1, a[r][e][0], a[r][e][1], a[r][e][2], a[r][e][3], b01.x, b01.y);
                         mmq_mma(C2, a[r][e][0], a[r][e][1], a[r][e][2], a[r][e][3], b23.x, b23.y);
@@ -135,15 +136,14 @@ __device__ __forceinline__ void mmqd_block(const mmqd_w W[2], const uint8_t *xb,
             }
         }
         /* fold t = 2e + f: its sub-blocks mmq_sub(t, G) = 4G + 2f + e */
-        const uint32_t hw[2] = {W[0].h1.z, W[0].h1.w}, hu[2] = {W[1].h1.z, W[1].h1.w};
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int tf = 2 * e + f;
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
+            for (int r = 0; r < NU; r++) {
                 const mmqd_w &U = W[r];
                 const uint32_t scw = tf == 0 ? U.h0.z : tf == 1 ? U.h0.w : tf == 2 ? U.h1.x : U.h1.y;
-                const uint32_t mh = ((r ? hu : hw)[tf >> 1] >> (16 * (tf & 1))) & 0xFFFFu;
+                const uint32_t mh = ((tf >> 1 ? U.h1.w : U.h1.z) >> (16 * (tf & 1))) & 0xFFFFu;
                 const uint2 dd = make_uint2(U.h0.x, U.h0.y);
 #pragma unroll
                 for (int Q = 0; Q < NQ; Q++) {
@@ -265,6 +265,85 @@ static inline bool mmqd_pair_launch(const mmq_args &A0, int n_sm, cudaStream_t s
         cudaLaunchKernelEx(&cfg, mmqd_pair_persist<2>, A, grid);
     }
     return true;
+}
+
+/* ---- one matrix ------------------------------------------------------------------------------ */
+/* mmq_body (one matrix) with mmqd_block for NQ quads of x rows (row group grp, mmq_group): one tile
+ * per warp, KW warps splitting the blocks of each of the CTA's 8 / KW tiles as the one-row launch of
+ * the same matrix does (mmqd_launch_auto), so each output's sum is mmq_body's: a lane's fold added
+ * in f32 over its warp's blocks kw, kw + KW, … in order (mmq_block's acc), ((t0 + t1) + (t2 + t3))
+ * over the four folds in f64 (mmq_rows_f64's order), the KW warps in f64 in warp order. */
+template <int KW, int NQ>
+__device__ __forceinline__ void mmqd_body(const mmq_args &A0, uint32_t cta, uint32_t grp)
+{
+    constexpr int SETS = 8 / KW, NX = 4 * NQ;
+    cu_pdl_trigger(); /* weights first, then wait for x */
+    __shared__ double red[NX][8][16];
+    mmq_args A = A0;
+    const uint32_t nx = mmq_group<mmq_args, NX>(A, grp);
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid % KW, set = wid / KW;
+    const uint32_t nb = A.K / 256, ntile = A.rows / 16, g = lane >> 2, t = lane & 3;
+    uint32_t tile = cta * SETS + set;
+    if (tile >= ntile) tile = ntile - 1; /* tail: recompute, store once */
+    const uint8_t *unit = A.a + ((size_t)tile * nb + kw) * MMQ_UNIT;
+    float acc[NQ][1][4][2];
+#pragma unroll
+    for (int Q = 0; Q < NQ; Q++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[Q][0][k][0] = acc[Q][0][k][1] = 0.f;
+    const uint8_t *xb = A.x + (size_t)kw * MMQD_XBLK;
+    mmq_walk<1, KW, false, mmqd_w>(
+        kw, nb, [&](mmqd_w *W, int ahead) { mmqd_load(unit + (size_t)ahead * KW * MMQ_UNIT, lane, W[0]); },
+        [&](const mmqd_w *W) { mmqd_block<NQ, 1>(W, xb, A.xs, nx, lane, acc); },
+        [&]() {
+            unit += (size_t)KW * MMQ_UNIT;
+            xb += (size_t)KW * MMQD_XBLK;
+        },
+        mmq_pdl_wait());
+#pragma unroll
+    for (int Q = 0; Q < NQ; Q++) {
+        const uint32_t n = 4 * Q + t;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const double v = ((double)acc[Q][0][0][h] + (double)acc[Q][0][1][h]) + ((double)acc[Q][0][2][h] + (double)acc[Q][0][3][h]);
+            if (n < nx) red[n][wid][g + 8 * h] = v;
+        }
+    }
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < nx * (uint32_t)(SETS * 16); i += blockDim.x) {
+        const uint32_t n = i / (SETS * 16), st = i % (SETS * 16) / 16, row16 = i % 16, ot = cta * SETS + st;
+        if (ot >= ntile) continue;
+        double ys = 0;
+        for (int k = 0; k < KW; k++) ys += red[n][st * KW + k][row16];
+        float y = (float)ys;
+        if (A.op == MV_OP_SOFTCAP) { /* the LM head, as mmq_body */
+            y = y * A.scale;
+            if (A.cap > 0.f) y = A.cap * tanhf(y / A.cap);
+        }
+        A.out[(size_t)n * A.os + (size_t)ot * 16 + row16] = y;
+    }
+}
+
+template <int KW, int NQ, int MINB>
+static __global__ void __launch_bounds__(256, MINB) mmqd_kernel(const mmq_args A)
+{
+    CU_TL_SCOPE(TL_MMQ);
+    mmqd_body<KW, NQ>(A, mmq_cta(A.ng), mmq_grp(A.ng));
+}
+
+/* One matrix of A.nx > 1 rows (x in mmqd's layout, A.xs apart), not the SiLU pair: KW as
+ * mmq_launch_auto's for the same shape (LM-head-sized launches KW 2, the rest KW 8); one quad of
+ * rows per CTA (128 registers, 2 CTAs per SM; two quads take 228, one CTA per SM), more rows as
+ * row groups. */
+static inline void mmqd_launch_auto(const mmq_args &A0, cudaStream_t st, bool pdl)
+{
+    const uint32_t ntile = A0.rows / 16, tpc = A0.rows >= 65536 ? 4 : 1;
+    mmq_args A = A0;
+    A.ng = (A.nx + 3) / 4;
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3((ntile + tpc - 1) / tpc * A.ng), dim3(256), st, pdl, at);
+    if (A.rows >= 65536) cudaLaunchKernelEx(&cfg, mmqd_kernel<2, 1, 2>, A);
+    else cudaLaunchKernelEx(&cfg, mmqd_kernel<8, 1, 2>, A);
 }
 
 #endif

@@ -18,6 +18,7 @@
 #include "cuda/mmq.cuh"
 #include "cuda/mmq6.cuh"
 #include "cuda/mmqd.cuh"
+#include "cuda/mmqd6.cuh"
 
 /* KV plane metadata as the kernels see it (SPEC §3; mirrors kv_plane after this token's append). */
 typedef struct cu_plane_meta {
@@ -50,12 +51,14 @@ typedef struct cu_attn_geom {
 /* Split-attention kernels: CU_ATTN_TC / CU_ATTN_V1 in cuda/attention.h. */
 
 /* The matvec input digits a kernel writes as it produces x, each layout nullable: the Q4_K
- * tensor-core layout (mmq_prep_warp), the Q6_K one (mmq6_prep_warp); whichever the matrices
- * reading x next take, so they need no prep launch. */
+ * tensor-core layout (mmq_prep_warp), the Q6_K one (mmq6_prep_warp), the dense multi-row ones
+ * (mmqd_prep_warp, mmqd6_prep_warp); whichever the matrices reading x next take, so they need no
+ * prep launch. */
 typedef struct cu_digits {
     uint8_t *q4, *q6;
     uint32_t rs;     /* bytes between the rows' digits in a multi-row pass (every layout) */
     uint8_t *qd;     /* the dense multi-row Q4_K layout (mmqd.cuh), or NULL */
+    uint8_t *qd6 = NULL; /* the dense multi-row Q6_K layout (mmqd6.cuh), or NULL */
 } cu_digits;
 
 /* One 32-group's digits: all 32 lanes of a warp call it, lane l with v = x[p], p = 32g + l
@@ -65,6 +68,7 @@ __device__ __forceinline__ void cu_digits_write(const cu_digits d, float v, uint
     if (d.q4) mmq_prep_warp(v, p, d.q4 + (size_t)row * d.rs);
     if (d.q6) mmq6_prep_warp(v, p, d.q6 + (size_t)row * d.rs);
     if (d.qd) mmqd_prep_warp(v, p, d.qd + (size_t)row * d.rs);
+    if (d.qd6) mmqd6_prep_warp(v, p, d.qd6 + (size_t)row * d.rs);
 }
 
 /* The rows of a multi-row pass as a per-row kernel sees them (the small-batch route, docs/cuda.md):
