@@ -404,9 +404,10 @@ static void attention(oracle_state *st, const muser_hparams *hp, uint32_t l, uin
 
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
-/* One token at position pos through every layer; leaves z = final-normed h in st->a. */
+/* One token at position pos through every layer; leaves z = final-normed h in st->a. tap_out
+ * (NULL: no tap): [tap->n_layers][E], the residual after each tapped layer, rounded to f32. */
 static int forward_token(muser_session *s, oracle_state *st, int32_t token, uint64_t pos,
-                         muser_error *err)
+                         const muser_tap *tap, float *tap_out, muser_error *err)
 {
     const muser_model *m = s->model;
     const muser_hparams *hp = &m->hp;
@@ -481,6 +482,10 @@ static int forward_token(muser_session *s, oracle_state *st, int32_t token, uint
             oracle_rmsnorm(st->proj, st->proj, norm_weight(&L->post_ffw_norm), E, post_eps);
         for (uint64_t i = 0; i < E; i++)
             st->h[i] += st->proj[i];
+        for (uint32_t k = 0; tap && k < tap->n_layers; k++)
+            if (tap->layers[k] == l)
+                for (uint64_t i = 0; i < E; i++)
+                    tap_out[(uint64_t)k * E + i] = (float)st->h[i];
     }
     oracle_rmsnorm(st->a, st->h, norm_weight(&m->output_norm), E, eps);
     return MUSER_OK;
@@ -515,14 +520,15 @@ static int lm_head(muser_session *s, oracle_state *st, uint64_t pos, float *out,
 
 /* tokens[0..n) at positions s->n_past.. (the caller saved the undo copy) */
 static int oracle_run(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
-                      bool all_logits, muser_error *err)
+                      bool all_logits, const muser_tap *tap, muser_error *err)
 {
     oracle_state *st = s->be_state;
     const muser_hparams *hp = &s->model->hp;
     int rc = MUSER_OK;
     for (uint32_t t = 0; t < n && !rc; t++) {
         const uint64_t pos = s->n_past + t;
-        rc = forward_token(s, st, tokens[t], pos, err);
+        rc = forward_token(s, st, tokens[t], pos, tap,
+                           tap ? tap->out + (uint64_t)t * tap->n_layers * hp->n_embd : NULL, err);
         if (!rc && (all_logits || t == n - 1))
             rc = lm_head(s, st, pos, logits ? logits + (all_logits ? (uint64_t)t * hp->n_vocab
                                                                     : 0)
@@ -532,8 +538,10 @@ static int oracle_run(muser_session *s, const int32_t *tokens, uint32_t n, float
     return rc;
 }
 
-static int oracle_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
-                          bool all_logits, muser_error *err)
+/* The prefill route with the hidden-state tap (tap NULL: none), as the CPU's: tap->out[i][k] the
+ * residual of row i after layer tap->layers[k]. */
+static int oracle_forward_tap(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
+                              bool all_logits, const muser_tap *tap, muser_error *err)
 {
     oracle_state *st = s->be_state;
     const muser_hparams *hp = &s->model->hp;
@@ -546,10 +554,16 @@ static int oracle_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
                             "oracle: %u tokens at position %llu exceed the context of %llu", n,
                             (unsigned long long)s->n_past, (unsigned long long)s->opts.n_ctx);
     kv_undo_save(&st->undo, &st->kv, n);
-    int rc = oracle_run(s, tokens, n, logits, all_logits, err);
+    int rc = oracle_run(s, tokens, n, logits, all_logits, tap, err);
     if (rc)
         kv_undo_restore(&st->undo, &st->kv);
     return rc;
+}
+
+static int oracle_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
+                          bool all_logits, muser_error *err)
+{
+    return oracle_forward_tap(s, tokens, n, logits, all_logits, NULL, err);
 }
 
 /* The oracle has no pass: a step is each session's run of rows, one token at a time (the
@@ -571,9 +585,13 @@ static int oracle_step(muser_device *d, const muser_step_rows *rows, float *logi
         uint32_t k = i;
         while (k < rows->n && rows->seq[k] == rows->seq[i])
             k++;
-        rc = oracle_run(rows->seq[i], rows->tokens + i, k - i, logits ? logits + i * V : NULL, true, err);
-        if (!rc && rows->tap) /* the oracle keeps no residual per row: a tap is not its job */
-            rc = muser_errorf(err, MUSER_E_UNSUPPORTED, "oracle: the f64 oracle offers no hidden-state tap (it keeps no per-row residual); tap on the cpu backend");
+        muser_tap run_tap; /* the tap's rows of this run */
+        if (rows->tap) {
+            run_tap = *rows->tap;
+            run_tap.out = rows->tap->out + (uint64_t)i * rows->tap->n_layers * d->model->hp.n_embd;
+        }
+        rc = oracle_run(rows->seq[i], rows->tokens + i, k - i, logits ? logits + i * V : NULL, true,
+                        rows->tap ? &run_tap : NULL, err);
         done = k;
         i = k;
     }
@@ -667,6 +685,7 @@ static const muser_backend oracle_backend = {
     .init = oracle_init,
     .free = oracle_free,
     .forward = oracle_forward,
+    .forward_tap = oracle_forward_tap,
     .step = oracle_step,
     .checkpoint = oracle_checkpoint,
     .rollback = oracle_rollback,
