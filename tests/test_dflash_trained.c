@@ -8,8 +8,8 @@
  *     (max |Δ log_softmax| <= 1e-3 over every row, the same top-1 where the reference's best two
  *     are more than 1e-3 apart; it reads 1.8e-5);
  *   - the CPU route end to end (the CPU engine's f32 tap, then the CPU drafter): reported, and held
- *     to 1e-2 and the same top-1. The trained drafter amplifies the target's f32 residual error
- *     (~1e-6 relative) to ~1e-3 in its logits; a draft only proposes tokens, verify decides them,
+ *     to 1e-2 and the same top-1. The trained drafter amplifies the error of the target's f32
+ *     residuals to ~1e-3 in its logits; a draft only proposes tokens, verify decides them,
  *     so this moves acceptance by nothing measurable and changes no output.
  * SKIP while no trained drafter is committed (docs/dflash.md). */
 #include "check.h"
