@@ -23,6 +23,7 @@
 #include "spec_run.h"
 #include "synth.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -450,22 +451,57 @@ static void refusals(const muser_model *tiny, const muser_model *tiny2, const mu
         CHECKF(strstr(err.msg, "vocabulary") != NULL, "other vocabulary: %s", err.msg);
         printf("other vocabulary: %s\n", err.msg);
     }
-    { /* a backend without the prefill tap refuses it and changes nothing */
-        muser_session_opts so;
-        memset(&so, 0, sizeof so);
-        so.backend = MUSER_BACKEND_ORACLE;
-        so.n_ctx = 64;
-        muser_session *s = NULL;
-        CHECK_OK(muser_session_new(&s, tiny, &so, &err), &err);
-        float feats[3 * 256];
-        const uint32_t layers[1] = {1};
+    { /* the oracle's tap: the CPU's residuals to f32 accuracy, and the logits of a plain prefill */
+        const uint32_t E = tiny->hp.n_embd, V = tiny->hp.n_vocab;
+        const uint32_t layers[2] = {0, 1};
         const int32_t toks[3] = {5, 6, 7};
-        const muser_tap tap = {.n_layers = 1, .layers = layers, .out = feats};
-        if (s) {
-            CHECK(muser_session_prefill_tap(s, toks, 3, NULL, &tap, &err) == MUSER_E_UNSUPPORTED && s->n_past == 0);
-            CHECKF(strstr(err.msg, "tap") != NULL, "oracle tap refusal: %s", err.msg);
+        float *feats[2], *lg[3];
+        for (int k = 0; k < 2; k++) feats[k] = calloc((size_t)3 * 2 * E, sizeof(float));
+        for (int k = 0; k < 3; k++) lg[k] = calloc(V, sizeof(float));
+        for (int k = 0; k < 3; k++) {
+            muser_session_opts so;
+            memset(&so, 0, sizeof so);
+            so.backend = k == 1 ? MUSER_BACKEND_CPU : MUSER_BACKEND_ORACLE;
+            so.n_ctx = 64;
+            so.n_threads = 2;
+            muser_session *s = NULL;
+            CHECK_OK(muser_session_new(&s, tiny, &so, &err), &err);
+            const muser_tap tap = {.n_layers = 2, .layers = layers, .out = feats[k == 1]};
+            if (s && k < 2) CHECK_OK(muser_session_prefill_tap(s, toks, 3, lg[k], &tap, &err), &err);
+            if (s && k == 2) CHECK_OK(muser_session_prefill(s, toks, 3, lg[k], &err), &err);
+            muser_session_free(s);
         }
-        muser_session_free(s);
+        double worst = 0, big = 0;
+        for (size_t i = 0; i < (size_t)3 * 2 * E; i++) {
+            const double dd = fabs((double)feats[0][i] - feats[1][i]);
+            worst = dd > worst ? dd : worst;
+            big = fabs(feats[0][i]) > big ? fabs(feats[0][i]) : big;
+        }
+        CHECKF(big > 0 && worst <= 1e-4 * big, "oracle tap against the cpu's: max |d| %.3g of max %.3g", worst, big);
+        CHECKF(!memcmp(lg[0], lg[2], V * sizeof(float)), "the oracle's tapped prefill changed its logits");
+        { /* the oracle's step tap: a verify block of the three rows taps the prefill's bytes */
+            muser_session_opts so;
+            memset(&so, 0, sizeof so);
+            so.backend = MUSER_BACKEND_ORACLE;
+            so.n_ctx = 64;
+            muser_device *dv = NULL;
+            muser_session *s = NULL;
+            float *st = calloc((size_t)3 * 2 * E, sizeof(float)), *sl = calloc((size_t)3 * V, sizeof(float));
+            CHECK_OK(muser_device_new(&dv, tiny, &so, &err), &err);
+            if (dv) CHECK_OK(muser_session_open(&s, dv, 0, &err), &err);
+            const muser_tap tap = {.n_layers = 2, .layers = layers, .out = st};
+            muser_session *rs[3] = {s, s, s};
+            if (s) CHECK_OK(muser_step(dv, rs, toks, 3, sl, &tap, &err), &err);
+            CHECKF(!memcmp(st, feats[0], (size_t)3 * 2 * E * sizeof(float)), "the oracle's step tap differs from its prefill tap");
+            muser_session_free(s);
+            muser_device_free(dv);
+            free(st);
+            free(sl);
+        }
+        printf("oracle tap: the cpu's residuals within %.2g (max |h| %.3g); the logits of a plain prefill\n", worst,
+               big);
+        for (int k = 0; k < 2; k++) free(feats[k]);
+        for (int k = 0; k < 3; k++) free(lg[k]);
     }
     /* a model is not a drafter, and a drafter not a model */
     muser_synth_opts so;
