@@ -7,7 +7,8 @@
 # Drafters: prompt lookup (n 3), the draft model (models/draft.gguf), and each DFlash drafter in
 # DFLASH (default: models/dflash-b*.gguf that exist; a synthesized one measures only the plumbing).
 # Environment: MODEL (models/default.gguf), N (tokens, 128), K (drafts per pass, 15: a whole block;
-# a drafter proposes at most its block size - 1), THREADS (2).
+# a drafter proposes at most its block size - 1), THREADS (2). Each drafter runs twice: with the
+# adaptive draft length (at most K a round, `muser run`'s default) and with --draft-fixed.
 set -u
 B=${1:-build}
 [ $# -gt 0 ] && shift
@@ -44,9 +45,13 @@ for p in "And God said, Let there be light" \
     echo "|---|---|---|---|---|---|"
     rm -f "$TMP/plain"
     run plain "$p"
-    run "n-gram 3, K $K" "$p" --draft-ngram 3 --draft-max "$K"
-    run "draft model, K 4" "$p" --draft models/draft.gguf --draft-max 4
-    for d in $DFLASH; do
-        run "DFlash $(basename "$d" .gguf), K $K" "$p" --draft-dflash "$d" --draft-max "$K"
+    # each drafter with the adaptive draft length (at most K a round) and with K every round
+    for mode in "" --draft-fixed; do
+        tag=${mode:+, fixed}
+        run "n-gram 3, K $K$tag" "$p" --draft-ngram 3 --draft-max "$K" $mode
+        run "draft model, K 4$tag" "$p" --draft models/draft.gguf --draft-max 4 $mode
+        for d in $DFLASH; do
+            run "DFlash $(basename "$d" .gguf), K $K$tag" "$p" --draft-dflash "$d" --draft-max "$K" $mode
+        done
     done
 done

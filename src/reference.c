@@ -609,6 +609,8 @@ static int oracle_dev_init(muser_device *d, muser_error *err)
     (void)err;
     d->be_state = NULL; /* every session keeps its own pool and activations */
     d->max_rows = MUSER_STEP_MAX_ROWS;
+    for (uint32_t n = 0; n <= KV_MAX_SPEC_ROWS; n++) /* one row at a time: a block costs its rows */
+        d->pass_cost[n] = n;
     return MUSER_OK;
 }
 

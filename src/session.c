@@ -91,6 +91,8 @@ int muser_device_new(muser_device **out, const muser_model *m, const muser_sessi
     d->opts = opts;
     d->be = be;
     d->max_rows = MUSER_STEP_MAX_ROWS;
+    for (uint32_t n = 0; n <= KV_MAX_SPEC_ROWS; n++)
+        d->pass_cost[n] = n ? 1.0 + 0.5 * (n - 1) : 0.0;
     int rc = be->dev_init(d, err);
     if (rc) {
         free(d);

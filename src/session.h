@@ -105,6 +105,10 @@ struct muser_device {
                                * GPU's GEMM tile; 0: no such floor): the engine's contended chunks
                                * take at least this many */
     uint32_t n_sessions;      /* sessions open on it */
+    /* pass_cost[n]: a pass of n rows of one sequence (a verify block), in decode steps, as the
+     * backend estimates it (a fixed figure per backend and machine, never timed at run time, so
+     * that a controller reading it stays deterministic); 1 + 0.5·(n − 1) unless dev_init sets it. */
+    double pass_cost[KV_MAX_SPEC_ROWS + 1];
 };
 
 struct muser_session {

@@ -4,6 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+static double tensor_macs(const muser_tensor *t) { return (double)t->rows * (double)t->cols; }
+/* The multiply-adds of one row through a layer's projections (a target's or a drafter's layer: the
+ * members share their names), the attention gate aside. */
+#define LAYER_MACS(L)                                                                                   \
+    (tensor_macs(&(L)->attn_q) + tensor_macs(&(L)->attn_k) + tensor_macs(&(L)->attn_v) +                \
+     tensor_macs(&(L)->attn_output) + tensor_macs(&(L)->ffn_gate) + tensor_macs(&(L)->ffn_up) +         \
+     tensor_macs(&(L)->ffn_down))
+
 /* ---- acceptance ---- */
 
 int32_t muser_spec_accept(muser_sampler *s, const float *row, int32_t d, bool *accepted)
@@ -93,6 +101,7 @@ int muser_drafter_ngram_new(muser_drafter **out, uint32_t n_max, muser_error *er
 
 typedef struct draft_model {
     muser_drafter base;
+    double macs;         /* the draft model's multiply-adds per token */
     muser_session *s;
     int32_t *fed;        /* the tokens the draft session holds */
     uint64_t n_fed, cap;
@@ -100,6 +109,12 @@ typedef struct draft_model {
     uint64_t ckpt_pos;
     float *logits;       /* [V] */
 } draft_model;
+
+/* a round: k tokens through the draft model (the catch-up of the last round's tokens aside) */
+static double dm_round_macs(const muser_drafter *dr, uint32_t k)
+{
+    return k * ((const draft_model *)dr->self)->macs;
+}
 
 static int dm_propose(muser_drafter *dr, const int32_t *ctx, uint64_t n, uint32_t k, int32_t *out, muser_error *err)
 {
@@ -197,7 +212,9 @@ int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const
         free(m);
         return rc;
     }
-    m->base = (muser_drafter){.name = "model", .propose = dm_propose, .free = dm_free, .self = m};
+    m->macs = muser_model_token_macs(draft);
+    m->base = (muser_drafter){.name = "model", .propose = dm_propose, .free = dm_free, .self = m,
+                              .round_macs = dm_round_macs};
     *out = &m->base;
     return MUSER_OK;
 }
@@ -243,6 +260,19 @@ static int df_observe(muser_drafter *dr, uint64_t pos0, const float *feats, uint
     return muser_dflash_run_context(f->run, pos0, feats, n, err);
 }
 
+/* a round: the block's B rows through fc and the layers, the LM head for the k rows it proposes */
+static double df_round_macs(const muser_drafter *dr, uint32_t k)
+{
+    const muser_dflash *df = ((const dflash_drafter *)dr->self)->run->d;
+    double rows = tensor_macs(&df->fc);
+    for (uint32_t l = 0; l < df->hp.n_layer; l++) {
+        const muser_dflash_layer *L = &df->layers[l];
+        rows += LAYER_MACS(L);
+    }
+    const uint32_t m = k < df->hp.block_size - 1 ? k : df->hp.block_size - 1;
+    return df->hp.block_size * rows + m * tensor_macs(&df->target->output);
+}
+
 static void df_free(muser_drafter *dr)
 {
     dflash_drafter *f = dr->self;
@@ -267,7 +297,8 @@ int muser_drafter_dflash_new(muser_drafter **out, const muser_dflash *df, muser_
         return rc;
     }
     f->base = (muser_drafter){.name = "dflash", .propose = df_propose, .free = df_free, .self = f,
-                              .n_tap = df->hp.n_tap, .tap_layers = df->hp.tap_layers, .observe = df_observe};
+                              .n_tap = df->hp.n_tap, .tap_layers = df->hp.tap_layers, .observe = df_observe,
+                              .round_macs = df_round_macs};
     *out = &f->base;
     return MUSER_OK;
 }
@@ -332,6 +363,51 @@ int muser_spec_init(muser_spec *sp, muser_seq *q, uint64_t n_ctx, muser_sampler 
     return MUSER_OK;
 }
 
+/* The weight the earlier rounds' acceptance keeps per round (adaptive draft length). */
+#define SPEC_DECAY 0.8
+
+double muser_model_token_macs(const muser_model *m)
+{
+    double s = tensor_macs(&m->output);
+    for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+        const muser_layer *L = &m->layers[l];
+        s += LAYER_MACS(L);
+        if (m->hp.attn_gate)
+            s += tensor_macs(&L->attn_gate);
+    }
+    return s;
+}
+
+void muser_spec_adaptive(muser_spec *sp, bool on)
+{
+    sp->adaptive = on;
+    const muser_device *d = muser_engine_device(muser_seq_engine(sp->q));
+    for (uint32_t n = 0; n <= KV_MAX_SPEC_ROWS; n++)
+        sp->cost[n] = d->pass_cost[n];
+    sp->target_macs = muser_model_token_macs(muser_seq_model(sp->q));
+    sp->acc_w = sp->rej_w = 1.0; /* an even prior: a = 1/2 */
+}
+
+uint32_t muser_spec_next_k(const muser_spec *sp)
+{
+    if (!sp->adaptive)
+        return sp->k_max;
+    const double a = sp->acc_w / (sp->acc_w + sp->rej_w);
+    uint32_t best = 1;
+    double best_v = 0.0, e = 1.0, ak = 1.0;
+    for (uint32_t k = 1; k <= sp->k_max; k++) {
+        ak *= a;
+        e += ak; /* the expected tokens of a block of k drafts: 1 + a + … + a^k */
+        const double r = sp->d->round_macs && sp->target_macs > 0 ? sp->d->round_macs(sp->d, k) / sp->target_macs : 0.0;
+        const double v = e / (sp->cost[k + 1] + r);
+        if (v > best_v) {
+            best_v = v;
+            best = k;
+        }
+    }
+    return best;
+}
+
 void muser_spec_free(muser_spec *sp)
 {
     free(sp->hist);
@@ -371,7 +447,7 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
     }
     sp->hist[sp->n_hist++] = t0;
     /* drafts: as many as the caller's limit, the context and a verify block allow */
-    uint64_t k = sp->k_max;
+    uint64_t k = muser_spec_next_k(sp);
     if (k > max_out - n) k = max_out - n;
     if (k > sp->n_ctx - p0 - 1) k = sp->n_ctx - p0 - 1;
     int32_t block[KV_MAX_SPEC_ROWS];
@@ -389,7 +465,8 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
     sp->st.rounds++;
     muser_sampler_accept(sp->smp, t0); /* fed: it counts for the penalties now */
     uint32_t keep = 1;                 /* rows of the block that stay: t0 and the accepted drafts */
-    bool all = true;
+    uint32_t n_acc = 0;                /* drafts accepted this round */
+    bool all = true, rejected = false;
     for (int i = 0; i < kd; i++) {
         const float *row = sp->rows + (size_t)i * V;
         bool acc = false;
@@ -404,9 +481,11 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
             sp->pending = tok;
             sp->pending_lp = lp;
             all = false;
+            rejected = true;
             break;
         }
         sp->st.accepted++;
+        n_acc++;
         sp->st.emitted++;
         ids[n] = tok;
         logprobs[n++] = lp;
@@ -421,6 +500,10 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
     }
     if (!rc && all) /* every draft taken: the block's last row is the next position's */
         memcpy(sp->logits, sp->rows + (size_t)kd * V, V * sizeof(float));
+    if (!rc && kd > 0) { /* what this round says of the acceptance (adaptive draft length) */
+        sp->acc_w = SPEC_DECAY * sp->acc_w + n_acc;
+        sp->rej_w = SPEC_DECAY * sp->rej_w + (rejected ? 1.0 : 0.0);
+    }
     int r2 = muser_seq_rollback(sp->q, p0 + keep, err);
     if (!rc && !r2 && sp->d->n_tap) /* the kept rows' hidden states: the drafter's next context */
         r2 = sp->d->observe(sp->d, p0, sp->feats, keep, err);

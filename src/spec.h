@@ -32,7 +32,13 @@ struct muser_drafter {
     uint32_t n_tap;
     const uint32_t *tap_layers;
     int (*observe)(muser_drafter *d, uint64_t pos0, const float *feats, uint32_t n, muser_error *err);
+    /* The multiply-adds of its matrices in a round that proposes k tokens (NULL: next to nothing,
+     * as prompt lookup): the adaptive draft length weighs them against the target's per token. */
+    double (*round_macs)(const muser_drafter *d, uint32_t k);
 };
+
+/* The multiply-adds of m's matrices for one token (every layer's projections and the LM head). */
+double muser_model_token_macs(const muser_model *m);
 
 /* Prompt lookup: the longest suffix of the context (n_max tokens down to 1) that occurred before,
  * and the tokens that followed its latest occurrence. */
@@ -81,11 +87,27 @@ typedef struct muser_spec {
     int32_t pending;     /* a token already chosen (a rejection's draw), emitted next; -1 none */
     float pending_lp;
     muser_spec_stats st;
+    /* adaptive draft length (muser_spec_adaptive): the device's pass costs, and the acceptance
+     * seen so far as decayed counts of accepted drafts and of rejections */
+    bool adaptive;
+    double cost[KV_MAX_SPEC_ROWS + 1];
+    double target_macs;  /* the target's multiply-adds per token (muser_model_token_macs) */
+    double acc_w, rej_w;
 } muser_spec;
 
 int muser_spec_init(muser_spec *sp, muser_seq *q, uint64_t n_ctx, muser_sampler *smp, muser_drafter *d,
                     uint32_t k_max, const int32_t *prompt, uint64_t n_prompt, float *logits, muser_error *err);
 void muser_spec_free(muser_spec *sp);
+/* Adaptive draft length: each round asks the drafter for the k in 1..k_max that maximises the
+ * expected tokens per unit of cost, E(k) / (cost(k + 1) + r(k)), with E(k) = 1 + a + … + a^k for
+ * the per-draft acceptance a estimated from the rounds so far (decayed counts of accepted drafts
+ * and of rejections, from an even prior), cost the device's pass_cost and r the drafter's round in
+ * target tokens (its round_macs over the target's per-token multiply-adds). It reads only fixed
+ * figures and the run's own history, so runs repeat; greedy output is plain decoding's whatever
+ * k is. */
+void muser_spec_adaptive(muser_spec *sp, bool on);
+/* The draft length the next round asks for (k_max when not adaptive; the context may cut it). */
+uint32_t muser_spec_next_k(const muser_spec *sp);
 /* The next tokens, at most max_out (>= 1): ids and their raw logprobs (log_softmax of the row that
  * produced them, as plain decoding reports). A token for which stop(id, arg) is true ends the
  * generation (*ended): it is emitted but not fed, as plain decoding does; the last of max_out

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # cli_dflash.sh — `muser synth --dflash-for` and `muser run --draft-dflash` end to end on the tiny
-# synthetic model and the committed default model: greedy output with a (random) DFlash drafter is
-# plain greedy decoding's, the speculation line reports DFlash rounds, a drafter for another target
-# is refused with its reason, a drafter is not a model, and the CUDA backend and a second drafter
-# are usage errors.
+# synthetic model and the committed default model: greedy output with a (random) DFlash drafter,
+# and with prompt lookup, adaptive or --draft-fixed, is plain greedy decoding's, the speculation
+# line reports DFlash rounds, a drafter for another target is refused with its reason, a drafter
+# is not a model, and the CUDA backend and a second drafter are usage errors.
 set -u
 BIN=${MUSER_BIN:?MUSER_BIN must point at the muser binary}
 SRC=${MUSER_SOURCE_DIR:-.}
@@ -41,6 +41,16 @@ for m in "$TMP/tiny.gguf:$TMP/dfl.gguf" "$SRC/models/default.gguf:$TMP/dfl_def.g
             --draft-dflash "$drafter" --draft-max $k
         cmp -s "$TMP/out" "$TMP/plain" || fail "DFlash k $k on $model: output differs from plain greedy decoding"
         grep -q "speculation (DFlash, up to $k drafts)" "$TMP/err" || fail "DFlash k $k: no speculation line"
+    done
+    # every round K drafts (no adaptive length), and prompt lookup both ways: the same text
+    expect_rc 0 "DFlash greedy fixed k 7 ($model)" -- "$BIN" run -m "$model" -p "$P" -n 40 --temp 0 $T \
+        --draft-dflash "$drafter" --draft-max 7 --draft-fixed
+    cmp -s "$TMP/out" "$TMP/plain" || fail "DFlash fixed k 7 on $model: output differs from plain greedy decoding"
+    grep -q "speculation (DFlash, always 7 drafts)" "$TMP/err" || fail "DFlash fixed k 7: no speculation line"
+    for mode in "" --draft-fixed; do
+        expect_rc 0 "n-gram greedy k 15 $mode ($model)" -- "$BIN" run -m "$model" -p "$P" -n 40 --temp 0 $T \
+            --draft-ngram 3 --draft-max 15 $mode
+        cmp -s "$TMP/out" "$TMP/plain" || fail "n-gram k 15 $mode on $model: output differs from plain greedy decoding"
     done
 done
 

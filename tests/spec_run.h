@@ -14,6 +14,7 @@
 #define GEN 90
 
 static muser_backend_kind g_backend = MUSER_BACKEND_CPU; /* greedy() runs on each */
+static bool g_adaptive = false; /* speculate() with the adaptive draft length (k the cap) */
 
 typedef struct out {
     int32_t ids[GEN];
@@ -88,6 +89,7 @@ static void speculate(muser_engine *e, muser_drafter *d, uint32_t k, const int32
     for (uint32_t i = 0; i < np; i++) muser_sampler_accept(s, prompt[i]);
     muser_spec sp;
     CHECK_OK(muser_spec_init(&sp, q, 512, s, d, k, prompt, np, lg, &err), &err);
+    muser_spec_adaptive(&sp, g_adaptive);
     o->n = 0;
     while (o->n < GEN) {
         uint32_t n = 0;

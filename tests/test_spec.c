@@ -24,7 +24,7 @@ static void greedy(const muser_model *m, const muser_model *draft, const char *w
     if (!e) return;
     out ref;
     plain(e, prompt, np, 0.0f, 1, &ref);
-    const uint32_t ks[] = {1, 2, 3, 7, 15};
+    const uint32_t ks[] = {1, 2, 3, 7, 15, 15}; /* the last: adaptive, at most 15 */
     int same = 0, total = 0;
     uint64_t acc = 0, drafted = 0, rounds = 0;
     for (int dk = 0; dk < 3; dk++) {
@@ -36,10 +36,12 @@ static void greedy(const muser_model *m, const muser_model *draft, const char *w
             else CHECK_OK(muser_drafter_model_new(&d, draft, m, g_backend, 2, 512, &err), &err);
             if (!d) continue;
             out got;
+            g_adaptive = ki == sizeof ks / sizeof ks[0] - 1;
             speculate(e, d, ks[ki], prompt, np, 0.0f, 1, &got);
             const bool ok = same_output(&got, &ref);
-            CHECKF(ok, "%s: %s drafter, k %u: the tokens, logprobs or cache differ from plain greedy decoding", what,
-                   dk < 2 ? "n-gram" : "model", ks[ki]);
+            CHECKF(ok, "%s: %s drafter, k %u%s: the tokens, logprobs or cache differ from plain greedy decoding", what,
+                   dk < 2 ? "n-gram" : "model", ks[ki], g_adaptive ? " adaptive" : "");
+            g_adaptive = false;
             same += ok;
             total++;
             acc += got.st.accepted;
@@ -48,11 +50,61 @@ static void greedy(const muser_model *m, const muser_model *draft, const char *w
             muser_drafter_free(d);
         }
     }
-    printf("%-18s greedy: %d/%d speculative runs (n-gram 2, 3%s; k 1..15) give plain decoding's tokens, logprob bytes "
+    printf("%-18s greedy: %d/%d speculative runs (n-gram 2, 3%s; k 1..15, adaptive) give plain decoding's tokens, logprob bytes "
            "and cache; %llu of %llu drafts accepted over %llu verify passes\n", what, same, total,
            draft ? ", draft model" : "", (unsigned long long)acc, (unsigned long long)drafted,
            (unsigned long long)rounds);
     muser_engine_free(e);
+}
+
+/* ---- the adaptive draft length's choice ---- */
+static double fixed_round(const muser_drafter *d, uint32_t k)
+{
+    (void)d;
+    (void)k;
+    return 4.0e6; /* a round that costs 4 target tokens of 1e6 multiply-adds, whatever k */
+}
+
+/* k for acceptance a (as decayed counts) under cost table c and drafter d */
+static uint32_t choose_k(const double *c, double a, const muser_drafter *d)
+{
+    muser_spec sp;
+    memset(&sp, 0, sizeof sp);
+    sp.adaptive = true;
+    sp.k_max = MUSER_SPEC_MAX_DRAFT;
+    sp.d = (muser_drafter *)d;
+    sp.target_macs = 1.0e6;
+    memcpy(sp.cost, c, sizeof sp.cost);
+    sp.acc_w = 100.0 * a;
+    sp.rej_w = 100.0 * (1.0 - a);
+    return muser_spec_next_k(&sp);
+}
+
+static void adaptive_choice(void)
+{
+    double cpu[KV_MAX_SPEC_ROWS + 1], lin[KV_MAX_SPEC_ROWS + 1];
+    for (uint32_t n = 0; n <= KV_MAX_SPEC_ROWS; n++) { /* rows in groups of 4 (1.7 a group), and nearly free rows */
+        const uint32_t full = n ? (n - 1) / 4 : 0, rest = n - 4 * full;
+        cpu[n] = n ? full * 1.7 + 1.0 + 0.7 * (rest - 1) / 3.0 : 0.0;
+        lin[n] = n ? 1.0 + 0.02 * (n - 1) : 0.0;
+    }
+    muser_drafter free_d = {.name = "free"}, fixed_d = {.name = "fixed", .round_macs = fixed_round};
+    const uint32_t k_low = choose_k(cpu, 0.1, &free_d), k_mid = choose_k(cpu, 0.6, &free_d),
+                   k_high = choose_k(cpu, 0.9, &free_d);
+    CHECKF(k_low == 1, "acceptance 0.1 on group costs: k %u, want 1", k_low);
+    CHECKF(k_high == 3, "acceptance 0.9 on groups of 4: k %u, want 3 (a whole group)", k_high);
+    CHECKF(k_low <= k_mid && k_mid <= k_high, "k not monotone in the acceptance: %u %u %u", k_low, k_mid, k_high);
+    const uint32_t k_free = choose_k(lin, 0.99, &free_d);
+    CHECKF(k_free == MUSER_SPEC_MAX_DRAFT, "nearly free rows at acceptance 0.99: k %u, want %d", k_free,
+           MUSER_SPEC_MAX_DRAFT);
+    const uint32_t k_fix = choose_k(cpu, 0.9, &fixed_d);
+    CHECKF(k_fix > k_high, "a round's fixed drafter cost should lengthen the block: k %u against %u", k_fix, k_high);
+    muser_spec off;
+    memset(&off, 0, sizeof off);
+    off.k_max = 9;
+    CHECKF(muser_spec_next_k(&off) == 9, "not adaptive: k is k_max");
+    printf("adaptive draft length: k %u / %u / %u at acceptance 0.1 / 0.6 / 0.9 on groups of 4 rows, %u with a "
+           "4-token drafter round, %u on nearly free rows at 0.99\n", k_low, k_mid, k_high, k_fix, k_free);
 }
 
 /* ---- 2. the acceptance rule ---- */
@@ -143,6 +195,7 @@ int main(void)
     if (def) greedy(def, draft, "default (trained)", prompt, 100);
     if (tiny) greedy(tiny, NULL, "tiny", prompt, 30);
     acceptance();
+    adaptive_choice();
     if (tiny) { /* seeded sampled speculation repeats exactly */
         muser_engine *e = engine(tiny);
         muser_drafter *d = NULL;
@@ -153,6 +206,12 @@ int main(void)
             speculate(e, d, 5, prompt, 30, 0.8f, 42, &b);
             CHECKF(a.n == b.n && !memcmp(a.ids, b.ids, a.n * sizeof *a.ids), "seeded sampled runs differ");
             printf("sampled (T 0.8, seed 42): two runs give the same %u tokens\n", a.n);
+            g_adaptive = true; /* the adaptive length reads no clock: seeded runs repeat too */
+            speculate(e, d, 15, prompt, 30, 0.8f, 42, &a);
+            speculate(e, d, 15, prompt, 30, 0.8f, 42, &b);
+            g_adaptive = false;
+            CHECKF(a.n == b.n && !memcmp(a.ids, b.ids, a.n * sizeof *a.ids), "seeded adaptive sampled runs differ");
+            printf("sampled, adaptive draft length: two runs give the same %u tokens\n", a.n);
         }
         muser_drafter_free(d);
         muser_engine_free(e);

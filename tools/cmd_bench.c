@@ -619,7 +619,7 @@ int cmd_bench(int argc, char **argv)
                "P = 1 (single-stream decode through the same route).\n"
                "--verify B1,B2,...: the cost of a speculative verify pass of B rows of one\n"
                "sequence (checkpoint, one muser_step of B rows, rollback) beside a decode step,\n"
-               "after each --ctx of context (B <= 64).\n");
+               "after each --ctx of context (B <= 16).\n");
         return 0;
     }
     bench_opts o = {.model = NULL, .backend = MUSER_BACKEND_CPU, .prompt = 128, .gen = 32,
@@ -667,9 +667,9 @@ int cmd_bench(int argc, char **argv)
                 return cli_usage_error("bench", "--verify wants a list like 4,16, got '%s'", v);
             o.n_ver = t.n_ctx;
             for (uint32_t k = 0; k < t.n_ctx; k++) {
-                if (t.ctx[k] < 1 || t.ctx[k] > MUSER_STEP_MAX_ROWS)
-                    return cli_usage_error("bench", "--verify blocks must be 1..%u, got %llu", MUSER_STEP_MAX_ROWS,
-                                           (unsigned long long)t.ctx[k]);
+                if (t.ctx[k] < 1 || t.ctx[k] > KV_MAX_SPEC_ROWS)
+                    return cli_usage_error("bench", "--verify blocks must be 1..%d (a verify block), got %llu",
+                                           KV_MAX_SPEC_ROWS, (unsigned long long)t.ctx[k]);
                 o.ver[k] = (uint32_t)t.ctx[k];
             }
         } else if (!strcmp(a, "--parallel")) {

@@ -27,7 +27,9 @@ static void run_help(FILE *f)
                "  --draft-ngram N         speculate with prompt lookup (n-grams up to N tokens)\n"
                "  --draft-dflash MODEL    speculate with a DFlash drafter trained for this model\n"
                "                          (it reads the model's hidden states; cpu backend only)\n"
-               "  --draft-max K           drafts per verify pass, 1..15 (default 8)\n");
+               "  --draft-max K           at most K drafts per verify pass, 1..15 (default 8); each\n"
+               "                          round takes as many as the acceptance so far makes pay\n"
+               "  --draft-fixed           always ask the drafter for K drafts\n");
     cli_remote_help(f);
     gen_print_option_help(f);
     fprintf(f, "  -h, --help              this help\n\n"
@@ -46,6 +48,7 @@ int cmd_run(int argc, char **argv)
     bool special = false, no_bos = false, echo = false;
     const char *draft_path = NULL, *dflash_path = NULL;
     uint32_t draft_ngram = 0, draft_max = 8;
+    bool draft_fixed = false;
     cli_remote remote = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -66,6 +69,8 @@ int cmd_run(int argc, char **argv)
             no_bos = true;
         } else if (!strcmp(a, "--echo")) {
             echo = true;
+        } else if (!strcmp(a, "--draft-fixed")) {
+            draft_fixed = true;
         } else if (!strcmp(a, "--draft") || !strcmp(a, "--draft-dflash")) {
             if (i + 1 >= argc)
                 return cli_usage_error("run", "%s needs a model path", a);
@@ -180,7 +185,7 @@ int cmd_run(int argc, char **argv)
     gen_reply r;
     muser_spec_stats sst;
     memset(&sst, 0, sizeof sst);
-    int rc = drafter ? gen_generate_spec(&g, drafter, draft_max, toks, n_toks, o.n_predict, stdout, &gen_interrupted,
+    int rc = drafter ? gen_generate_spec(&g, drafter, draft_max, !draft_fixed, toks, n_toks, o.n_predict, stdout, &gen_interrupted,
                                          &r, &sst, &err)
                      : gen_generate(&g, o.n_predict, -1, stdout, &gen_interrupted, &r, &err);
     if (r.n_tokens || echo)
@@ -194,9 +199,10 @@ int cmd_run(int argc, char **argv)
             r.seconds, r.seconds > 0 ? (double)r.n_tokens / r.seconds : 0.0, why[r.stop]);
     if (sst.rounds)
         fprintf(stderr,
-                "muser run: speculation (%s, up to %u drafts): %llu verify passes, %llu of %llu drafts accepted "
+                "muser run: speculation (%s, %s %u drafts): %llu verify passes, %llu of %llu drafts accepted "
                 "(%.1f%%), %.2f tokens per pass\n",
-                draft_path ? "draft model" : dflash_path ? "DFlash" : "n-gram", draft_max, (unsigned long long)sst.rounds,
+                draft_path ? "draft model" : dflash_path ? "DFlash" : "n-gram", draft_fixed ? "always" : "up to",
+                draft_max, (unsigned long long)sst.rounds,
                 (unsigned long long)sst.accepted, (unsigned long long)sst.drafted,
                 sst.drafted ? 100.0 * sst.accepted / sst.drafted : 0.0, (double)sst.emitted / sst.rounds);
     if (rc) {

@@ -397,7 +397,7 @@ static bool spec_stop(int32_t id, void *arg)
     return muser_token_is_eog((const muser_tokenizer *)arg, id);
 }
 
-int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, const int32_t *ctx, size_t n_ctx_toks,
+int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, bool adaptive, const int32_t *ctx, size_t n_ctx_toks,
                       uint32_t max_tokens, FILE *out, volatile sig_atomic_t *interrupt, gen_reply *r,
                       muser_spec_stats *st, muser_error *err)
 {
@@ -408,6 +408,7 @@ int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, const int32_t *c
     int rc = muser_spec_init(&sp, g->seq, g->n_ctx, g->smp, d, k, ctx, n_ctx_toks, g->logits, err);
     if (rc)
         return rc;
+    muser_spec_adaptive(&sp, adaptive);
     muser_detok_stream ds;
     muser_detok_stream_init(&ds, g->tok);
     size_t text_cap = muser_detok_stream_min_cap(g->tok);

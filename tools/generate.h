@@ -92,10 +92,11 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
 extern volatile sig_atomic_t gen_interrupted;
 void gen_catch_sigint(bool on);
 
-/* gen_generate with speculation: drafter d proposes up to k tokens a round, the target verifies
- * them in one pass; the tokens (and their logprobs) are those plain decoding gives (greedy: the
- * same; sampled: the same distribution). ctx: the prompt. Round statistics into *st. */
-int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, const int32_t *ctx, size_t n_ctx_toks,
+/* gen_generate with speculation: drafter d proposes up to k tokens a round (adaptive: as many of
+ * them as the acceptance so far makes worth a pass, muser_spec_adaptive), the target verifies them
+ * in one pass; the tokens (and their logprobs) are those plain decoding gives (greedy: the same;
+ * sampled: the same distribution). ctx: the prompt. Round statistics into *st. */
+int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, bool adaptive, const int32_t *ctx, size_t n_ctx_toks,
                       uint32_t max_tokens, FILE *out, volatile sig_atomic_t *interrupt, gen_reply *r,
                       muser_spec_stats *st, muser_error *err);
 

@@ -1578,6 +1578,16 @@ static int be_dev_init(muser_device *d, muser_error *err)
     d->be_state = c;
     d->max_rows = MUSER_STEP_MAX_ROWS;
     d->prefill_rows = pf_model_ok(c) ? PF_TM : 0; /* below one GEMM tile a call costs as much as a tile */
+    /* a verify block of n rows in decode steps: one multi-row pass, as measured on the synthesized
+     * Glimmer (H200, `muser bench --verify`: 1.54 / 1.76 / 2.91 / 5.39 at 2 / 4 / 8 / 16 rows),
+     * linear between those points */
+    {
+        static const double at[5][2] = {{1, 1.0}, {2, 1.54}, {4, 1.76}, {8, 2.91}, {16, 5.39}};
+        for (uint32_t n = 1; n <= KV_MAX_SPEC_ROWS; n++)
+            for (int i = 0; i < 4; i++)
+                if (n >= at[i][0] && n <= at[i + 1][0])
+                    d->pass_cost[n] = at[i][1] + (at[i + 1][1] - at[i][1]) * (n - at[i][0]) / (at[i + 1][0] - at[i][0]);
+    }
     c->step_logits = (float *)malloc((size_t)MUSER_STEP_MAX_ROWS * d->model->hp.n_vocab * sizeof(float));
     if (!c->step_logits) {
         be_dev_free(d);
