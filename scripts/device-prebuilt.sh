@@ -186,6 +186,22 @@ for step in $steps; do
             same=same; cmp -s "$OUT/spec_plain.out" "$OUT/spec_ng$k.out" || same=DIFFERENT
             note "spec n-gram 3 K $k rc=$rc ($same text) :: $(grep -iE 'tok/s|per pass|accepted' "$OUT/spec_ng$k.err" | tr '\n' ' ')"
         done
+        # the trained default model on the GPU (its greedy text repeats, so prompt lookup finds
+        # drafts): 400 tokens after three prompts, plain, adaptive and fixed K 15, two rounds
+        for round in 1 2; do
+            for p in "And God said, Let there be light" "And the LORD spake unto Moses, saying," \
+                "And Jesus answered and said unto them,"; do
+                for mode in plain adaptive fixed; do
+                    a=""
+                    [ "$mode" != plain ] && a="--draft-ngram 3 --draft-max 15"
+                    [ "$mode" = fixed ] && a="$a --draft-fixed"
+                    # shellcheck disable=SC2086
+                    timeout -k 5 60 "$D/muser" run -m models/default.gguf --backend cuda -n 400 --temp 0 -p "$p" $a \
+                        >"$OUT/specd.out" 2>"$OUT/specd.err"
+                    note "spec default r$round [${p:0:12}] $mode :: $(grep -oE 'generated [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok/s\)|[0-9.]+ tokens per pass' "$OUT/specd.err" | tr '\n' ' ')"
+                done
+            done
+        done
         ;;
     same)
         # logits of the staged build $SAME_BASE (default muser-base) against muser's, byte for byte
