@@ -1,6 +1,8 @@
 # cli_bench.sh — `muser bench` on the tiny preset: the CPU lane prints one line per --ctx depth
 # with prefill and decode tok/s, bytes/token, GB/s, the same run's bandwidth and the number of
-# timed repetitions; bad arguments exit 2; a context too long for the model is an error.
+# timed repetitions; bad arguments exit 2; a context too long for the model is an error. --verify
+# prints a line per block; -p with a drafter measures speculation against plain decoding (the
+# same text) on the committed model.
 set -u
 BIN=${MUSER_BIN:?MUSER_BIN not set}
 DIR=$(mktemp -d)
@@ -18,4 +20,20 @@ echo "$out" | grep -q '^ctx 24 .*prefill *20 tok: *[0-9.]* tok/s.*decode *4 tok:
 "$BIN" bench -m "$DIR/tiny.gguf" --frobnicate >/dev/null 2>&1; [ $? = 2 ] || fail "unknown flag not a usage error"
 "$BIN" bench -m "$DIR/tiny.gguf" --ctx 600 >/dev/null 2>&1; [ $? = 1 ] || fail "ctx past the model's context accepted"
 "$BIN" bench -m "$DIR/missing.gguf" >/dev/null 2>&1; [ $? = 1 ] || fail "missing model not exit 1"
+# --verify: a line per block, B 1 first; at most a verify block's 16 rows
+out=$("$BIN" bench -m "$DIR/tiny.gguf" --verify 4 --gen 2 --reps 1 --threads 1 2>&1) || fail "bench --verify: $out"
+[ "$(echo "$out" | grep -c '^verify  ctx 0 ')" = 2 ] || fail "--verify 4: expected the lines of B 1 and 4: $out"
+"$BIN" bench -m "$DIR/tiny.gguf" --verify 17 >/dev/null 2>&1; [ $? = 2 ] || fail "--verify 17 not a usage error"
+# speculation against plain decoding on the committed model: the same text, the figures on one line
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+out=$("$BIN" bench -m "$SRC/models/default.gguf" -p "And God said, Let there be light" --gen 48 --reps 1 \
+      --threads 1 --draft-ngram 3 --draft-max 15 2>&1) || fail "bench --draft-ngram exited $?: $out"
+echo "$out" | grep -q '^spec    plain [0-9.]* tok/s | n-gram (up to 15 drafts): [0-9.]* tok/s = [0-9.]*x, [0-9.]* tokens per pass, .* | the same text | median of 1$' ||
+    fail "the spec line lacks a field: $out"
+out=$("$BIN" bench -m "$SRC/models/default.gguf" -p "And God said" --gen 16 --reps 1 --threads 1 \
+      --draft "$SRC/models/draft.gguf" --draft-max 3 --draft-fixed 2>&1) || fail "bench --draft exited $?: $out"
+echo "$out" | grep -q 'draft model (always 3 drafts).*the same text' || fail "bench --draft: $out"
+"$BIN" bench -m "$DIR/tiny.gguf" --draft-ngram 3 >/dev/null 2>&1; [ $? = 2 ] || fail "a drafter without -p not a usage error"
+"$BIN" bench -m "$DIR/tiny.gguf" -p hi --draft-ngram 3 --draft-dflash x.gguf >/dev/null 2>&1; [ $? = 2 ] ||
+    fail "two drafters not a usage error"
 echo "PASS: muser bench"

@@ -24,6 +24,7 @@
 #include "cli.h"
 #include "cpu/kernels.h"
 #include "engine.h"
+#include "generate.h"
 #include "session.h"
 #include "util.h"
 
@@ -53,6 +54,8 @@ typedef struct bench_opts {
     uint32_t n_par;
     uint32_t ver[BENCH_MAX_CTX]; /* --verify: block sizes (0 entries: not asked) */
     uint32_t n_ver;
+    const char *text;            /* -p: the prompt speculation is measured after */
+    gen_draft dr;                /* --draft, --draft-ngram, --draft-dflash, --draft-max, --draft-fixed */
 } bench_opts;
 
 /* ---- memory bandwidth: threads each sum a slice of one large buffer ---- */
@@ -410,6 +413,105 @@ out:
     return rc;
 }
 
+/* One greedy generation of o->gen tokens after toks through muser run's loop (generate.c): with
+ * drafter d when non-NULL; its text into *text (malloc'ed), its tok/s into *tps. */
+static int spec_once(gen_ctx *g, const bench_opts *o, muser_drafter *d, const int32_t *toks, size_t n, char **text,
+                     double *tps, muser_spec_stats *st, muser_error *err)
+{
+    size_t len = 0;
+    *text = NULL;
+    FILE *f = open_memstream(text, &len);
+    if (!f) return muser_errorf(err, MUSER_E_NOMEM, "out of memory");
+    gen_reply r;
+    int rc = gen_reset(g, err);
+    if (!rc) rc = gen_prefill_spec(g, d, toks, n, err);
+    if (!rc)
+        rc = d ? gen_generate_spec(g, d, o->dr.max, !o->dr.fixed, toks, n, o->gen, f, NULL, &r, st, err)
+               : gen_generate(g, o->gen, -1, f, NULL, &r, err);
+    fclose(f);
+    *tps = !rc && r.seconds > 0 ? r.n_tokens / r.seconds : 0.0;
+    return rc;
+}
+
+/* --draft…: plain greedy decoding and speculative decoding of --gen tokens after the prompt text
+ * -p, in turns (an untimed warm-up of each, then --reps timed rounds), through muser run's loop;
+ * the medians, the speedup, the drafts accepted, and whether every text is plain decoding's
+ * (greedy: it must be, else the run fails). */
+static int bench_spec(const bench_opts *o)
+{
+    gen_opts go;
+    gen_opts_default(&go, o->gen);
+    go.model_path = o->model;
+    go.sess.backend = (muser_backend_kind)o->backend;
+    go.sess.n_threads = o->threads;
+    go.sess.max_batch = o->max_batch;
+    go.sp.temperature = 0.0f;
+    gen_ctx g;
+    if (gen_open(&g, "bench", &go)) return 1;
+    muser_error err = {0};
+    int32_t *toks = NULL;
+    size_t n = 0, cap = 0;
+    gen_drafter gd = {0};
+    char *ref = NULL;
+    int rc = 1;
+    if (gen_tokenize_append(&g, o->text, true, false, &toks, &n, &cap, &err) || n == 0) {
+        fprintf(stderr, "muser bench: the prompt: %s\n", n ? err.msg : "empty");
+        goto out;
+    }
+    const uint64_t n_ctx = n + o->gen + KV_MAX_SPEC_ROWS + 1;
+    if (n_ctx > g.model->hp.n_ctx_train) {
+        fprintf(stderr, "muser bench: a prompt of %zu tokens and --gen %u exceed the model's context %u\n", n, o->gen,
+                g.model->hp.n_ctx_train);
+        goto out;
+    }
+    if (gen_start_session(&g, &go, n_ctx)) goto out;
+    printf("model   %s: %s, %u layers, E %u, V %u; backend %s; prompt %zu tokens, %u generated, greedy\n",
+           o->model ? o->model : cli_default_model(), muser_arch_name(g.model->hp.arch), g.model->hp.n_layer,
+           g.model->hp.n_embd, g.model->hp.n_vocab, muser_backend_name((muser_backend_kind)o->backend), n, o->gen);
+    double plain[BENCH_MAX_REPS], spec[BENCH_MAX_REPS];
+    muser_spec_stats st;
+    memset(&st, 0, sizeof st);
+    bool same = true;
+    for (uint32_t r = 0; r <= o->reps; r++) { /* round 0: untimed warm-up */
+        for (int s = 0; s < 2; s++) {
+            char *text = NULL;
+            double tps = 0;
+            gen_drafter_close(&gd); /* a fresh drafter per run */
+            if (s && gen_drafter_open(&g, &o->dr, &go, n_ctx, &gd, &err)) {
+                fprintf(stderr, "muser bench: %s\n", err.msg);
+                goto out;
+            }
+            memset(&st, 0, sizeof st);
+            if (spec_once(&g, o, gd.d, toks, n, &text, &tps, &st, &err)) {
+                fprintf(stderr, "muser bench: %s generation: %s\n", s ? "speculative" : "plain", err.msg);
+                free(text);
+                goto out;
+            }
+            if (!s && !ref) ref = text;
+            else {
+                same &= !strcmp(ref, text);
+                free(text);
+            }
+            if (r) (s ? spec : plain)[r - 1] = tps;
+        }
+    }
+    const double p = median(plain, o->reps), q = median(spec, o->reps);
+    printf("spec    plain %.1f tok/s | %s (%s %u drafts): %.1f tok/s = %.2fx, %.2f tokens per pass, %llu of %llu "
+           "drafts accepted (%.1f%%) | %s text | median of %u\n",
+           p, gen_draft_name(&o->dr), o->dr.fixed ? "always" : "up to", o->dr.max, q, p > 0 ? q / p : 0.0,
+           st.rounds ? (double)st.emitted / st.rounds : 0.0, (unsigned long long)st.accepted,
+           (unsigned long long)st.drafted, st.drafted ? 100.0 * st.accepted / st.drafted : 0.0,
+           same ? "the same" : "A DIFFERENT", o->reps);
+    if (!same) fprintf(stderr, "muser bench: speculation changed the greedy text (a bug: it must not)\n");
+    rc = same ? 0 : 1;
+out:
+    gen_drafter_close(&gd);
+    free(ref);
+    free(toks);
+    gen_close(&g);
+    return rc;
+}
+
 /* The same through the engine (engine.h): P threads, each its sequence's prompt and --gen decode
  * steps (muser_seq_decode), the engine's batcher packing them; the wall time from all threads'
  * release to the last step. */
@@ -609,6 +711,9 @@ int cmd_bench(int argc, char **argv)
     if (cli_wants_help(argc, argv)) {
         printf("usage: muser bench [-m MODEL] [--backend cpu|cuda|oracle] [--prompt N] [--gen N]\n"
                "                   [--threads N] [--ctx C1,C2,...] [--max-batch N] [--reps N]\n"
+               "                   [--parallel P1,P2,...] [--verify B1,B2,...]\n"
+               "                   [-p TEXT --draft MODEL|--draft-ngram N|--draft-dflash MODEL\n"
+               "                    [--draft-max K] [--draft-fixed]]\n"
                "Prefill (one batch call of --prompt tokens, default 128) and decode (--gen\n"
                "greedy tokens, default 32) speed after C tokens of context (--ctx, default 0),\n"
                "with decode bytes/token, achieved GB/s and its share of the memory bandwidth\n"
@@ -619,14 +724,26 @@ int cmd_bench(int argc, char **argv)
                "P = 1 (single-stream decode through the same route).\n"
                "--verify B1,B2,...: the cost of a speculative verify pass of B rows of one\n"
                "sequence (checkpoint, one muser_step of B rows, rollback) beside a decode step,\n"
-               "after each --ctx of context (B <= 16).\n");
+               "after each --ctx of context (B <= 16).\n"
+               "-p TEXT with a drafter (below): greedy speculative decoding of --gen tokens after\n"
+               "TEXT against plain greedy decoding, in turns, --reps rounds after a warm-up; the\n"
+               "medians, the speedup, the acceptance; the texts must be the same.\n");
+        gen_print_draft_help(stdout);
         return 0;
     }
     bench_opts o = {.model = NULL, .backend = MUSER_BACKEND_CPU, .prompt = 128, .gen = 32,
-                    .n_ctx = 1, .reps = 3};
+                    .n_ctx = 1, .reps = 3, .dr = GEN_DRAFT_DEFAULT};
     for (int i = 1; i < argc; i++) {
+        const int drc = gen_parse_draft_option("bench", argc, argv, &i, &o.dr);
+        if (drc < 0) return CLI_EXIT_USAGE;
+        if (drc > 0) continue;
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-p")) {
+            if (!v) return cli_usage_error("bench", "-p needs a prompt text");
+            o.text = argv[++i];
+            continue;
+        }
         if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--backend") ||
             !strcmp(a, "--prompt") || !strcmp(a, "--gen") || !strcmp(a, "--threads") ||
             !strcmp(a, "--ctx") || !strcmp(a, "--max-batch") || !strcmp(a, "--reps") ||
@@ -684,6 +801,11 @@ int cmd_bench(int argc, char **argv)
                 o.par[k] = (uint32_t)t.ctx[k];
             }
         }
+    }
+    if (gen_draft_wanted(&o.dr)) { /* speculation against plain decoding, through muser run's loop */
+        if (!o.text) return cli_usage_error("bench", "speculation is measured after a prompt text: -p TEXT");
+        if (gen_draft_check("bench", &o.dr, (muser_backend_kind)o.backend)) return CLI_EXIT_USAGE;
+        return bench_spec(&o);
     }
     if (!o.model)
         o.model = cli_default_model();

@@ -22,14 +22,8 @@ static void run_help(FILE *f)
                "  -p, --prompt TEXT       the prompt (required)\n"
                "  --special               parse special-token texts (e.g. <|end|>) in the prompt\n"
                "  --no-bos                do not prepend the BOS token\n"
-               "  --echo                  print the prompt before the generation\n"
-               "  --draft MODEL           speculate with a draft model sharing the vocabulary\n"
-               "  --draft-ngram N         speculate with prompt lookup (n-grams up to N tokens)\n"
-               "  --draft-dflash MODEL    speculate with a DFlash drafter trained for this model\n"
-               "                          (it reads the model's hidden states; cpu backend only)\n"
-               "  --draft-max K           at most K drafts per verify pass, 1..15 (default 8); each\n"
-               "                          round takes as many as the acceptance so far makes pay\n"
-               "  --draft-fixed           always ask the drafter for K drafts\n");
+               "  --echo                  print the prompt before the generation\n");
+    gen_print_draft_help(f);
     cli_remote_help(f);
     gen_print_option_help(f);
     fprintf(f, "  -h, --help              this help\n\n"
@@ -46,15 +40,15 @@ int cmd_run(int argc, char **argv)
     gen_opts_default(&o, 256);
     const char *prompt = NULL;
     bool special = false, no_bos = false, echo = false;
-    const char *draft_path = NULL, *dflash_path = NULL;
-    uint32_t draft_ngram = 0, draft_max = 8;
-    bool draft_fixed = false;
+    gen_draft dr = GEN_DRAFT_DEFAULT;
     cli_remote remote = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int rc = gen_parse_option("run", argc, argv, &i, &o);
         if (rc == 0)
             rc = cli_remote_parse("run", argc, argv, &i, &remote);
+        if (rc == 0)
+            rc = gen_parse_draft_option("run", argc, argv, &i, &dr);
         if (rc < 0)
             return CLI_EXIT_USAGE;
         if (rc > 0)
@@ -69,40 +63,15 @@ int cmd_run(int argc, char **argv)
             no_bos = true;
         } else if (!strcmp(a, "--echo")) {
             echo = true;
-        } else if (!strcmp(a, "--draft-fixed")) {
-            draft_fixed = true;
-        } else if (!strcmp(a, "--draft") || !strcmp(a, "--draft-dflash")) {
-            if (i + 1 >= argc)
-                return cli_usage_error("run", "%s needs a model path", a);
-            *(!strcmp(a, "--draft") ? &draft_path : &dflash_path) = argv[++i];
-        } else if (!strcmp(a, "--draft-ngram") || !strcmp(a, "--draft-max")) {
-            uint64_t v;
-            if (i + 1 >= argc || !muser_parse_u64(argv[i + 1], &v))
-                return cli_usage_error("run", "%s needs a number", a);
-            i++;
-            if (!strcmp(a, "--draft-ngram")) {
-                if (v < 1 || v > 64)
-                    return cli_usage_error("run", "--draft-ngram wants 1..64");
-                draft_ngram = (uint32_t)v;
-            } else {
-                if (v < 1 || v > MUSER_SPEC_MAX_DRAFT)
-                    return cli_usage_error("run", "--draft-max wants 1..%d", MUSER_SPEC_MAX_DRAFT);
-                draft_max = (uint32_t)v;
-            }
         } else {
             return cli_usage_error("run", "unknown option '%s'", a);
         }
     }
     if (!prompt)
         return cli_usage_error("run", "a prompt is required (-p TEXT)");
-    if ((draft_path != NULL) + (draft_ngram != 0) + (dflash_path != NULL) > 1)
-        return cli_usage_error("run", "--draft, --draft-ngram and --draft-dflash are three drafters: pick one");
-    if (dflash_path && o.sess.backend != MUSER_BACKEND_CPU)
-        return cli_usage_error("run",
-                               "--draft-dflash reads the model's hidden states through the tap, which only the cpu "
-                               "backend has for now (the %s backend refuses a tap): use --backend cpu",
-                               muser_backend_name(o.sess.backend));
-    if (dflash_path && remote.addr)
+    if (gen_draft_check("run", &dr, o.sess.backend))
+        return CLI_EXIT_USAGE;
+    if (dr.dflash_path && remote.addr)
         return cli_usage_error("run", "--draft-dflash needs the prompt's hidden states, which a remote prefill does "
                                       "not carry");
     if (cli_remote_check("run", &remote))
@@ -116,9 +85,7 @@ int cmd_run(int argc, char **argv)
     int32_t *toks = NULL;
     size_t n_toks = 0, cap = 0;
     handoff_client *producer = NULL;
-    muser_drafter *drafter = NULL;
-    muser_model *dm = NULL;
-    muser_dflash *df = NULL;
+    gen_drafter gd = {0};
     if (gen_tokenize_append(&g, prompt, !no_bos, special, &toks, &n_toks, &cap, &err)) {
         fprintf(stderr, "muser run: cannot tokenize the prompt: %s\n", err.msg);
         goto out;
@@ -146,21 +113,8 @@ int cmd_run(int argc, char **argv)
                           &producer))
         goto out;
 
-    if (draft_ngram && muser_drafter_ngram_new(&drafter, draft_ngram, &err)) {
+    if (gen_drafter_open(&g, &dr, &o, n_ctx, &gd, &err)) {
         fprintf(stderr, "muser run: %s\n", err.msg);
-        goto out;
-    }
-    if (draft_path && (muser_model_load(&dm, draft_path, &err) ||
-                       muser_drafter_model_new(&drafter, dm, g.model, o.sess.backend == MUSER_BACKEND_CUDA
-                                                                          ? MUSER_BACKEND_CUDA
-                                                                          : MUSER_BACKEND_CPU,
-                                               o.sess.n_threads, n_ctx, &err))) {
-        fprintf(stderr, "muser run: draft model %s: %s\n", draft_path, err.msg);
-        goto out;
-    }
-    if (dflash_path && (muser_dflash_load(&df, dflash_path, g.model, &err) ||
-                        muser_drafter_dflash_new(&drafter, df, MUSER_DFLASH_CPU, n_ctx, &err))) {
-        fprintf(stderr, "muser run: DFlash drafter %s: %s\n", dflash_path, err.msg);
         goto out;
     }
     gen_interrupted = 0;
@@ -168,7 +122,7 @@ int cmd_run(int argc, char **argv)
     double t0 = muser_now_s();
     handoff_stats hst;
     if (producer ? gen_prefill_remote(&g, producer, toks, n_toks, &hst, &err)
-                 : gen_prefill_spec(&g, drafter, toks, n_toks, &err)) {
+                 : gen_prefill_spec(&g, gd.d, toks, n_toks, &err)) {
         fprintf(stderr, "muser run: %s failed: %s\n", producer ? "remote prefill" : "prefill", err.msg);
         goto out_sig;
     }
@@ -185,7 +139,7 @@ int cmd_run(int argc, char **argv)
     gen_reply r;
     muser_spec_stats sst;
     memset(&sst, 0, sizeof sst);
-    int rc = drafter ? gen_generate_spec(&g, drafter, draft_max, !draft_fixed, toks, n_toks, o.n_predict, stdout, &gen_interrupted,
+    int rc = gd.d ? gen_generate_spec(&g, gd.d, dr.max, !dr.fixed, toks, n_toks, o.n_predict, stdout, &gen_interrupted,
                                          &r, &sst, &err)
                      : gen_generate(&g, o.n_predict, -1, stdout, &gen_interrupted, &r, &err);
     if (r.n_tokens || echo)
@@ -201,8 +155,7 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr,
                 "muser run: speculation (%s, %s %u drafts): %llu verify passes, %llu of %llu drafts accepted "
                 "(%.1f%%), %.2f tokens per pass\n",
-                draft_path ? "draft model" : dflash_path ? "DFlash" : "n-gram", draft_fixed ? "always" : "up to",
-                draft_max, (unsigned long long)sst.rounds,
+                gen_draft_name(&dr), dr.fixed ? "always" : "up to", dr.max, (unsigned long long)sst.rounds,
                 (unsigned long long)sst.accepted, (unsigned long long)sst.drafted,
                 sst.drafted ? 100.0 * sst.accepted / sst.drafted : 0.0, (double)sst.emitted / sst.rounds);
     if (rc) {
@@ -213,9 +166,7 @@ int cmd_run(int argc, char **argv)
 out_sig:
     gen_catch_sigint(false);
 out:
-    muser_drafter_free(drafter);
-    muser_dflash_free(df);
-    muser_model_free(dm);
+    gen_drafter_close(&gd);
     free(toks);
     handoff_client_free(producer);
     gen_close(&g);

@@ -458,3 +458,116 @@ int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, bool adaptive, c
     muser_spec_free(&sp);
     return rc;
 }
+
+/* ---- the drafter options ---- */
+
+int gen_parse_draft_option(const char *cmd, int argc, char **argv, int *i, gen_draft *d)
+{
+    const char *a = argv[*i];
+    if (!strcmp(a, "--draft-fixed")) {
+        d->fixed = true;
+        return 1;
+    }
+    if (!strcmp(a, "--draft") || !strcmp(a, "--draft-dflash")) {
+        if (*i + 1 >= argc) {
+            cli_usage_error(cmd, "%s needs a model path", a);
+            return -1;
+        }
+        *(!strcmp(a, "--draft") ? &d->model_path : &d->dflash_path) = argv[++*i];
+        return 1;
+    }
+    if (!strcmp(a, "--draft-ngram") || !strcmp(a, "--draft-max")) {
+        uint64_t v;
+        if (*i + 1 >= argc || !muser_parse_u64(argv[*i + 1], &v)) {
+            cli_usage_error(cmd, "%s needs a number", a);
+            return -1;
+        }
+        ++*i;
+        if (!strcmp(a, "--draft-ngram")) {
+            if (v < 1 || v > 64) {
+                cli_usage_error(cmd, "--draft-ngram wants 1..64");
+                return -1;
+            }
+            d->ngram = (uint32_t)v;
+        } else {
+            if (v < 1 || v > MUSER_SPEC_MAX_DRAFT) {
+                cli_usage_error(cmd, "--draft-max wants 1..%d", MUSER_SPEC_MAX_DRAFT);
+                return -1;
+            }
+            d->max = (uint32_t)v;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+void gen_print_draft_help(FILE *f)
+{
+    fprintf(f, "  --draft MODEL           speculate with a draft model sharing the vocabulary\n"
+               "  --draft-ngram N         speculate with prompt lookup (n-grams up to N tokens)\n"
+               "  --draft-dflash MODEL    speculate with a DFlash drafter trained for this model\n"
+               "                          (it reads the model's hidden states; cpu backend only)\n"
+               "  --draft-max K           at most K drafts per verify pass, 1..15 (default 8); each\n"
+               "                          round takes as many as the acceptance so far makes pay\n"
+               "  --draft-fixed           always ask the drafter for K drafts\n");
+}
+
+int gen_draft_check(const char *cmd, const gen_draft *d, muser_backend_kind backend)
+{
+    if ((d->model_path != NULL) + (d->ngram != 0) + (d->dflash_path != NULL) > 1)
+        return cli_usage_error(cmd, "--draft, --draft-ngram and --draft-dflash are three drafters: pick one");
+    if (d->dflash_path && backend != MUSER_BACKEND_CPU)
+        return cli_usage_error(cmd,
+                               "--draft-dflash reads the model's hidden states through the tap, which only the cpu "
+                               "backend has for now (the %s backend refuses a tap): use --backend cpu",
+                               muser_backend_name(backend));
+    return 0;
+}
+
+/* err's message prefixed with what failed (a copy first: err->msg is also the output) */
+static int draft_error(muser_error *err, int rc, const char *what, const char *path)
+{
+    char why[sizeof err->msg];
+    snprintf(why, sizeof why, "%s", err->msg);
+    return muser_errorf(err, rc, "%s %s: %s", what, path, why);
+}
+
+int gen_drafter_open(gen_ctx *g, const gen_draft *d, const gen_opts *o, uint64_t n_ctx, gen_drafter *out,
+                     muser_error *err)
+{
+    memset(out, 0, sizeof *out);
+    int rc = MUSER_OK;
+    if (d->ngram) {
+        rc = muser_drafter_ngram_new(&out->d, d->ngram, err);
+    } else if (d->model_path) {
+        rc = muser_model_load(&out->dm, d->model_path, err);
+        if (!rc)
+            rc = muser_drafter_model_new(&out->d, out->dm, g->model,
+                                         o->sess.backend == MUSER_BACKEND_CUDA ? MUSER_BACKEND_CUDA : MUSER_BACKEND_CPU,
+                                         o->sess.n_threads, n_ctx, err);
+        if (rc)
+            rc = draft_error(err, rc, "draft model", d->model_path);
+    } else if (d->dflash_path) {
+        rc = muser_dflash_load(&out->df, d->dflash_path, g->model, err);
+        if (!rc)
+            rc = muser_drafter_dflash_new(&out->d, out->df, MUSER_DFLASH_CPU, n_ctx, err);
+        if (rc)
+            rc = draft_error(err, rc, "DFlash drafter", d->dflash_path);
+    }
+    if (rc)
+        gen_drafter_close(out);
+    return rc;
+}
+
+void gen_drafter_close(gen_drafter *dr)
+{
+    muser_drafter_free(dr->d);
+    muser_dflash_free(dr->df);
+    muser_model_free(dr->dm);
+    memset(dr, 0, sizeof *dr);
+}
+
+const char *gen_draft_name(const gen_draft *d)
+{
+    return d->model_path ? "draft model" : d->dflash_path ? "DFlash" : "n-gram";
+}

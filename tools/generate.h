@@ -100,6 +100,38 @@ int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, bool adaptive, c
                       uint32_t max_tokens, FILE *out, volatile sig_atomic_t *interrupt, gen_reply *r,
                       muser_spec_stats *st, muser_error *err);
 
+/* The drafter options `muser run` and `muser bench` share: --draft MODEL, --draft-ngram N,
+ * --draft-dflash MODEL, --draft-max K, --draft-fixed. */
+typedef struct gen_draft {
+    const char *model_path, *dflash_path;
+    uint32_t ngram;              /* 0: no prompt lookup */
+    uint32_t max;                /* drafts per round at most (default 8) */
+    bool fixed;                  /* ask for max every round (no adaptive length) */
+} gen_draft;
+#define GEN_DRAFT_DEFAULT ((gen_draft){.max = 8})
+/* As gen_parse_option, for the drafter options. */
+int gen_parse_draft_option(const char *cmd, int argc, char **argv, int *i, gen_draft *d);
+/* The drafter options' help text. */
+void gen_print_draft_help(FILE *f);
+/* Whether d asks for a drafter. */
+static inline bool gen_draft_wanted(const gen_draft *d) { return d->model_path || d->dflash_path || d->ngram; }
+/* A usage error (printed; returns CLI_EXIT_USAGE) for two drafters or DFlash on a backend without
+ * the tap; else 0. */
+int gen_draft_check(const char *cmd, const gen_draft *d, muser_backend_kind backend);
+/* A drafter and the models it reads (a draft model, a DFlash drafter), owned together. */
+typedef struct gen_drafter {
+    muser_drafter *d;            /* NULL: none */
+    muser_model *dm;
+    muser_dflash *df;
+} gen_drafter;
+/* The drafter d asks for (out->d NULL when none), for g's model and a sequence of n_ctx
+ * positions. Errors in err; out is then empty. */
+int gen_drafter_open(gen_ctx *g, const gen_draft *d, const gen_opts *o, uint64_t n_ctx, gen_drafter *out,
+                     muser_error *err);
+void gen_drafter_close(gen_drafter *dr);
+/* "draft model", "DFlash" or "n-gram" */
+const char *gen_draft_name(const gen_draft *d);
+
 /* cmd_chat.c: the model's chat template (asked for, else its metadata's, else its special tokens',
  * else muse; *why says which), and its end-of-turn marker (text in buf; the token id or -1). */
 struct chat_template;
