@@ -612,12 +612,15 @@ static int cpu_dev_init(muser_device *d, muser_error *err)
         st->pass_rows = MUSER_STEP_MAX_ROWS;
     cpu_kernels_init(&st->kn, false);
     /* what a verify block of n rows costs: the multi-input dot unpacks each weight block once for
-     * up to 4 rows, so rows go in groups of 4; a full group measured 1.7 decode steps at the
-     * AVX-512 level and ~2.5 at AVX2 (docs/routes.md), the rows of a group in between linearly */
-    const double g4 = !st->kn.simd ? 4.0 : !strcmp(st->kn.level, "avx512") ? 1.7 : 2.5;
+     * up to 4 rows, so rows go in groups of 4. At the AVX-512 level a group costs ~2 decode steps
+     * (`muser bench --verify 2,3,4,5,8,12,16`, the default model and the small preset, 2 threads:
+     * 1.35 / 1.65 / 1.88 / 2.59 / 4.0 / 6.3 / 8.0) and a later group's first row ~0.7; at AVX2 a
+     * group ~2.5. Rows inside a group in between, linearly. */
+    const double g4 = !st->kn.simd ? 4.0 : !strcmp(st->kn.level, "avx512") ? 2.0 : 2.5;
     for (uint32_t n = 1; n <= KV_MAX_SPEC_ROWS; n++) {
         const uint32_t full = (n - 1) / 4, rest = n - 4 * full; /* rest in 1..4 */
-        d->pass_cost[n] = full * g4 + 1.0 + (g4 - 1.0) * (rest - 1) / 3.0;
+        const double first = full ? 0.7 : 1.0;                  /* the group's first row */
+        d->pass_cost[n] = full * g4 + first + (g4 - first) * (rest - 1) / 3.0;
     }
 
     uint32_t nt = d->opts.n_threads;
