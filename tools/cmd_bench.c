@@ -706,6 +706,26 @@ static bool parse_u32(const char *s, uint32_t *out, uint32_t lo)
     return true;
 }
 
+/* A list like 4,16 of counts in 1..max into out[] (*n of them); a usage error (printed, -1) else. */
+static int parse_count_list(const char *v, const char *flag, const char *what, uint32_t max, uint32_t *out,
+                            uint32_t *n)
+{
+    bench_opts t = {0};
+    if (parse_ctx_list(v, &t)) {
+        cli_usage_error("bench", "%s wants a list like 4,16, got '%s'", flag, v);
+        return -1;
+    }
+    for (uint32_t k = 0; k < t.n_ctx; k++) {
+        if (t.ctx[k] < 1 || t.ctx[k] > max) {
+            cli_usage_error("bench", "%s %s must be 1..%u, got %llu", flag, what, max, (unsigned long long)t.ctx[k]);
+            return -1;
+        }
+        out[k] = (uint32_t)t.ctx[k];
+    }
+    *n = t.n_ctx;
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
@@ -779,27 +799,11 @@ int cmd_bench(int argc, char **argv)
             if (parse_ctx_list(v, &o))
                 return cli_usage_error("bench", "--ctx wants a list like 0,4096, got '%s'", v);
         } else if (!strcmp(a, "--verify")) {
-            bench_opts t = o;
-            if (parse_ctx_list(v, &t))
-                return cli_usage_error("bench", "--verify wants a list like 4,16, got '%s'", v);
-            o.n_ver = t.n_ctx;
-            for (uint32_t k = 0; k < t.n_ctx; k++) {
-                if (t.ctx[k] < 1 || t.ctx[k] > KV_MAX_SPEC_ROWS)
-                    return cli_usage_error("bench", "--verify blocks must be 1..%d (a verify block), got %llu",
-                                           KV_MAX_SPEC_ROWS, (unsigned long long)t.ctx[k]);
-                o.ver[k] = (uint32_t)t.ctx[k];
-            }
+            if (parse_count_list(v, "--verify", "blocks", KV_MAX_SPEC_ROWS, o.ver, &o.n_ver))
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--parallel")) {
-            bench_opts t = o;
-            if (parse_ctx_list(v, &t))
-                return cli_usage_error("bench", "--parallel wants a list like 1,4,16, got '%s'", v);
-            o.n_par = t.n_ctx;
-            for (uint32_t k = 0; k < t.n_ctx; k++) {
-                if (t.ctx[k] < 1 || t.ctx[k] > MUSER_STEP_MAX_ROWS)
-                    return cli_usage_error("bench", "--parallel counts must be 1..%u, got %llu",
-                                           MUSER_STEP_MAX_ROWS, (unsigned long long)t.ctx[k]);
-                o.par[k] = (uint32_t)t.ctx[k];
-            }
+            if (parse_count_list(v, "--parallel", "counts", MUSER_STEP_MAX_ROWS, o.par, &o.n_par))
+                return CLI_EXIT_USAGE;
         }
     }
     if (gen_draft_wanted(&o.dr)) { /* speculation against plain decoding, through muser run's loop */
