@@ -492,9 +492,13 @@ static void mmq_launch(const mmq_args &A0, cudaStream_t st = 0, bool pdl = true)
     const uint32_t ctas = (ntile + tiles_per_cta - 1) / tiles_per_cta;
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(ctas * A.ng), dim3(256), st, pdl, at);
-    if (NXL == 1) cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, MINB>, A);
-    else if (NXL == 2) cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, MINB < 2 ? MINB : 2, 2>, A);
-    else cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, 1, 4>, A); /* 4 rows' sums: the registers of 1 a SM */
+    if (NXL == 1) {
+        cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, MINB>, A);
+    } else if constexpr (PAIR) { /* several rows of one matrix run mmqd.cuh's kernel; of a pair whose
+                                   * dense sums do not fit shared memory, these */
+        if (NXL == 2) cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, MINB < 2 ? MINB : 2, 2>, A);
+        else cudaLaunchKernelEx(&cfg, mmq_kernel<R, KW, PF, PAIR, 1, 4>, A); /* 4 rows' sums: the registers of 1 a SM */
+    }
 }
 
 /* The route's choice per launch (kbench_mma, kbench_stream and the engine, H200): the SiLU pair

@@ -346,31 +346,27 @@ __global__ void __launch_bounds__(NW * 32, MINB) mmq6_kernel(const mmq6_args A)
     mmq6_body<R, KW, NW, PF, NX>(A, mmq_cta(A.ng), mmq_grp(A.ng));
 }
 
-/* MINB = 0: CTAs per SM for ~64 registers per thread (R 1), ~128 (R 2 or PF). pdl: programmatic
- * stream serialization (see cu_pdl_wait). */
+/* One x row (a multi-row pass runs mmqd6.cuh's kernels). MINB = 0: CTAs per SM for ~64 registers
+ * per thread (R 1), ~128 (R 2 or PF). pdl: programmatic stream serialization (see cu_pdl_wait). */
 template <int R, int KW, int NW, bool PF, int MINB_ = 0>
 static cudaError_t mmq6_launch(const mmq6_args &A0, cudaStream_t st = 0, bool pdl = true)
 {
     constexpr int T = R >= 2 || PF ? 512 : 1024;
     constexpr int MINB = MINB_ ? MINB_ : T / (NW * 32) > 0 ? T / (NW * 32) : 1;
-    const uint32_t tiles_per_cta = (NW / KW) * R, ntile = A0.rows / 16, NXL = mmq_nx_of(A0.nx);
+    const uint32_t tiles_per_cta = (NW / KW) * R, ntile = A0.rows / 16;
     mmq6_args A = A0;
-    A.ng = (A.nx <= 1 ? 1 : A.nx + NXL - 1) / NXL;
+    A.ng = 1;
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg =
         cu_pdl_cfg(dim3((ntile + tiles_per_cta - 1) / tiles_per_cta * A.ng), dim3(NW * 32), st, pdl, at);
-    if (NXL == 1) return cudaLaunchKernelEx(&cfg, mmq6_kernel<R, KW, NW, PF, MINB>, A);
-    constexpr int MB = 1024 / (NW * 32) < MINB ? 1024 / (NW * 32) : MINB; /* ~64+ registers a thread */
-    if (NXL == 2) return cudaLaunchKernelEx(&cfg, mmq6_kernel<R, KW, NW, PF, MB < 2 ? MB : 2, 2>, A);
-    return cudaLaunchKernelEx(&cfg, mmq6_kernel<R, KW, NW, PF, MB < 2 ? MB : 2, 4>, A);
+    return cudaLaunchKernelEx(&cfg, mmq6_kernel<R, KW, NW, PF, MINB>, A);
 }
 
 /* The engine's choice per shape (kbench_mma6, H200): see bench/kernels/NOTES.md ("mma6"). */
 static inline cudaError_t mmq6_launch_auto(const mmq6_args &A, cudaStream_t st, bool pdl)
 {
     const uint32_t ntile = A.rows / 16;
-    if (ntile >= 4096) /* the LM head; several rows: one tile a warp (the same sums: KW decides them) */
-        return A.nx > 1 ? mmq6_launch<1, 2, 8, false>(A, st, pdl) : mmq6_launch<2, 2, 8, false>(A, st, pdl);
+    if (ntile >= 4096) return mmq6_launch<2, 2, 8, false>(A, st, pdl); /* the LM head */
     return mmq6_launch<1, 8, 8, true>(A, st, pdl);                     /* ffn_down, attn_v, ... */
 }
 
@@ -388,28 +384,25 @@ static inline cudaError_t mmq6_launch_down(const mmq6_args &A, cudaStream_t st, 
  * take v's tiles as mmq6_launch_auto's per-layer shape does (R 1, KW 8, next block prefetched), the
  * rest the stack's as mmq_launch_auto's (R 2, KW 8), at 3 CTAs per SM (the 80-register builds) so
  * the 16 + 264 CTAs run in one wave, v's first. Same arithmetic per output as the two launches. */
-template <int NX>
-static __global__ void __launch_bounds__(256, NX == 1 ? 3 : NX == 2 ? 2 : 1) mmq_stack_v(const mmq_args S, const mmq6_args V, uint32_t nv)
+static __global__ void __launch_bounds__(256, 3) mmq_stack_v(const mmq_args S, const mmq6_args V, uint32_t nv)
 {
     CU_TL_SCOPE(TL_MMQ);
     const uint32_t c = mmq_cta(S.ng), grp = mmq_grp(S.ng);
-    if (c < nv) mmq6_body<1, 8, 8, true, NX>(V, c, grp);
-    else mmq_body<2, 8, false, false, mmq_pdl_wait, NX>(S, c - nv, mmq_pdl_wait(), grp);
+    if (c < nv) mmq6_body<1, 8, 8, true>(V, c, grp);
+    else mmq_body<2, 8, false, false, mmq_pdl_wait>(S, c - nv, mmq_pdl_wait(), grp);
 }
 
-/* S: the stack (rows a multiple of 16, x in mmq's layout); V: v (x in mmq6's), MV_OP_STORE; both
- * with the same rows (nx). */
+/* S: the stack (rows a multiple of 16, x in mmq's layout); V: v (x in mmq6's), MV_OP_STORE; one x
+ * row (a multi-row pass runs mmqd_stack_v). */
 static inline void mmq_stack_v_launch(const mmq_args &S0, const mmq6_args &V0, cudaStream_t st, bool pdl)
 {
-    const uint32_t nv = V0.rows / 16, ns = (S0.rows / 16 + 1) / 2, NXL = mmq_nx_of(S0.nx);
+    const uint32_t nv = V0.rows / 16, ns = (S0.rows / 16 + 1) / 2;
     mmq_args S = S0;
     mmq6_args V = V0;
-    S.ng = V.ng = (S.nx <= 1 ? 1 : S.nx + NXL - 1) / NXL;
+    S.ng = V.ng = 1;
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3((nv + ns) * S.ng), dim3(256), st, pdl, at);
-    if (NXL == 1) cudaLaunchKernelEx(&cfg, mmq_stack_v<1>, S, V, nv);
-    else if (NXL == 2) cudaLaunchKernelEx(&cfg, mmq_stack_v<2>, S, V, nv);
-    else cudaLaunchKernelEx(&cfg, mmq_stack_v<4>, S, V, nv);
+    cudaLaunchKernelEx(&cfg, mmq_stack_v, S, V, nv);
 }
 
 #endif
