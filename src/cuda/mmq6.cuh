@@ -132,20 +132,29 @@ static __global__ void mmq6_repack_q6k(const uint8_t *__restrict__ src, uint8_t 
  * per 32 consecutive elements can call it as they write x, as mmq_prep_warp for mmq. Each lane
  * writes one 8-byte (b0, b1) pair: the 4 lanes of a 4-element group trade their packed digits,
  * and lane i of the group writes digit i of all four. */
-__device__ __forceinline__ void mmq6_prep_warp(float v, uint32_t p, uint8_t *__restrict__ buf)
+/* The group's scale *s and the word lane e writes: digit e & 3 of the four elements of its 4-lane
+ * group (byte j from lane (e & ~3) + j). Both Q6_K layouts (mmq6_prep_warp, mmqd6_prep_warp) store
+ * these words, each in its own place. */
+__device__ __forceinline__ uint32_t mmq6_digit_word(float v, uint32_t e, float *s)
 {
-    const uint32_t e = p & 31, c = (p >> 5) & 7;
-    uint8_t *blk = buf + (size_t)(p >> 8) * MMQ6_XBLK;
-    float s;
-    const int X = mmq_group_int(v, &s);
+    const int X = mmq_group_int(v, s);
     const uint32_t D = (uint32_t)(X & 127) | (uint32_t)((X >> 7) & 127) << 8 | (uint32_t)((X >> 14) & 127) << 16 |
                        (uint32_t)(X >> 21) << 24; /* byte d = digit d (e3 signed) */
     uint32_t Dj[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) Dj[j] = __shfl_sync(0xFFFFFFFFu, D, (int)((e & ~3u) | (uint32_t)j));
-    const uint32_t i = e & 3, h = e >> 4, t = (e >> 2) & 3;
+    const uint32_t i = e & 3;
     const uint32_t sel = i | (i + 4) << 4;
-    const uint32_t w = __byte_perm(__byte_perm(Dj[0], Dj[1], sel), __byte_perm(Dj[2], Dj[3], sel), 0x5410);
+    return __byte_perm(__byte_perm(Dj[0], Dj[1], sel), __byte_perm(Dj[2], Dj[3], sel), 0x5410);
+}
+
+__device__ __forceinline__ void mmq6_prep_warp(float v, uint32_t p, uint8_t *__restrict__ buf)
+{
+    const uint32_t e = p & 31, c = (p >> 5) & 7;
+    uint8_t *blk = buf + (size_t)(p >> 8) * MMQ6_XBLK;
+    float s;
+    const uint32_t w = mmq6_digit_word(v, e, &s);
+    const uint32_t i = e & 3, h = e >> 4, t = (e >> 2) & 3;
     const uint32_t L = 4 * (4 * h + i) + t; /* the B lane: column 4h + i, same t */
     *(uint2 *)(blk + (c >> 1) * 512 + 16 * L + 8 * (c & 1)) = h ? make_uint2(0u, w) : make_uint2(w, 0u);
     if (e == 0) {

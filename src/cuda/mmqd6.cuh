@@ -46,15 +46,8 @@ __device__ __forceinline__ void mmqd6_prep_warp(float v, uint32_t p, uint8_t *__
     const uint32_t e = p & 31, c = (p >> 5) & 7;
     uint8_t *blk = buf + (size_t)(p >> 8) * MMQD6_XBLK;
     float s;
-    const int X = mmq_group_int(v, &s);
-    const uint32_t D = (uint32_t)(X & 127) | (uint32_t)((X >> 7) & 127) << 8 | (uint32_t)((X >> 14) & 127) << 16 |
-                       (uint32_t)(X >> 21) << 24; /* byte d = digit d (e3 signed) */
-    uint32_t Dj[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) Dj[j] = __shfl_sync(0xFFFFFFFFu, D, (int)((e & ~3u) | (uint32_t)j));
+    const uint32_t w = mmq6_digit_word(v, e, &s);
     const uint32_t i = e & 3, h = e >> 4, t = (e >> 2) & 3;
-    const uint32_t sel = i | (i + 4) << 4;
-    const uint32_t w = __byte_perm(__byte_perm(Dj[0], Dj[1], sel), __byte_perm(Dj[2], Dj[3], sel), 0x5410);
     *(uint32_t *)(blk + ((c * 4 + i) * 4 + t) * 8 + 4 * h) = w;
     if (e == 0) {
         float *se = (float *)(blk + MMQD6_XS);
