@@ -273,6 +273,27 @@ static inline bool mmqd_pair_launch(const mmq_args &A0, int n_sm, cudaStream_t s
  * the same matrix does (mmqd_launch_auto), so each output's sum is mmq_body's: a lane's fold added
  * in f32 over its warp's blocks kw, kw + KW, … in order (mmq_block's acc), ((t0 + t1) + (t2 + t3))
  * over the four folds in f64 (mmq_rows_f64's order), the KW warps in f64 in warp order. */
+
+/* The dense kernels' epilogue (mmqd_body, mmqd6_body): per x row n < nx and output tile of the
+ * CTA's SETS sets, its KW warps' f64 sums in warp order, one rounding to f32, then the LM head's
+ * scale and cap (MV_OP_SOFTCAP, as the one-row kernels), stored at out + n·os. */
+template <int KW, int SETS, int NX, int NWR>
+__device__ __forceinline__ void mmqd_store(const double (&red)[NX][NWR][16], uint32_t nx, uint32_t cta, uint32_t ntile,
+                                           uint32_t op, float scale, float cap, float *out, uint32_t os)
+{
+    for (uint32_t i = threadIdx.x; i < nx * (uint32_t)(SETS * 16); i += blockDim.x) {
+        const uint32_t n = i / (SETS * 16), st = i % (SETS * 16) / 16, row16 = i % 16, ot = cta * SETS + st;
+        if (ot >= ntile) continue;
+        double ys = 0;
+        for (int k = 0; k < KW; k++) ys += red[n][st * KW + k][row16];
+        float y = (float)ys;
+        if (op == MV_OP_SOFTCAP) {
+            y = y * scale;
+            if (cap > 0.f) y = cap * tanhf(y / cap);
+        }
+        out[(size_t)n * os + (size_t)ot * 16 + row16] = y;
+    }
+}
 template <int KW, int NQ>
 __device__ __forceinline__ void mmqd_body(const mmq_args &A0, uint32_t cta, uint32_t grp)
 {
@@ -310,18 +331,7 @@ __device__ __forceinline__ void mmqd_body(const mmq_args &A0, uint32_t cta, uint
         }
     }
     __syncthreads();
-    for (uint32_t i = threadIdx.x; i < nx * (uint32_t)(SETS * 16); i += blockDim.x) {
-        const uint32_t n = i / (SETS * 16), st = i % (SETS * 16) / 16, row16 = i % 16, ot = cta * SETS + st;
-        if (ot >= ntile) continue;
-        double ys = 0;
-        for (int k = 0; k < KW; k++) ys += red[n][st * KW + k][row16];
-        float y = (float)ys;
-        if (A.op == MV_OP_SOFTCAP) { /* the LM head, as mmq_body */
-            y = y * A.scale;
-            if (A.cap > 0.f) y = A.cap * tanhf(y / A.cap);
-        }
-        A.out[(size_t)n * A.os + (size_t)ot * 16 + row16] = y;
-    }
+    mmqd_store<KW, SETS>(red, nx, cta, ntile, A.op, A.scale, A.cap, A.out, A.os);
 }
 
 template <int KW, int NQ, int MINB>

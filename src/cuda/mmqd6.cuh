@@ -193,18 +193,7 @@ __device__ __forceinline__ void mmqd6_body(const mmq6_args &A0, uint32_t cta, ui
         }
     }
     __syncthreads();
-    for (uint32_t i = threadIdx.x; i < nx * (uint32_t)(SETS * 16); i += blockDim.x) {
-        const uint32_t n = i / (SETS * 16), st = i % (SETS * 16) / 16, row16 = i % 16, ot = cta * SETS + st;
-        if (ot >= ntile) continue;
-        double ys = 0;
-        for (int k = 0; k < KW; k++) ys += red[n][st * KW + k][row16];
-        float y = (float)ys;
-        if (A.op == MV_OP_SOFTCAP) { /* the LM head, as mmq6_body */
-            y = y * A.scale;
-            if (A.cap > 0.f) y = A.cap * tanhf(y / A.cap);
-        }
-        A.out[(size_t)n * A.os + (size_t)ot * 16 + row16] = y;
-    }
+    mmqd_store<KW, SETS>(red, nx, cta, ntile, A.op, A.scale, A.cap, A.out, A.os);
 }
 
 template <int KW, int NW, int NP, int MINB>
