@@ -38,5 +38,8 @@ int cli_wants_help(int argc, char **argv);
 bool cli_parse_token_list(const char *s, int32_t **out, uint32_t *n);
 /* The model path: -m value, else $MUSER_MODEL, else the embedded default (models/default.gguf). */
 const char *cli_default_model(void);
+/* The whole content of path ("-": standard input), NUL-terminated, its length in *n; NULL (errno
+ * set) when it cannot be read. Free with free(). */
+char *cli_read_file(const char *path, size_t *n);
 
 #endif

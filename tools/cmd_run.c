@@ -9,17 +9,19 @@
 
 #include "util.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 static void run_help(FILE *f)
 {
-    fprintf(f, "usage: muser run [-m MODEL] -p PROMPT [options]\n\n"
+    fprintf(f, "usage: muser run [-m MODEL] (-p PROMPT | -f FILE) [options]\n\n"
                "Generate text from PROMPT and stream it to stdout; progress, the seed and speeds\n"
                "go to stderr. Stops at an end-of-generation token, after -n tokens, when the\n"
                "context is full, or on Ctrl-C.\n\n"
                "options:\n"
-               "  -p, --prompt TEXT       the prompt (required)\n"
+               "  -p, --prompt TEXT       the prompt\n"
+               "  -f, --file FILE         the prompt is FILE's content (- : standard input)\n"
                "  --special               parse special-token texts (e.g. <|end|>) in the prompt\n"
                "  --no-bos                do not prepend the BOS token\n"
                "  --echo                  print the prompt before the generation\n");
@@ -38,7 +40,8 @@ int cmd_run(int argc, char **argv)
     }
     gen_opts o;
     gen_opts_default(&o, 256);
-    const char *prompt = NULL;
+    const char *prompt = NULL, *prompt_file = NULL;
+    char *file_text = NULL;
     bool special = false, no_bos = false, echo = false;
     gen_draft dr = GEN_DRAFT_DEFAULT;
     cli_remote remote = {0};
@@ -57,6 +60,10 @@ int cmd_run(int argc, char **argv)
             if (i + 1 >= argc)
                 return cli_usage_error("run", "%s needs a text", a);
             prompt = argv[++i];
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (i + 1 >= argc)
+                return cli_usage_error("run", "%s needs a file", a);
+            prompt_file = argv[++i];
         } else if (!strcmp(a, "--special")) {
             special = true;
         } else if (!strcmp(a, "--no-bos")) {
@@ -67,8 +74,8 @@ int cmd_run(int argc, char **argv)
             return cli_usage_error("run", "unknown option '%s'", a);
         }
     }
-    if (!prompt)
-        return cli_usage_error("run", "a prompt is required (-p TEXT)");
+    if (!prompt == !prompt_file)
+        return cli_usage_error("run", "give the prompt once: -p TEXT or -f FILE");
     if (gen_draft_check("run", &dr, o.sess.backend))
         return CLI_EXIT_USAGE;
     if (dr.dflash_path && remote.addr)
@@ -76,10 +83,25 @@ int cmd_run(int argc, char **argv)
                                       "not carry");
     if (cli_remote_check("run", &remote))
         return CLI_EXIT_USAGE;
+    if (prompt_file) {
+        size_t len = 0;
+        if (!(file_text = cli_read_file(prompt_file, &len))) {
+            fprintf(stderr, "muser run: cannot read the prompt file '%s': %s\n", prompt_file, strerror(errno));
+            return 1;
+        }
+        if (strlen(file_text) != len) {
+            fprintf(stderr, "muser run: the prompt file '%s' holds a NUL byte\n", prompt_file);
+            free(file_text);
+            return 1;
+        }
+        prompt = file_text;
+    }
 
     gen_ctx g;
-    if (gen_open(&g, "run", &o))
+    if (gen_open(&g, "run", &o)) {
+        free(file_text);
         return 1;
+    }
     int status = 1;
     muser_error err = {0};
     int32_t *toks = NULL;
@@ -170,5 +192,6 @@ out:
     free(toks);
     handoff_client_free(producer);
     gen_close(&g);
+    free(file_text);
     return status;
 }

@@ -30,32 +30,6 @@ static void usage(FILE *f)
             cli_default_model());
 }
 
-static char *read_file(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, len = 0;
-    char *b = malloc(cap);
-    for (size_t got; b && (got = fread(b + len, 1, cap - len - 1, f)) > 0;) {
-        len += got;
-        if (cap - len < 2) {
-            char *nb = realloc(b, cap *= 2);
-            if (!nb) {
-                free(b);
-                b = NULL;
-            }
-            b = nb;
-        }
-    }
-    fclose(f);
-    if (b) {
-        b[len] = 0;
-        *n = len;
-    }
-    return b;
-}
-
 static int print_ids(const muser_tokenizer *t, const char *text, size_t len, bool bos,
                      bool special)
 {
@@ -150,7 +124,7 @@ int cmd_tokenize(int argc, char **argv)
     char *content = NULL;
     size_t clen = 0;
     if (file || batch) {
-        content = read_file(file ? file : batch, &clen);
+        content = cli_read_file(file ? file : batch, &clen);
         if (!content) {
             fprintf(stderr, "muser tokenize: %s: cannot read\n", file ? file : batch);
             return 1;

@@ -54,6 +54,37 @@ int cli_wants_help(int argc, char **argv)
     return 0;
 }
 
+char *cli_read_file(const char *path, size_t *n)
+{
+    const bool std_in = !strcmp(path, "-");
+    FILE *f = std_in ? stdin : fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, len = 0;
+    char *b = malloc(cap);
+    for (size_t got; b && (got = fread(b + len, 1, cap - len - 1, f)) > 0;) {
+        len += got;
+        if (cap - len < 2) {
+            char *nb = realloc(b, cap *= 2);
+            if (!nb)
+                free(b);
+            b = nb;
+        }
+    }
+    const bool failed = ferror(f);
+    if (!std_in)
+        fclose(f);
+    if (failed) {
+        free(b);
+        return NULL;
+    }
+    if (b) {
+        b[len] = 0;
+        *n = len;
+    }
+    return b;
+}
+
 const char *cli_default_model(void)
 {
     const char *env = getenv("MUSER_MODEL");
