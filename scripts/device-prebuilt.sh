@@ -6,7 +6,8 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, skip, ab, abm,
+#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff,
+#                                               # skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
 # `--pack` also writes them xz-compressed (~6 MB) into .devbin-pack/ (git-ignored): carry
@@ -18,7 +19,7 @@ if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     B=${MUSER_BUILD_DIR:-build-cuda}
     mkdir -p .devbin
     cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/tests/test_rows" "$B/tests/test_engine" \
-        "$B/tests/test_spec" "$B/bench/bench_serve" "$B/bench/kbench_matvec" \
+        "$B/tests/test_spec" "$B/tests/test_handoff" "$B/bench/bench_serve" "$B/bench/bench_sampler" "$B/bench/kbench_matvec" \
         "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
         "$B/bench/kbench_persist" .devbin/
     # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
@@ -98,6 +99,61 @@ for step in $steps; do
             >"$OUT/serve.log" 2>&1
         note "serve rc=$?"
         grep -E '^==|aggregate|tok/s|p50|p99' "$OUT/serve.log" | sed 's/^/    /' >>"$S"
+        ;;
+    host)
+        # the host side of a token: `muser run` decode (greedy, then the default sampling: top-k 40,
+        # top-p 0.95, min-p 0.05, T 0.8) against `muser bench`'s device lane, interleaved, two
+        # rounds; the engine's packed figures beside the route's; the sampler's time per token
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        for round in 1 2; do
+            timeout -k 5 120 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 128 --ctx 0 >"$OUT/host_bench.log" 2>&1
+            note "host r$round bench rc=$? :: $(grep '^ctx ' "$OUT/host_bench.log" | head -1)"
+            for mode in greedy sampled; do
+                a="--temp 0"
+                [ $mode = sampled ] && a="--seed 7"
+                # shellcheck disable=SC2086
+                timeout -k 5 120 "$D/muser" run -m /tmp/g.gguf --backend cuda -n 256 $a -p "Once upon a time" \
+                    >"$OUT/host_run.out" 2>"$OUT/host_run.err"
+                note "host r$round run $mode rc=$? :: $(grep -oE 'generated [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok/s\)' "$OUT/host_run.err")"
+            done
+        done
+        timeout -k 5 200 "$D/muser" bench --backend cuda -m /tmp/g.gguf --parallel ${PAR:-1,4,16} --gen 32 --reps 2 \
+            >"$OUT/host_parallel.log" 2>&1
+        note "host parallel rc=$?"
+        grep -E '^parallel|^engine' "$OUT/host_parallel.log" | sed 's/^/    /' >>"$S"
+        timeout -k 5 60 "$D/bench_sampler" >"$OUT/sampler.log" 2>&1
+        note "sampler rc=$?"
+        sed 's/^/    /' "$OUT/sampler.log" >>"$S"
+        ;;
+    handoff)
+        # remote prefill on the GPU: test_handoff (its CUDA cases), then a producer process
+        # (prefill-serve --backend cuda) and consumer processes (run --remote-prefill) against a
+        # local prefill, at HO_N tokens (default 4096 32768): time to first token, bytes, the text
+        (cd "$W" && MUSER_SOURCE_DIR="$OLDPWD" timeout -k 5 300 "$OLDPWD/$D/test_handoff") >"$OUT/test_handoff.log" 2>&1
+        note "test_handoff rc=$? :: $(grep -E 'SKIP|CUDA|cuda|test_handoff|handoff:' "$OUT/test_handoff.log" | tail -4 | tr '\n' ';')"
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        sh scripts/make-test-certs.sh "$W/certs" || note "handoff: make-test-certs.sh failed"
+        "$D/muser" prefill-serve -m /tmp/g.gguf --backend cuda --port 7070 --ctx 33000 --tls-dir "$W/certs/producer" \
+            --hmac-key-file "$W/certs/hmac.key" >"$OUT/producer.log" 2>&1 &
+        ppid=$!
+        for _ in $(seq 1 240); do grep -q listening "$OUT/producer.log" && break; sleep 0.5; done
+        note "handoff producer :: $(head -c 300 "$OUT/producer.log" | tr '\n' ' ')"
+        for n in ${HO_N:-4096 32768}; do
+            python3 -c "import random; r = random.Random($n); w = 'the of and to in is was for on that with as by at from it his an be this are which or had'.split(); print(' '.join(r.choice(w) for _ in range($n - 1)))" \
+                >"$W/prompt_$n.txt"
+            for mode in local remote; do
+                a=""
+                [ $mode = remote ] && a="--remote-prefill 127.0.0.1:7070 --tls-dir $W/certs/consumer --hmac-key-file $W/certs/hmac.key --ledger $W/ledger"
+                # shellcheck disable=SC2086
+                timeout -k 5 300 "$D/muser" run -m /tmp/g.gguf --backend cuda -f "$W/prompt_$n.txt" -n 16 --temp 0 $a \
+                    >"$OUT/ho_${mode}_$n.out" 2>"$OUT/ho_${mode}_$n.err"
+                note "handoff $n $mode rc=$? :: $(grep -E 'prompt [0-9]+ tokens|remote prefill from' "$OUT/ho_${mode}_$n.err" | sed 's/muser run: //' | tr '\n' ' ')"
+            done
+            same=same; cmp -s "$OUT/ho_local_$n.out" "$OUT/ho_remote_$n.out" || same=DIFFERENT
+            note "handoff $n: local and remote texts $same"
+        done
+        kill "$ppid" 2>/dev/null; wait "$ppid" 2>/dev/null
+        note "handoff producer :: $(tail -1 "$OUT/producer.log")"
         ;;
     rows)
         # row invariance on the synthesized Glimmer (the tensor-core matvecs and attention): the logits

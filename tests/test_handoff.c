@@ -184,7 +184,7 @@ typedef struct outcome {
 static void decode3(muser_seq *q, uint32_t n, uint32_t V, float *dec)
 {
     muser_error err = {0};
-    for (uint32_t i = 0; i < 3; i++) CHECK_OK(muser_seq_decode(q, tok_of(n + i + 1000, V), dec + (size_t)i * V, &err), &err);
+    for (uint32_t i = 0; i < 3; i++) CHECK_OK(muser_seq_decode(q, tok_of(n + i + 1000, V), dec + (size_t)i * V, NULL, &err), &err);
 }
 
 static void local(rig *r, const int32_t *t, uint32_t n, outcome *o)
@@ -316,7 +316,7 @@ static void bystander_round(bystander *b, char sha[65])
     muser_seq *q = NULL;
     int rc = muser_engine_open(b->e, CTX, &q, &err);
     if (!rc) rc = muser_seq_prefill(q, t, 17, logits, &err);
-    for (uint32_t i = 0; !rc && i < 6; i++) rc = muser_seq_decode(q, t[17 + i], logits + (size_t)(i + 1) * b->V, &err);
+    for (uint32_t i = 0; !rc && i < 6; i++) rc = muser_seq_decode(q, t[17 + i], logits + (size_t)(i + 1) * b->V, NULL, &err);
     muser_engine_close(q);
     muser_sha256_hex(logits, (size_t)7 * b->V * sizeof(float), sha);
     if (rc) snprintf(sha, 65, "failed");
@@ -571,6 +571,27 @@ int main(void)
     exact_on(tiny, "tiny", tiny_cases, g_san ? 3 : 5, MUSER_BACKEND_CPU);
     exact_on(trained, "trained", trained_cases, g_san ? 2 : 4, MUSER_BACKEND_CPU);
     exact_on(tiny, "tiny", oracle_cases, g_san ? 1 : 2, MUSER_BACKEND_ORACLE);
+    /* the GPU: its install hooks (kv_import / kv_seal) and its prefill and decode routes, the
+     * producer and the consumer on one GPU, each its own engine */
+    bool cuda = false;
+#ifdef MUSER_HAVE_CUDA
+    {
+        muser_session_opts co;
+        memset(&co, 0, sizeof co);
+        co.backend = MUSER_BACKEND_CUDA;
+        co.n_ctx = 64;
+        muser_session *s = NULL;
+        muser_error ce = {0};
+        cuda = muser_session_new(&s, tiny, &co, &ce) == 0;
+        muser_session_free(s);
+    }
+#endif
+    if (cuda) {
+        exact_on(tiny, "tiny", tiny_cases, 5, MUSER_BACKEND_CUDA);
+        exact_on(trained, "trained", trained_cases, 4, MUSER_BACKEND_CUDA);
+    } else {
+        printf("SKIP: the CUDA exact cases (no GPU, or built without CUDA)\n");
+    }
     streaming(g_san ? tiny : trained);
     printf("2. refused, nothing installed:\n");
     faults(tiny);
