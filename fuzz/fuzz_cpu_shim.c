@@ -1,5 +1,5 @@
-/* fuzz_cpu_shim.c — muser_fuzz_cpu_supports, linked into the harnesses that run the CPU engine
- * (fuzz_model, fuzz_dflash; scripts/fuzz.sh). */
+/* fuzz_cpu_shim.c — muser_fuzz_cpu_supports, linked into every harness that builds src/util.c (its
+ * row passes ask the CPU what it has) or the CPU engine (scripts/fuzz.sh). */
 #include <stdio.h>
 #include <string.h>
 

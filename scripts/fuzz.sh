@@ -57,9 +57,11 @@ TARGETS=("$@")
 [ "${TARGETS[0]}" = all ] && TARGETS=(gguf tok tok_load model serve handoff dflash)
 
 S=$ROOT/src
-TOK_SOURCES=("$S/tokenizer.c" "$S/vocab_o200k.c" "$S/gguf.c" "$S/util.c")
-ENGINE_SOURCES=("$S/model.c" "$S/kv.c" "$S/session.c" "$S/reference.c" "$S/forward.c" "$S/quant.c" "$S/cpu/"*.c
-                "$S/gguf.c" "$S/util.c")
+# util.c asks the CPU what it has (its row passes): every target with it links the shim
+UTIL_SOURCES=("$S/util.c" "$ROOT/fuzz/fuzz_cpu_shim.c")
+TOK_SOURCES=("$S/tokenizer.c" "$S/vocab_o200k.c" "$S/gguf.c" "${UTIL_SOURCES[@]}")
+ENGINE_SOURCES=("$S/model.c" "$S/kv.c" "$S/session.c" "$S/sampler.c" "$S/reference.c" "$S/forward.c" "$S/quant.c"
+                "$S/cpu/"*.c "$S/gguf.c" "${UTIL_SOURCES[@]}")
 
 # build TARGET: compile fuzz/fuzz_TARGET.c and what it drives into $dir/fuzz_TARGET.
 build() {
@@ -70,13 +72,12 @@ build() {
   local flags=("-D__builtin_cpu_supports=muser_fuzz_cpu_supports"
                -include "$ROOT/fuzz/fuzz_cpu_shim.h")
   case "$target" in
-    gguf) srcs=("$S/gguf.c" "$S/util.c") ;;
+    gguf) srcs=("$S/gguf.c" "${UTIL_SOURCES[@]}") ;;
     tok | tok_load) srcs=("${TOK_SOURCES[@]}"); libs+=(-lpcre2-8) ;;
-    model) srcs=("${ENGINE_SOURCES[@]}" "$ROOT/fuzz/fuzz_cpu_shim.c"); libs+=(-lpthread) ;;
+    model) srcs=("${ENGINE_SOURCES[@]}"); libs+=(-lpthread) ;;
     serve) srcs=("$ROOT/tools/serve_req.c"); libs+=(-lcjson) ;;
-    handoff) srcs=("$S/handoff/wire.c" "$S/util.c") ;;
-    dflash) srcs=("${ENGINE_SOURCES[@]}" "$S/dflash.c" "$S/dflash_ref.c" "$S/synth.c" "$S/tokenizer.c" "$S/vocab_o200k.c"
-                  "$ROOT/fuzz/fuzz_cpu_shim.c")
+    handoff) srcs=("$S/handoff/wire.c" "${UTIL_SOURCES[@]}") ;;
+    dflash) srcs=("${ENGINE_SOURCES[@]}" "$S/dflash.c" "$S/dflash_ref.c" "$S/synth.c" "$S/tokenizer.c" "$S/vocab_o200k.c")
             libs+=(-lpthread -lpcre2-8) ;;
     *) echo "fuzz.sh: unknown target '$target' (gguf, tok, tok_load, model, serve, handoff, dflash, all)" >&2; return 2 ;;
   esac

@@ -48,6 +48,7 @@ struct muser_seq {
     uint64_t n_keep;           /* rollback */
     muser_seq *copy_src;       /* copy: the sequence whose cache this one takes */
     float *logits;
+    const muser_top *top;      /* the request's rows' best logits out (NULL: none) */
     double t_submit;
     int rc;
     muser_error err;
@@ -217,6 +218,19 @@ static void run_decode(muser_engine *e)
     first[nr] = n;
     if (!nr) return;
     const uint64_t V = e->d->model->hp.n_vocab;
+    /* logits: a lone request's go straight to its caller's buffer (or nowhere: a greedy or top-k
+     * caller takes the best logits, and the GPU copies no row back); several requests' through
+     * the scratch. The pass's best logits: as many per row as the request that wants most. */
+    bool want_logits = false;
+    uint32_t k = 0;
+    for (uint32_t r = 0; r < nr; r++) {
+        want_logits |= reqs[r]->logits != NULL;
+        if (reqs[r]->top && reqs[r]->top->k > k) k = reqs[r]->top->k;
+    }
+    float *lg = nr == 1 ? reqs[0]->logits : want_logits ? e->scratch : NULL;
+    float top_v[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
+    int32_t top_id[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
+    const muser_top pass_top = {.k = k, .v = top_v, .id = top_id};
     const uint64_t trow = tap ? (uint64_t)tap->n_layers * e->d->model->hp.n_embd : 0; /* floats per tapped row */
     muser_tap pass_tap = {0};
     if (tap) pass_tap = (muser_tap){.n_layers = tap->n_layers, .layers = tap->layers, .out = e->tap_scratch};
@@ -224,7 +238,7 @@ static void run_decode(muser_engine *e)
     pthread_mutex_unlock(&e->mu);
     muser_error err = {0};
     const double t0 = muser_now_s();
-    int rc = muser_step(e->d, ss, tok, n, e->scratch, tap ? &pass_tap : NULL, &err);
+    int rc = muser_step(e->d, ss, tok, n, lg, k ? &pass_top : NULL, tap ? &pass_tap : NULL, &err);
     int rcs[MUSER_STEP_MAX_ROWS];
     muser_error errs[MUSER_STEP_MAX_ROWS];
     for (uint32_t r = 0; r < nr; r++) {
@@ -236,8 +250,8 @@ static void run_decode(muser_engine *e)
             muser_error er = {0};
             muser_tap one = pass_tap;
             one.out = tap ? e->tap_scratch + first[r] * trow : NULL;
-            rcs[r] = muser_step(e->d, ss + first[r], tok + first[r], first[r + 1] - first[r], e->scratch + first[r] * V,
-                                tap ? &one : NULL, &er);
+            rcs[r] = muser_step(e->d, ss + first[r], tok + first[r], first[r + 1] - first[r], reqs[r]->logits,
+                                reqs[r]->top, tap ? &one : NULL, &er);
             errs[r] = er;
         }
     const double t1 = muser_now_s();
@@ -255,7 +269,13 @@ static void run_decode(muser_engine *e)
             fail(q, rcs[r], &errs[r]);
             continue;
         }
-        if (q->logits) memcpy(q->logits, e->scratch + first[r] * V, (size_t)q->n * V * sizeof(float));
+        if (q->logits && lg == e->scratch && rc == MUSER_OK) /* (a rerun alone wrote its own) */
+            memcpy(q->logits, e->scratch + first[r] * V, (size_t)q->n * V * sizeof(float));
+        for (uint32_t j = 0; q->top && rc == MUSER_OK && j < q->n; j++) { /* (a rerun alone wrote its own) */
+            const size_t at = (size_t)(first[r] + j) * k;
+            memcpy(q->top->id + (size_t)j * q->top->k, top_id + at, q->top->k * sizeof *top_id);
+            if (q->top->v) memcpy(q->top->v + (size_t)j * q->top->k, top_v + at, q->top->k * sizeof *top_v);
+        }
         if (q->tap) memcpy(q->tap->out, e->tap_scratch + first[r] * trow, (size_t)q->n * trow * sizeof(float));
         q->decoding = true;
         finish(q, MUSER_OK);
@@ -554,7 +574,7 @@ void muser_engine_close(muser_seq *q)
 
 /* Queue the request and wait for it (the caller's one request). */
 static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n, bool verify, uint64_t n_keep,
-                  float *logits, const muser_tap *tap, muser_error *err)
+                  float *logits, const muser_top *top, const muser_tap *tap, muser_error *err)
 {
     muser_engine *e = q->e;
     const uint32_t V = e->d->model->hp.n_vocab;
@@ -591,6 +611,7 @@ static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n
     q->tap = tap;
     q->n_keep = n_keep;
     q->logits = logits;
+    q->top = top;
     q->t_submit = muser_now_s();
     q->finished = false;
     if (kind == REQ_PREFILL) q->decoding = false; /* a new prompt: not decoding until it decodes */
@@ -612,13 +633,16 @@ int muser_seq_prefill_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float
 {
     if (!q || (!tokens && n)) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: NULL argument");
     if (!n) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: no tokens");
-    return submit(q, REQ_PREFILL, tokens, n, false, 0, logits, tap, err);
+    return submit(q, REQ_PREFILL, tokens, n, false, 0, logits, NULL, tap, err);
 }
 
-int muser_seq_decode(muser_seq *q, int32_t token, float *logits, muser_error *err)
+int muser_seq_decode(muser_seq *q, int32_t token, float *logits, const muser_top *top, muser_error *err)
 {
     if (!q) return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode: NULL sequence");
-    return submit(q, REQ_DECODE, &token, 1, false, 0, logits, NULL, err);
+    if (top && (top->k == 0 || top->k > MUSER_TOP_MAX || !top->id))
+        return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode: the best %u logits (1..%u) and an id buffer are needed",
+                            top->k, MUSER_TOP_MAX);
+    return submit(q, REQ_DECODE, &token, 1, false, 0, logits, top, NULL, err);
 }
 
 int muser_seq_verify(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err)
@@ -632,7 +656,7 @@ int muser_seq_verify_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float 
     if (!q || !tokens) return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: NULL argument");
     if (n == 0 || n > KV_MAX_SPEC_ROWS || n > q->e->d->max_rows)
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: %u rows (1..%u)", n, KV_MAX_SPEC_ROWS);
-    return submit(q, REQ_DECODE, tokens, n, true, 0, logits, tap, err);
+    return submit(q, REQ_DECODE, tokens, n, true, 0, logits, NULL, tap, err);
 }
 
 int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err)
@@ -641,13 +665,13 @@ int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err)
     if (q->e != src->e || q->n_ctx != src->n_ctx)
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_copy_from: the sequences need one engine and one context");
     q->copy_src = src;
-    return submit(q, REQ_COPY, NULL, 0, false, 0, NULL, NULL, err);
+    return submit(q, REQ_COPY, NULL, 0, false, 0, NULL, NULL, NULL, err);
 }
 
 int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err)
 {
     if (!q) return muser_errorf(err, MUSER_E_ARG, "muser_seq_rollback: NULL sequence");
-    return submit(q, REQ_ROLLBACK, NULL, 0, false, n_keep, NULL, NULL, err);
+    return submit(q, REQ_ROLLBACK, NULL, 0, false, n_keep, NULL, NULL, NULL, err);
 }
 
 uint64_t muser_seq_pos(const muser_seq *q)

@@ -77,8 +77,10 @@ void muser_seq_cancel(muser_seq *q);
 /* The prompt, appended at the sequence's position, in chunks; logits (may be NULL) of its last
  * row [V]. One request at a time per sequence. */
 int muser_seq_prefill(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err);
-/* One decode row, packed with whatever else decodes in the window; logits (may be NULL) [V]. */
-int muser_seq_decode(muser_seq *q, int32_t token, float *logits, muser_error *err);
+/* One decode row, packed with whatever else decodes in the window; logits (may be NULL) [V], and
+ * top (may be NULL) the row's best top->k logits (session.h muser_top): a greedy or top-k sampler
+ * that asks for no logits gets what it needs without the row's copy (on the GPU, 808 KB). */
+int muser_seq_decode(muser_seq *q, int32_t token, float *logits, const muser_top *top, muser_error *err);
 /* A speculative block: n rows (1..16) at the sequence's next positions in one pass (packed with
  * other sequences' rows), after a KV checkpoint; logits [n][V] (may be NULL). Each row's bytes
  * are those of decoding it alone. Follow it with muser_seq_rollback. */

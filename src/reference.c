@@ -568,7 +568,7 @@ static int oracle_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
 
 /* The oracle has no pass: a step is each session's run of rows, one token at a time (the
  * definition every fast route's rows are judged by). */
-static int oracle_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
+static int oracle_runs(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
 {
     const uint64_t V = d->model->hp.n_vocab;
     for (uint32_t i = 0; i < rows->n; i++)
@@ -601,6 +601,19 @@ static int oracle_step(muser_device *d, const muser_step_rows *rows, float *logi
                 oracle_state *st = rows->seq[i]->be_state;
                 kv_undo_restore(&st->undo, &st->kv);
             }
+    return rc;
+}
+
+/* The best logits from the logits (its own buffer when the caller wants none). */
+static int oracle_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
+{
+    if (!rows->top) return oracle_runs(d, rows, logits, err);
+    const uint32_t V = d->model->hp.n_vocab;
+    float *lg = logits ? logits : malloc((size_t)rows->n * V * sizeof *lg);
+    if (!lg) return muser_errorf(err, MUSER_E_NOMEM, "oracle: out of memory for %u rows of logits", rows->n);
+    const int rc = oracle_runs(d, rows, lg, err);
+    if (!rc) muser_top_rows(rows->top, lg, rows->n, V);
+    if (lg != logits) free(lg);
     return rc;
 }
 

@@ -10,7 +10,8 @@
  *   3. top-k (k largest, ties to the lowest id), 4. top-p (smallest best-ranked prefix whose
  *      probability reaches p), 5. min-p (drop p_i < min_p * p_max), 6. draw.
  *
- * Cost per token on a V-wide row: one copy and one scan of the row. With top-k the k best come
+ * Cost per token on a V-wide row: one check and one scan of the row (and a copy when a penalty
+ * applies). With top-k the k best come
  * from a size-k min-heap (O(V log k)) and only k exponentials are taken. min-p is a threshold on
  * the scaled logit (no exponential needed to decide). Without top-k, top-p needs no full sort:
  * one pass sums the weight per bucket of the float's upper bits, the bucket where the running
@@ -36,6 +37,7 @@
  *
  * All buffers are sized at muser_sampler_new; nothing is allocated per token. */
 #include "sampler.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -50,6 +52,7 @@ struct muser_sampler {
     muser_sampler_params p;
     uint32_t n_vocab;
     float *work;       /* [V] penalised logits (a copy; the caller's row is never written) */
+    const float *row;  /* the row the chain reads: the caller's, or work when a penalty applies */
     int32_t *idx;      /* [V] candidate ids */
     float *val;        /* [V] candidate values, parallel to idx */
     int32_t *b_idx;    /* [V] top-p: the candidates of the boundary bucket */
@@ -316,28 +319,6 @@ static void sort_cands(int32_t *idx, float *val, uint32_t n)
 
 /* ---- the chain ---- */
 
-/* Two plain passes (the max, then its first index) instead of one branchy one: both are simple
- * enough for the compiler to vectorize. No NaN reaches here. */
-static int32_t argmax_lowest(const float *restrict x, uint32_t n)
-{
-    /* eight running maxima, so the loop is not one chain of dependent compares (the maximum of
-     * NaN-free values is the same in any grouping) */
-    float p[8] = {x[0], x[0], x[0], x[0], x[0], x[0], x[0], x[0]};
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++)
-            p[k] = x[i + k] > p[k] ? x[i + k] : p[k];
-    float m = p[0];
-    for (int k = 1; k < 8; k++)
-        m = p[k] > m ? p[k] : m;
-    for (; i < n; i++)
-        m = x[i] > m ? x[i] : m;
-    uint32_t at = 0;
-    while (x[at] != m)
-        at++;
-    return (int32_t)at;
-}
-
 /* Σ exp((double)x[i] − mx) over the row, in f64: the log-sum-exp of the logprobs. With AVX2 four
  * lanes at a time by a Cody–Waite reduction (x = k·ln2 + r, |r| ≤ ln2/2) and a degree-11 Taylor
  * polynomial (|error| < 2^−53 relative on the reduced range: below exp's own rounding), summed
@@ -386,23 +367,113 @@ static double exp_sum(const float *x, uint32_t n, double mx)
     return sum;
 }
 
+/* Whether a row can be sampled: no NaN or +inf, and not -inf everywhere. With AVX2 eight lanes at
+ * a time, else one branch-free pass on the bits. */
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static bool row_ok_avx2(const float *x, uint32_t n)
+{
+    const __m256 pinf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 bad = _mm256_setzero_ps(), finite = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        bad = _mm256_or_ps(bad, _mm256_or_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), _mm256_cmp_ps(v, pinf, _CMP_EQ_OQ)));
+        finite = _mm256_or_ps(finite, _mm256_cmp_ps(v, ninf, _CMP_NEQ_UQ));
+    }
+    bool any_bad = _mm256_movemask_ps(bad) != 0, any_finite = _mm256_movemask_ps(finite) != 0;
+    for (; i < n; i++) {
+        any_bad |= isnan(x[i]) || x[i] == INFINITY;
+        any_finite |= x[i] != -INFINITY;
+    }
+    return !any_bad && any_finite;
+}
+#endif
+
+static bool row_ok(const float *restrict in, uint32_t n)
+{
+#if defined(__x86_64__)
+    if (muser_rows_avx2()) return row_ok_avx2(in, n);
+#endif
+    uint32_t bad = 0, finite = 0;
+    for (uint32_t i = 0; i < n; i++) { /* on the bits: NaN or +inf is bad, all -inf is not finite */
+        uint32_t u;
+        memcpy(&u, &in[i], sizeof u);
+        const uint32_t special = (u & 0x7F800000u) == 0x7F800000u, neg_inf = u == 0xFF800000u;
+        bad |= special & (neg_inf ^ 1u);
+        finite |= neg_inf ^ 1u;
+    }
+    return !bad && finite;
+}
+
+/* The first index at or after i whose value exceeds worst, or n: the top-k scan's filter, which
+ * rejects most of a row. With AVX2 sixteen entries per step, else one compare each. */
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint32_t next_above_avx2(const float *x, uint32_t i, uint32_t n, float worst)
+{
+    const __m256 w = _mm256_set1_ps(worst);
+    for (; i + 16 <= n; i += 16) {
+        const int lo = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), w, _CMP_GT_OQ));
+        const int hi = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 8), w, _CMP_GT_OQ));
+        if (lo | hi) return i + (uint32_t)__builtin_ctz((unsigned)(lo | hi << 8));
+    }
+    for (; i < n && !(x[i] > worst); i++) {}
+    return i;
+}
+#endif
+
+static uint32_t next_above(const float *x, uint32_t i, uint32_t n, float worst)
+{
+#if defined(__x86_64__)
+    if (muser_rows_avx2()) return next_above_avx2(x, i, n, worst);
+#endif
+    for (; i < n && !(x[i] > worst); i++) {}
+    return i;
+}
+
+void muser_top_k(const float *x, uint32_t n, uint32_t k, float *v, int32_t *id)
+{
+    if (k == 1) {
+        id[0] = muser_argmax(x, n);
+        v[0] = x[id[0]];
+        return;
+    }
+    uint32_t i = 0;
+    for (; i < k; i++) { /* the first k, made a min-heap (the worst kept at the root) */
+        id[i] = (int32_t)i;
+        v[i] = x[i];
+    }
+    for (uint32_t j = k / 2; j-- > 0;)
+        heap_sift_down(id, v, k, j);
+    /* Most of the row is rejected by comparing it with a local copy of the root (next_above). An
+     * equal value loses: its id is higher than every id in the heap. */
+    float worst = v[0];
+    for (i = next_above(x, i, n, worst); i < n; i = next_above(x, i + 1, n, worst)) {
+        id[0] = (int32_t)i;
+        v[0] = x[i];
+        heap_sift_down(id, v, k, 0);
+        worst = v[0];
+    }
+    sort_cands(id, v, k);
+}
+
 /* Log-probabilities of the raw row: log_softmax(logits)[chosen] and the top-N entries. */
 static void raw_logprobs(const muser_sampler *s, const float *logits, int32_t chosen,
                          float *chosen_logprob, muser_logprob *top)
 {
     uint32_t V = s->n_vocab;
-    float mx = logits[argmax_lowest(logits, V)];
+    float mx = logits[muser_argmax(logits, V)];
     const double sum = exp_sum(logits, V, (double)mx);
     double lse = (double)mx + log(sum);
     if (chosen_logprob)
         *chosen_logprob = (float)((double)logits[chosen] - lse);
     if (!top)
         return;
-    uint32_t n = s->p.n_logprobs, have = 0;
-    for (uint32_t i = 0; i < V && n > 0; i++) {
-        float v = logits[i];
-        if (have == n && !ranks_before(v, (int32_t)i, top[n - 1].logprob, top[n - 1].id))
-            continue;
+    const uint32_t n = s->p.n_logprobs;
+    uint32_t have = 0;
+    /* insertion into the best-first list: its first n entries, then only a value above its last
+     * (an equal one has a higher id), found by next_above */
+    for (uint32_t i = 0; n > 0 && i < V;) {
+        const float v = logits[i];
         uint32_t j = have < n ? have++ : n - 1;
         while (j > 0 && ranks_before(v, (int32_t)i, top[j - 1].logprob, top[j - 1].id)) {
             top[j] = top[j - 1];
@@ -410,6 +481,7 @@ static void raw_logprobs(const muser_sampler *s, const float *logits, int32_t ch
         }
         top[j].id = (int32_t)i;
         top[j].logprob = v;
+        i = have < n ? i + 1 : next_above(logits, i + 1, V, top[n - 1].logprob);
     }
     for (uint32_t j = 0; j < have; j++)
         top[j].logprob = (float)((double)top[j].logprob - lse);
@@ -468,53 +540,40 @@ static uint32_t top_p_threshold(muser_sampler *s, uint32_t n, double need, doubl
     return kept;
 }
 
-/* Steps 3-6 on s->work (penalised, at least one finite entry): returns the drawn id. */
-/* The candidates after temperature, top-k, top-p and min-p (s->work holds the penalised row):
+/* Whether top-k applies: it keeps fewer than the whole vocabulary. */
+static bool top_k_on(const muser_sampler *s) { return s->p.top_k > 0 && s->p.top_k < s->n_vocab; }
+
+static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_out, double *mass_out);
+
+/* The candidates after temperature, top-k, top-p and min-p (s->row: the penalised row):
  * s->idx / s->val [0, *n) with their unnormalised weights, *mass their sum. */
 static void truncate_cands(muser_sampler *s, uint32_t *n_out, double *mass_out)
 {
-    const muser_sampler_params *p = &s->p;
     const uint32_t V = s->n_vocab;
-
-    /* Candidates: the top-k (sorted), or every id with a finite logit (unsorted). */
+    /* Candidates: the top-k (sorted; -inf is never one), or every id with a finite logit
+     * (unsorted). */
     uint32_t n = 0;
-    bool sorted = false;
-    if (p->top_k > 0 && p->top_k < V) {
-        const uint32_t k = p->top_k;
-        const float *restrict work = s->work;
-        uint32_t i = 0;
-        for (; i < V && n < k; i++) /* fill the heap with the first k finite entries */
-            if (work[i] != -INFINITY) {
-                s->idx[n] = (int32_t)i;
-                s->val[n] = work[i];
-                n++;
-            }
-        for (uint32_t j = n / 2; j-- > 0;)
-            heap_sift_down(s->idx, s->val, n, j);
-        /* The root is the worst kept; most of the row is rejected by one comparison with a local
-         * copy of it. An equal value loses too: its id is higher than every id in the heap.
-         * -inf never passes (the heap holds finite values). */
-        float worst = n ? s->val[0] : INFINITY;
-        for (; i < V; i++) {
-            float v = work[i];
-            if (!(v > worst))
-                continue;
-            s->idx[0] = (int32_t)i;
-            s->val[0] = v;
-            heap_sift_down(s->idx, s->val, k, 0);
-            worst = s->val[0];
-        }
-        sort_cands(s->idx, s->val, n);
-        sorted = true;
+    if (top_k_on(s)) {
+        muser_top_k(s->row, V, s->p.top_k, s->val, s->idx);
+        while (n < s->p.top_k && s->val[n] != -INFINITY)
+            n++;
     } else {
         for (uint32_t i = 0; i < V; i++) {
-            if (s->work[i] == -INFINITY)
+            if (s->row[i] == -INFINITY)
                 continue;
             s->idx[n] = (int32_t)i;
-            s->val[n] = s->work[i];
+            s->val[n] = s->row[i];
             n++;
         }
     }
+    finish_cands(s, n, top_k_on(s), n_out, mass_out);
+}
+
+/* Temperature, min-p and top-p over the candidates s->idx / s->val [0, n) (raw logits; sorted:
+ * best first, else in id order). */
+static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_out, double *mass_out)
+{
+    const muser_sampler_params *p = &s->p;
 
     /* Temperature: val becomes x = (l - l_max) / T <= 0, the best at 0; a tiny T sends the rest
      * to -inf (never inf * 0 = NaN). A candidate's weight is expf(x), the best weighing 1. */
@@ -577,12 +636,9 @@ static void truncate_cands(muser_sampler *s, uint32_t *n_out, double *mass_out)
     *mass_out = mass;
 }
 
-static int32_t sample_truncated(muser_sampler *s)
+/* Draw: walk the list (rank order with top-k, id order without) to the uniform's step. */
+static int32_t draw(muser_sampler *s, uint32_t n, double mass)
 {
-    uint32_t n;
-    double mass;
-    truncate_cands(s, &n, &mass);
-    /* Draw: walk the list (rank order with top-k, id order without) to the uniform's step. */
     double u = rng_uniform(s->rng) * mass, acc = 0.0;
     for (uint32_t i = 0; i < n; i++) {
         acc += (double)s->val[i];
@@ -592,27 +648,57 @@ static int32_t sample_truncated(muser_sampler *s)
     return s->idx[n - 1]; /* rounding can leave u just past the last step */
 }
 
-/* Copy and validate logits into s->work in one branch-free pass (local restrict pointers let it
- * vectorize), then apply the penalties. */
+static int32_t sample_truncated(muser_sampler *s)
+{
+    uint32_t n;
+    double mass;
+    truncate_cands(s, &n, &mass);
+    return draw(s, n, mass);
+}
+
+/* Validate the row; the chain reads it where it is, or a copy in s->work with the penalties
+ * applied. */
 static int load_row(muser_sampler *s, const float *logits)
 {
-    float *restrict work = s->work;
-    const float *restrict in = logits;
-    const uint32_t n = s->n_vocab; /* a local bound: the loop vectorizes */
-    uint32_t bad = 0, finite = 0;
-    for (uint32_t i = 0; i < n; i++) { /* on the bits: NaN or +inf is bad, all -inf is not finite */
-        uint32_t u;
-        memcpy(&u, &in[i], sizeof u);
-        const uint32_t special = (u & 0x7F800000u) == 0x7F800000u, neg_inf = u == 0xFF800000u;
-        bad |= special & (neg_inf ^ 1u);
-        finite |= neg_inf ^ 1u;
-        work[i] = in[i];
-    }
-    if (bad || !finite)
+    const uint32_t n = s->n_vocab;
+    if (!row_ok(logits, n))
         return MUSER_E_NUMERIC;
-    if (penalties_active(&s->p))
+    s->row = logits;
+    if (penalties_active(&s->p)) {
+        memcpy(s->work, logits, (size_t)n * sizeof *s->work);
         apply_penalties(s);
+        s->row = s->work;
+    }
     return MUSER_OK;
+}
+
+static bool is_greedy(const muser_sampler *s) { return s->p.temperature == 0.0f || s->p.top_k == 1; }
+
+uint32_t muser_sampler_top_needed(const muser_sampler *s)
+{
+    if (penalties_active(&s->p)) return 0;
+    return is_greedy(s) ? 1 : top_k_on(s) ? s->p.top_k : 0;
+}
+
+int32_t muser_sampler_sample_top(muser_sampler *s, const float *v, const int32_t *id, uint32_t n)
+{
+    const uint32_t k = muser_sampler_top_needed(s);
+    if (!k || n < k || !v || !id)
+        return MUSER_E_ARG;
+    if (isnan(v[0]) || v[0] == INFINITY || v[0] == -INFINITY) /* what load_row refuses, seen from the top */
+        return MUSER_E_NUMERIC;
+    if (is_greedy(s))
+        return id[0];
+    uint32_t m = 0;
+    while (m < k && v[m] != -INFINITY) { /* the first k, -inf never a candidate: truncate_cands' list */
+        s->idx[m] = id[m];
+        s->val[m] = v[m];
+        m++;
+    }
+    uint32_t kept;
+    double mass;
+    finish_cands(s, m, true, &kept, &mass);
+    return draw(s, kept, mass);
 }
 
 int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chosen_logprob,
@@ -623,7 +709,7 @@ int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chose
     if (load_row(s, logits))
         return MUSER_E_NUMERIC;
 
-    int32_t chosen = (p->temperature == 0.0f || p->top_k == 1) ? argmax_lowest(s->work, V)
+    int32_t chosen = is_greedy(s) ? muser_argmax(s->row, V)
                                                                 : sample_truncated(s);
     if (chosen_logprob || (top && p->n_logprobs > 0))
         raw_logprobs(s, logits, chosen, chosen_logprob, p->n_logprobs ? top : NULL);
@@ -636,8 +722,8 @@ int muser_sampler_dist(muser_sampler *s, const float *logits, const int32_t **id
     int rc = load_row(s, logits);
     if (rc)
         return rc;
-    if (s->p.temperature == 0.0f || s->p.top_k == 1) {
-        s->idx[0] = argmax_lowest(s->work, s->n_vocab);
+    if (is_greedy(s)) {
+        s->idx[0] = muser_argmax(s->row, s->n_vocab);
         s->val[0] = 1.0f;
         *n = 1;
         *mass = 1.0;

@@ -28,6 +28,16 @@ typedef struct muser_sampler muser_sampler;
 int muser_sampler_new(muser_sampler **out, uint32_t n_vocab, const muser_sampler_params *p,
                       muser_error *err);
 void muser_sampler_free(muser_sampler *s);
+/* The row's k largest logits x[0..n), best first (ties to the lower id, -0 tying +0), into v and
+ * id [k]; 1 <= k <= n, no NaN in x. The ranking every top-k in muser uses (the GPU's too). */
+void muser_top_k(const float *x, uint32_t n, uint32_t k, float *v, int32_t *id);
+/* How many of a row's best logits decide muser_sampler_sample's choice: 1 greedy, top-k's k, 0
+ * when it needs the whole row (a penalty, or no top-k). Log-probabilities always need the row. */
+uint32_t muser_sampler_top_needed(const muser_sampler *s);
+/* muser_sampler_sample from the row's best n logits (muser_top_k's v and id, n >=
+ * muser_sampler_top_needed(s) > 0): the same token, and the same draw of the seeded generator, as
+ * from the whole row. MUSER_E_NUMERIC when the best is not finite, MUSER_E_ARG when n is too few. */
+int32_t muser_sampler_sample_top(muser_sampler *s, const float *v, const int32_t *id, uint32_t n);
 /* Tell the sampler about a token in the context (prompt or generated), for penalties. */
 void muser_sampler_accept(muser_sampler *s, int32_t id);
 void muser_sampler_reset(muser_sampler *s);

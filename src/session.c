@@ -6,6 +6,7 @@
  * check happens before the backend runs, and n_past moves only when the backend succeeded, so a
  * refused or failed call leaves every session as it was. */
 #include "session.h"
+#include "sampler.h"
 
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -200,7 +201,7 @@ int muser_session_forward(muser_session *s, const int32_t *tokens, uint32_t n, f
     if (n == 0)
         return muser_errorf(err, MUSER_E_ARG, "muser_session_forward: no tokens");
     if (n == 1) /* the small-batch route with one row: decode */
-        return muser_step(s->dev, &s, tokens, 1, logits, NULL, err);
+        return muser_step(s->dev, &s, tokens, 1, logits, NULL, NULL, err);
     return prefill(s, tokens, n, logits, all_logits, NULL, err);
 }
 
@@ -259,7 +260,7 @@ static int prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *l
 }
 
 int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
-               float *logits, const muser_tap *tap, muser_error *err)
+               float *logits, const muser_top *top, const muser_tap *tap, muser_error *err)
 {
     if (!d || !seq || !tokens)
         return muser_errorf(err, MUSER_E_ARG, "muser_step: NULL argument");
@@ -299,13 +300,24 @@ int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens
     }
     if (tap && (rc = muser_tap_check(d->model, tap, err)))
         return rc;
-    const muser_step_rows rows = {.n = n, .seq = seq, .tokens = tokens, .tap = tap};
+    if (top && (top->k == 0 || top->k > MUSER_TOP_MAX || top->k > d->model->hp.n_vocab || !top->id))
+        return muser_errorf(err, MUSER_E_ARG, "step: the best %u logits per row (1..%u) and an id buffer are needed",
+                            top->k, MUSER_TOP_MAX);
+    const muser_step_rows rows = {.n = n, .seq = seq, .tokens = tokens, .tap = tap, .top = top};
     rc = d->be->step(d, &rows, logits, err);
     if (rc)
         return rc;
     for (uint32_t i = 0; i < n; i++)
         seq[i]->n_past++;
     return MUSER_OK;
+}
+
+void muser_top_rows(const muser_top *top, const float *logits, uint32_t n, uint32_t V)
+{
+    float v[MUSER_TOP_MAX];
+    for (uint32_t i = 0; i < n; i++)
+        muser_top_k(logits + (size_t)i * V, V, top->k, top->v ? top->v + (size_t)i * top->k : v,
+                    top->id + (size_t)i * top->k);
 }
 
 int muser_session_checkpoint(muser_session *s, muser_error *err)

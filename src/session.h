@@ -45,6 +45,14 @@ typedef struct muser_device muser_device;
 typedef fwd_tap muser_tap;
 #define MUSER_TAP_MAX_LAYERS 8u
 
+/* A step's best logits per row: what a greedy or top-k sampler needs instead of the row. */
+#define MUSER_TOP_MAX 64u
+typedef struct muser_top {
+    uint32_t k;                /* per row, 1..MUSER_TOP_MAX */
+    float *v;                  /* [n][k] the k largest logits, best first (may be NULL: ids only) */
+    int32_t *id;               /* [n][k] their ids: ties to the lower id, -0 tying +0 (muser_top_k) */
+} muser_top;
+
 /* One small-batch pass as the backend receives it, checked by muser_step: rows of the same
  * session are one contiguous run at that session's next positions. */
 typedef struct muser_step_rows {
@@ -52,6 +60,7 @@ typedef struct muser_step_rows {
     muser_session *const *seq; /* [n] */
     const int32_t *tokens;     /* [n] */
     const muser_tap *tap;      /* NULL: none */
+    const muser_top *top;      /* each row's best logits; NULL: none */
 } muser_step_rows;
 
 /* Backend vtable. dev_init allocates the device state (d->be_state); init a session's state on
@@ -66,8 +75,8 @@ typedef struct muser_backend {
      * last row (logits may be NULL). Must leave the session unchanged on error. */
     int (*forward)(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                    bool all_logits, muser_error *err);
-    /* The small-batch route: logits [n][V] (may be NULL). Must leave every session unchanged on
-     * error. */
+    /* The small-batch route: logits [n][V] (may be NULL) and rows->top (may be NULL), each
+     * written only on success. Must leave every session unchanged on error. */
     int (*step)(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err);
     int (*checkpoint)(muser_session *s, muser_error *err);
     int (*rollback)(muser_session *s, uint64_t n_keep, muser_error *err);
@@ -145,12 +154,15 @@ int muser_session_prefill_tap(muser_session *s, const int32_t *tokens, uint32_t 
 /* A tap is well formed for m: 1..MUSER_TAP_MAX_LAYERS ascending layers below n_layer, a buffer. */
 int muser_tap_check(const muser_model *m, const muser_tap *tap, muser_error *err);
 /* The small-batch route over n rows (seq[i], tokens[i]) of sessions on d: logits [n][V] (may be
- * NULL), tap as muser_tap (may be NULL). Refused before anything runs, with an error naming the
+ * NULL), top each row's best top->k logits (may be NULL: a greedy or top-k sampler needs no more,
+ * and the GPU then copies no row back), tap as muser_tap (may be NULL). Refused before anything runs, with an error naming the
  * row: more rows than d->max_rows, a session of another device, a token out of range, a
  * session's rows not one contiguous run, a row past its session's context. Each session's
  * n_past advances by its rows on success; on any error no session changes. */
 int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
-               float *logits, const muser_tap *tap, muser_error *err);
+               float *logits, const muser_top *top, const muser_tap *tap, muser_error *err);
+/* For a backend whose logits are in host memory: top's n rows from logits [n][V] (muser_top_k). */
+void muser_top_rows(const muser_top *top, const float *logits, uint32_t n, uint32_t V);
 int muser_session_checkpoint(muser_session *s, muser_error *err);
 int muser_session_rollback(muser_session *s, uint64_t n_keep, muser_error *err);
 void muser_session_commit(muser_session *s);

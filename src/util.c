@@ -117,6 +117,56 @@ double muser_now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Two passes: the maximum, then its first index. With AVX2 eight lanes at a time (the maximum of
+ * NaN-free values is the same in any grouping, and the first index is found by compares in order),
+ * else plain loops. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx2"))) static int32_t argmax_avx2(const float *x, uint32_t n)
+{
+    __m256 m0 = _mm256_set1_ps(x[0]), m1 = m0;
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+        m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, _mm256_max_ps(m0, m1));
+    float m = lanes[0];
+    for (int k = 1; k < 8; k++) m = lanes[k] > m ? lanes[k] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    const __m256 vm = _mm256_set1_ps(m);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vm, _CMP_EQ_OQ));
+        if (hit) return (int32_t)(i + (uint32_t)__builtin_ctz((unsigned)hit));
+    }
+    while (x[i] != m) i++;
+    return (int32_t)i;
+}
+#endif
+
+bool muser_rows_avx2(void)
+{
+#if defined(__x86_64__)
+    const char *env = getenv("MUSER_SIMD");
+    return __builtin_cpu_supports("avx2") && !(env && !strcmp(env, "0"));
+#else
+    return false;
+#endif
+}
+
+int32_t muser_argmax(const float *restrict x, uint32_t n)
+{
+#if defined(__x86_64__)
+    if (muser_rows_avx2()) return argmax_avx2(x, n);
+#endif
+    float m = x[0];
+    for (uint32_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    uint32_t at = 0;
+    while (x[at] != m) at++;
+    return (int32_t)at;
+}
+
 void *muser_alloc_aligned(size_t bytes)
 {
     void *p = NULL;

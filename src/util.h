@@ -15,6 +15,13 @@ float muser_bf16_to_f32(uint16_t h);
 
 double muser_now_s(void); /* monotonic seconds */
 
+/* The index of the largest of x[0..n) (n >= 1, no NaN), the lowest such index on ties (-0 and +0
+ * tie): greedy decoding's token, the same rule as the GPU's argmax kernel. */
+int32_t muser_argmax(const float *x, uint32_t n);
+/* Whether the row passes (muser_argmax, the sampler's scans) take their AVX2 form: the CPU has
+ * AVX2 and MUSER_SIMD is not "0" (which the tests set to check the plain loops give the same). */
+bool muser_rows_avx2(void);
+
 /* 64-byte aligned, zero-filled allocation; free with muser_free_aligned. NULL on failure. */
 void *muser_alloc_aligned(size_t bytes);
 void muser_free_aligned(void *p);

@@ -66,7 +66,7 @@ static void plain(muser_engine *e, const int32_t *prompt, uint32_t np, float tem
         const int32_t t = muser_sampler_sample(s, lg, &o->lp[o->n], NULL);
         o->ids[o->n++] = t;
         if (g + 1 == GEN) break;
-        CHECK_OK(muser_seq_decode(q, t, lg, &err), &err);
+        CHECK_OK(muser_seq_decode(q, t, lg, NULL, &err), &err);
         muser_sampler_accept(s, t);
     }
     o->pos = muser_seq_pos(q);

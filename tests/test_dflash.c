@@ -272,7 +272,7 @@ static void kept_rows(const muser_model *m, const int32_t *prompt, uint32_t np)
     for (uint64_t p = np; s && p < got.pos; p++) {
         tap.out = f + p * row;
         const int32_t t = ref.ids[p - np];
-        CHECK_OK(muser_step(s->dev, &s, &t, 1, NULL, &tap, &err), &err);
+        CHECK_OK(muser_step(s->dev, &s, &t, 1, NULL, NULL, &tap, &err), &err);
     }
     muser_dflash_run *fresh = NULL;
     CHECK_OK(muser_dflash_run_new(&fresh, df, MUSER_DFLASH_CPU, CTX, &err), &err);
@@ -491,7 +491,7 @@ static void refusals(const muser_model *tiny, const muser_model *tiny2, const mu
             if (dv) CHECK_OK(muser_session_open(&s, dv, 0, &err), &err);
             const muser_tap tap = {.n_layers = 2, .layers = layers, .out = st};
             muser_session *rs[3] = {s, s, s};
-            if (s) CHECK_OK(muser_step(dv, rs, toks, 3, sl, &tap, &err), &err);
+            if (s) CHECK_OK(muser_step(dv, rs, toks, 3, sl, NULL, &tap, &err), &err);
             CHECKF(!memcmp(st, feats[0], (size_t)3 * 2 * E * sizeof(float)), "the oracle's step tap differs from its prefill tap");
             muser_session_free(s);
             muser_device_free(dv);

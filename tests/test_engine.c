@@ -80,7 +80,7 @@ static void *seq_thread(void *arg)
     if (j->go) pthread_barrier_wait(j->go);
     if (!j->rc) j->rc = muser_seq_prefill(q, p, P, NULL, &err);
     for (uint32_t i = 0; i < N_DEC && !j->rc; i++)
-        j->rc = muser_seq_decode(q, tok_of(j->k, P + i, V), j->logits + (size_t)i * V, &err);
+        j->rc = muser_seq_decode(q, tok_of(j->k, P + i, V), j->logits + (size_t)i * V, NULL, &err);
     if (j->rc) fprintf(stderr, "sequence %u: %s\n", j->k, err.msg);
     muser_engine_close(q);
     free(p);
@@ -202,7 +202,7 @@ static void outranks(void)
     int32_t *tok = malloc(N * sizeof *tok);
     for (uint32_t i = 0; i < N; i++) tok[i] = tok_of(3, i, V);
     CHECK_OK(muser_seq_prefill(a, tok, 5, NULL, &err), &err); /* a decodes from here on */
-    CHECK_OK(muser_seq_decode(a, 7, NULL, &err), &err);
+    CHECK_OK(muser_seq_decode(a, 7, NULL, NULL, &err), &err);
     prefill_job pj = {.q = b, .tok = tok, .n = N};
     pthread_t th;
     pthread_create(&th, NULL, prefill_thread, &pj);
@@ -210,7 +210,7 @@ static void outranks(void)
     uint32_t np = 0;
     while (prefill_passes_of(e, muser_seq_id(b), rec, &np) < 3) usleep(100); /* b is prefilling */
     const double t_submit = muser_now_s();
-    CHECK_OK(muser_seq_decode(a, 8, NULL, &err), &err);
+    CHECK_OK(muser_seq_decode(a, 8, NULL, NULL, &err), &err);
     pthread_join(th, NULL);
     CHECK(pj.rc == 0);
     np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
@@ -263,7 +263,7 @@ static void *spin_thread(void *arg)
     muser_error err = {0};
     usleep(j->delay_us); /* the second starts while the first one's pass runs: out of step */
     for (uint32_t n = 0; !atomic_load(j->stop) && n < j->cap && !j->rc; n++) {
-        j->rc = muser_seq_decode(j->q, (int32_t)(n % 7), NULL, &err);
+        j->rc = muser_seq_decode(j->q, (int32_t)(n % 7), NULL, NULL, &err);
         atomic_store(&j->steps, n + 1);
         usleep(300); /* a caller's sampling: shorter than a pass, so the two fall out of step */
     }
@@ -351,7 +351,7 @@ static void *dec_thread(void *arg)
     muser_error err = {0};
     pthread_barrier_wait(j->go);
     j->t_submit = muser_now_s();
-    j->rc = muser_seq_decode(j->q, j->token, NULL, &err);
+    j->rc = muser_seq_decode(j->q, j->token, NULL, NULL, &err);
     return NULL;
 }
 
@@ -386,7 +386,7 @@ static void window(void)
            "four steps submitted together took %u rows in the last pass", np ? rec[np - 1].rows : 0);
     /* alone (three others decoding, idle): held at most the window */
     const double t0 = muser_now_s();
-    CHECK_OK(muser_seq_decode(q[0], 5, NULL, &err), &err);
+    CHECK_OK(muser_seq_decode(q[0], 5, NULL, NULL, &err), &err);
     const double waited = muser_now_s() - t0;
     np = muser_engine_passes(e, rec, 64);
     CHECK(rec[np - 1].rows == 1);
@@ -405,7 +405,7 @@ static void window(void)
     const int32_t t = 3;
     CHECK_OK(muser_seq_prefill(lone, &t, 1, NULL, &err), &err);
     const double t1 = muser_now_s();
-    CHECK_OK(muser_seq_decode(lone, 6, NULL, &err), &err);
+    CHECK_OK(muser_seq_decode(lone, 6, NULL, NULL, &err), &err);
     const double alone = muser_now_s() - t1;
     CHECKF(alone < 0.5 * W2 * 1e-6, "the only decoder was held for the window (%.0f ms of a %.0f ms window)",
            alone * 1e3, W2 / 1e3);
@@ -435,7 +435,7 @@ static void cancel_and_budget(void)
     muser_seq_cancel(b);
     pthread_join(th, NULL);
     CHECKF(pj.rc == MUSER_E_CANCELLED, "a prefill cancelled midway returned %d", pj.rc);
-    CHECK(muser_seq_decode(b, 1, NULL, &err) == MUSER_E_CANCELLED);
+    CHECK(muser_seq_decode(b, 1, NULL, NULL, &err) == MUSER_E_CANCELLED);
     muser_engine_close(b);
     muser_engine_close(dec);
     muser_engine_stats st;
@@ -458,7 +458,7 @@ static void cancel_and_budget(void)
     pthread_barrier_destroy(&go);
     CHECKF(dj.rc == MUSER_E_CANCELLED || dj.rc == 0, "a cancelled step returned %d", dj.rc);
     muser_engine_close(x);
-    CHECK_OK(muser_seq_decode(y, 4, NULL, &err), &err); /* the other goes on */
+    CHECK_OK(muser_seq_decode(y, 4, NULL, NULL, &err), &err); /* the other goes on */
     muser_engine_close(y);
     muser_engine_stats_get(e, &st);
     CHECK(st.open_seqs == 0 && st.kv_reserved_bytes == 0);
@@ -479,9 +479,9 @@ static void cancel_and_budget(void)
     CHECK_OK(muser_engine_open(e, 4, &small, &err), &err); /* a context of 4: its step past it fails alone */
     CHECK_OK(muser_seq_prefill(small, tok, 4, NULL, &err), &err);
     CHECK_OK(muser_seq_prefill(s1, tok, 4, NULL, &err), &err);
-    CHECK(muser_seq_decode(small, 1, NULL, &err) == MUSER_E_CONTEXT_FULL);
+    CHECK(muser_seq_decode(small, 1, NULL, NULL, &err) == MUSER_E_CONTEXT_FULL);
     CHECK(muser_seq_prefill(small, tok, 1, NULL, &err) == MUSER_E_CONTEXT_FULL);
-    CHECK_OK(muser_seq_decode(s1, 1, NULL, &err), &err);
+    CHECK_OK(muser_seq_decode(s1, 1, NULL, NULL, &err), &err);
     CHECK(muser_seq_pos(s1) == 5 && muser_seq_pos(small) == 4);
     muser_engine_close(small);
     muser_engine_close(s1);
@@ -526,7 +526,7 @@ static void *chaos_thread(void *arg)
         }
         rc = muser_seq_prefill(q, tok, P, NULL, &err);
         for (uint32_t g = 0; !rc && g < (uint32_t)((x >> 40) % 8); g++) {
-            rc = muser_seq_decode(q, (int32_t)(g % V), NULL, &err);
+            rc = muser_seq_decode(q, (int32_t)(g % V), NULL, NULL, &err);
             c->steps++;
             if ((x >> (g + 3)) % 11 == 0) muser_seq_cancel(q); /* cancel itself midway */
         }
@@ -609,13 +609,13 @@ static void copy(void)
         int32_t *p = malloc(P * sizeof *p);
         for (uint32_t i = 0; i < P; i++) p[i] = tok_of(k, i, V);
         CHECK_OK(muser_seq_prefill(src, p, P, NULL, &err), &err);
-        CHECK_OK(muser_seq_decode(dst, tok_of(k, 0, V), NULL, &err), &err); /* dst's own rows go */
+        CHECK_OK(muser_seq_decode(dst, tok_of(k, 0, V), NULL, NULL, &err), &err); /* dst's own rows go */
         CHECK_OK(muser_seq_copy_from(dst, src, &err), &err);
         CHECK(muser_seq_pos(dst) == P);
         for (uint32_t r = 0; r < 2; r++) { /* the copy first, then the source: neither sees the other */
             muser_seq *q = r ? src : dst;
             for (uint32_t i = 0; i < N_DEC; i++) {
-                CHECK_OK(muser_seq_decode(q, tok_of(k, P + i, V), got, &err), &err);
+                CHECK_OK(muser_seq_decode(q, tok_of(k, P + i, V), got, NULL, &err), &err);
                 same += !memcmp(got, want + (size_t)i * V, (size_t)V * sizeof *got);
                 total++;
             }

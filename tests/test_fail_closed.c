@@ -84,7 +84,7 @@ static void step_fails_closed(const muser_model *m, muser_backend_kind kind, uin
     }
     float *lg = malloc((size_t)n * V * sizeof(float)), *a = malloc(sizeof(float) * V),
           *b = malloc(sizeof(float) * V);
-    const int rc = muser_step(d, who, tok, n, lg, NULL, &err);
+    const int rc = muser_step(d, who, tok, n, lg, NULL, NULL, &err);
     CHECKF(rc == MUSER_E_NUMERIC, "%s: poisoned step (%u + %u rows) returned %d", name, n_bad, n_good, rc);
     for (int i = 0; i < 2; i++) {
         CHECKF(s[i]->n_past == prefix, "%s: session %d at %llu after a failed step", name, i,
@@ -96,8 +96,8 @@ static void step_fails_closed(const muser_model *m, muser_backend_kind kind, uin
                n_bad, n_good);
         const int32_t next[3] = {61, 62, 63};
         for (int j = 0; j < 3; j++) {
-            CHECK_OK(muser_step(d, &s[i], &next[j], 1, a, NULL, &err), &err);
-            CHECK_OK(muser_step(d, &t[i], &next[j], 1, b, NULL, &err), &err);
+            CHECK_OK(muser_step(d, &s[i], &next[j], 1, a, NULL, NULL, &err), &err);
+            CHECK_OK(muser_step(d, &t[i], &next[j], 1, b, NULL, NULL, &err), &err);
             CHECKF(!memcmp(a, b, sizeof(float) * V), "%s: session %d differs from its twin after a failed step",
                    name, i);
         }

@@ -12,6 +12,7 @@
  * Then the packed route against the oracle within the contract, the hidden-state tap, and the
  * refusals (each leaves every session as it was). */
 #include "check.h"
+#include "sampler.h"
 #include "session.h"
 #include "synth.h"
 
@@ -23,6 +24,21 @@
 #define MAX_LEN 41
 
 static const uint32_t seq_len[N_SEQ] = {41, 17, 30, 5, 23, 1, 38, 16, 33, 9, 27, 40, 12, 19, 36, 2};
+
+/* A step's best logits (muser_top) against muser_top_k of the same step's logits: ids exactly,
+ * values as floats compare (the GPU hands back -0 as +0, which ties it). */
+static int g_top_bad, g_top_rows;
+static void top_check(const float *logits, uint32_t V, const muser_top *t, uint32_t rows)
+{
+    float v[MUSER_TOP_MAX];
+    int32_t id[MUSER_TOP_MAX];
+    for (uint32_t r = 0; r < rows; r++) {
+        muser_top_k(logits + (size_t)r * V, V, t->k, v, id);
+        for (uint32_t j = 0; j < t->k; j++)
+            g_top_bad += id[j] != t->id[r * t->k + j] || v[j] != t->v[r * t->k + j];
+        g_top_rows++;
+    }
+}
 
 typedef struct run {
     float *logits[N_SEQ];      /* [len][V] */
@@ -109,8 +125,13 @@ static int run_route(const muser_model *m, muser_backend_kind b, int route, uint
                     rs[j] = s[k];
                     rt[j] = tok_of((uint32_t)k, i + j, V);
                 }
+                /* with the best logits too: one per row (the graph's argmax), or all a pass has */
+                float tv[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
+                int32_t ti[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
+                const muser_top top = {.k = i % 2 ? 1 : (V < MUSER_TOP_MAX ? V : MUSER_TOP_MAX), .v = tv, .id = ti};
                 if (route == 0) rc = muser_session_forward(s[k], rt, 1, out->logits[k] + (size_t)i * V, false, &err);
-                else rc = muser_step(shared, rs, rt, c, out->logits[k] + (size_t)i * V, NULL, &err);
+                else rc = muser_step(shared, rs, rt, c, out->logits[k] + (size_t)i * V, &top, NULL, &err);
+                if (route && !rc) top_check(out->logits[k] + (size_t)i * V, V, &top, c);
                 i += c;
             }
     } else {
@@ -131,7 +152,11 @@ static int run_route(const muser_model *m, muser_backend_kind b, int route, uint
                 }
             }
             if (!r) break;
-            rc = muser_step(shared, rs, rt, r, pl, NULL, &err);
+            float tv[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
+            int32_t ti[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
+            const muser_top top = {.k = p % 2 ? 1 : (V < MUSER_TOP_MAX ? V : MUSER_TOP_MAX), .v = tv, .id = ti};
+            rc = muser_step(shared, rs, rt, r, pl, &top, NULL, &err);
+            if (!rc) top_check(pl, V, &top, r);
             for (uint32_t j = 0; j < r && !rc; j++) {
                 const int k = who[j];
                 memcpy(out->logits[k] + (size_t)next[k] * V, pl + (size_t)j * V, V * sizeof(float));
@@ -150,8 +175,47 @@ static int run_route(const muser_model *m, muser_backend_kind b, int route, uint
     return rc;
 }
 
+/* Steps that ask for the best logits only (the GPU then copies no row back) give what steps with
+ * the logits give: 3 sessions, 12 packed steps, k = 1 and the most. */
+static void top_only(const muser_model *m, muser_backend_kind b, const char *what)
+{
+    const uint32_t V = m->hp.n_vocab, K = V < MUSER_TOP_MAX ? V : MUSER_TOP_MAX;
+    muser_device *d = dev_new(m, b);
+    muser_session *a[3] = {0}, *c[3] = {0};
+    muser_error err = {0};
+    float *lg = malloc((size_t)3 * V * sizeof *lg);
+    int bad = 0;
+    for (int i = 0; i < 3 && d; i++) {
+        CHECK_OK(muser_session_open(&a[i], d, 0, &err), &err);
+        CHECK_OK(muser_session_open(&c[i], d, 0, &err), &err);
+    }
+    for (uint32_t t = 0; d && lg && t < 12; t++) {
+        int32_t tok[3] = {tok_of(1, t, V), tok_of(2, t, V), tok_of(3, t, V)};
+        float v1[3 * MUSER_TOP_MAX], v2[3 * MUSER_TOP_MAX];
+        int32_t i1[3 * MUSER_TOP_MAX], i2[3 * MUSER_TOP_MAX];
+        const uint32_t k = t % 2 ? 1 : K;
+        const muser_top with = {.k = k, .v = v1, .id = i1}, alone = {.k = k, .v = v2, .id = i2};
+        CHECK_OK(muser_step(d, a, tok, 3, lg, &with, NULL, &err), &err);
+        CHECK_OK(muser_step(d, c, tok, 3, NULL, &alone, NULL, &err), &err);
+        bad += memcmp(i1, i2, 3 * k * sizeof *i1) != 0 || memcmp(v1, v2, 3 * k * sizeof *v1) != 0;
+    }
+    char ha[65], hc[65];
+    for (int i = 0; i < 3 && d; i++) {
+        CHECK_OK(muser_session_kv_sha256(a[i], ha, &err), &err);
+        CHECK_OK(muser_session_kv_sha256(c[i], hc, &err), &err);
+        bad += strcmp(ha, hc) != 0;
+        muser_session_free(a[i]);
+        muser_session_free(c[i]);
+    }
+    CHECKF(d && bad == 0, "%s %s: %d steps without logits gave other best logits or caches", what,
+           muser_backend_name(b), bad);
+    free(lg);
+    muser_device_free(d);
+}
+
 static void invariance(const muser_model *m, muser_backend_kind b, const char *what)
 {
+    top_only(m, b, what);
     const uint32_t V = m->hp.n_vocab;
     run ref;
     CHECK(run_route(m, b, 0, 1, &ref) == 0);
@@ -175,6 +239,11 @@ static void invariance(const muser_model *m, muser_backend_kind b, const char *w
     }
     printf("%-22s %-6s row invariance over %zu routes x %d sequences: %s\n", what, muser_backend_name(b), n_cases,
            N_SEQ, bad ? "DIFFERENT" : "identical bytes");
+    CHECKF(g_top_bad == 0, "%s %s: %d of the steps' best logits differ from the logits' (muser_top_k)", what,
+           muser_backend_name(b), g_top_bad);
+    printf("%-22s %-6s best logits of %d step rows (1 and %u per row): %s\n", what, muser_backend_name(b), g_top_rows,
+           V < MUSER_TOP_MAX ? V : MUSER_TOP_MAX, g_top_bad ? "DIFFERENT" : "the logits' own");
+    g_top_bad = g_top_rows = 0;
     run_free(&ref);
 }
 
@@ -231,22 +300,22 @@ static void refusals_and_tap(const muser_model *m)
     int32_t t[MUSER_STEP_MAX_ROWS + 1] = {0};
     muser_session *rs[MUSER_STEP_MAX_ROWS + 1];
     for (int i = 0; i <= (int)MUSER_STEP_MAX_ROWS; i++) rs[i] = a;
-    CHECK(muser_step(d, rs, t, MUSER_STEP_MAX_ROWS + 1, lg, NULL, &err) == MUSER_E_ARG);
+    CHECK(muser_step(d, rs, t, MUSER_STEP_MAX_ROWS + 1, lg, NULL, NULL, &err) == MUSER_E_ARG);
     muser_session *aba[3] = {a, b, a};
-    CHECK(muser_step(d, aba, t, 3, lg, NULL, &err) == MUSER_E_ARG);
+    CHECK(muser_step(d, aba, t, 3, lg, NULL, NULL, &err) == MUSER_E_ARG);
     CHECKF(strstr(err.msg, "row 2") != NULL, "out-of-order refusal names the row: %s", err.msg);
     muser_session *ax[2] = {a, x};
-    CHECK(muser_step(d, ax, t, 2, lg, NULL, &err) == MUSER_E_ARG);
+    CHECK(muser_step(d, ax, t, 2, lg, NULL, NULL, &err) == MUSER_E_ARG);
     CHECKF(strstr(err.msg, "row 1") != NULL, "other-device refusal names the row: %s", err.msg);
     const int32_t badtok[2] = {1, (int32_t)V};
     muser_session *ab[2] = {a, b};
-    CHECK(muser_step(d, ab, badtok, 2, lg, NULL, &err) == MUSER_E_ARG);
+    CHECK(muser_step(d, ab, badtok, 2, lg, NULL, NULL, &err) == MUSER_E_ARG);
     CHECK(a->n_past == 0 && b->n_past == 0);
     /* a row past its context */
     muser_session *full = NULL;
     CHECK_OK(muser_session_open(&full, d, 2, &err), &err);
     muser_session *fff[3] = {full, full, full};
-    CHECK(muser_step(d, fff, t, 3, lg, NULL, &err) == MUSER_E_CONTEXT_FULL);
+    CHECK(muser_step(d, fff, t, 3, lg, NULL, NULL, &err) == MUSER_E_CONTEXT_FULL);
     CHECK(full && full->n_past == 0);
     muser_session *too_long = NULL;
     CHECK(muser_session_open(&too_long, d, d->opts.n_ctx + 1, &err) == MUSER_E_ARG && !too_long);
@@ -257,19 +326,19 @@ static void refusals_and_tap(const muser_model *m)
     muser_tap tp = {.n_layers = 2, .layers = layers, .out = tap1};
     muser_session *aa[2] = {a, a};
     const int32_t two[2] = {5, 6};
-    CHECK_OK(muser_step(d, aa, two, 2, NULL, &tp, &err), &err);
+    CHECK_OK(muser_step(d, aa, two, 2, NULL, NULL, &tp, &err), &err);
     muser_session_reset(a);
     muser_session *aab[3] = {b, a, a};
     const int32_t three[3] = {9, 5, 6};
     float *tap3 = malloc((size_t)3 * 2 * E * sizeof(float));
     tp.out = tap3;
-    CHECK_OK(muser_step(d, aab, three, 3, NULL, &tp, &err), &err);
+    CHECK_OK(muser_step(d, aab, three, 3, NULL, NULL, &tp, &err), &err);
     memcpy(tap2, tap3 + 2 * E, (size_t)2 * 2 * E * sizeof(float));
     CHECKF(!memcmp(tap1, tap2, (size_t)2 * 2 * E * sizeof(float)), "a row's tapped residuals depend on its neighbours");
     CHECKF(memcmp(tap1, tap1 + E, E * sizeof(float)) != 0, "layers 1 and 3 tapped the same residual");
     const uint32_t badl[2] = {3, 1};
     tp.layers = badl;
-    CHECK(muser_step(d, aa, two, 2, NULL, &tp, &err) == MUSER_E_ARG);
+    CHECK(muser_step(d, aa, two, 2, NULL, NULL, &tp, &err) == MUSER_E_ARG);
     free(tap1);
     free(tap2);
     free(tap3);

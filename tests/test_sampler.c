@@ -5,6 +5,7 @@
  * full-sort implementation of the same chain on a Glimmer-wide row. */
 #include "check.h"
 #include "sampler.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -593,6 +594,128 @@ static void test_against_reference(void)
     free(c);
 }
 
+/* The row passes run eight or sixteen lanes at a time where the CPU has AVX2, with scalar tails:
+ * on rows of many widths, with the special value in the vector body, at its end and in the tail,
+ * the argmax (ties to the lowest id, -0 tying +0), the non-finite checks and the top logprobs'
+ * ids must be what one plain loop gives. */
+static void wide_rows(void)
+{
+    const uint32_t widths[] = {1, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4099, 202048};
+    float *row = malloc(202048 * sizeof *row);
+    int bad = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const uint32_t n = widths[wi];
+        const uint32_t at[] = {0, n / 2, n > 16 ? n - 17 : 0, n > 8 ? (n & ~7u) - 1 : 0, n - 1};
+        for (size_t ai = 0; ai < sizeof at / sizeof at[0]; ai++) {
+            /* coarse values (many ties), the maximum placed at at[ai] and again later */
+            for (uint32_t i = 0; i < n; i++) row[i] = (float)((i * 7919u + wi) % 13) - 6.0f;
+            row[at[ai]] = 9.0f;
+            if (at[ai] + 3 < n) row[at[ai] + 3] = 9.0f;
+            uint32_t want = 0;
+            for (uint32_t i = 1; i < n; i++)
+                if (row[i] > row[want]) want = i;
+            bad += muser_argmax(row, n) != (int32_t)want;
+            /* all zeros of either sign: the first */
+            for (uint32_t i = 0; i < n; i++) row[i] = (i % 3) ? 0.0f : -0.0f;
+            bad += muser_argmax(row, n) != 0;
+            /* the checks: NaN and +inf fail, -inf is a mask, -inf everywhere fails */
+            muser_sampler_params p = plain_params(0.0f, 1);
+            muser_sampler *sg = make(n, &p);
+            for (uint32_t i = 0; i < n; i++) row[i] = -INFINITY;
+            bad += muser_sampler_sample(sg, row, NULL, NULL) != MUSER_E_NUMERIC;
+            row[at[ai]] = 1.0f;
+            bad += muser_sampler_sample(sg, row, NULL, NULL) != (int32_t)at[ai];
+            row[n - 1 - at[ai]] = NAN;
+            bad += n > 1 && muser_sampler_sample(sg, row, NULL, NULL) != MUSER_E_NUMERIC;
+            row[n - 1 - at[ai]] = INFINITY;
+            bad += n > 1 && muser_sampler_sample(sg, row, NULL, NULL) != MUSER_E_NUMERIC;
+            muser_sampler_free(sg);
+        }
+        /* the top 5 logprobs' ids against a plain ranking (value, then the lower id) */
+        for (uint32_t i = 0; i < n; i++) row[i] = (float)((i * 104729u + 3) % 97);
+        muser_sampler_params p = plain_params(0.0f, 1);
+        p.n_logprobs = 5;
+        muser_sampler *s = make(n, &p);
+        muser_logprob top[5];
+        CHECK(muser_sampler_sample(s, row, NULL, top) >= 0);
+        int32_t ref[5];
+        uint32_t have = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (have == 5 && !(row[i] > row[ref[4]])) continue;
+            uint32_t j = have < 5 ? have++ : 4;
+            while (j > 0 && row[i] > row[ref[j - 1]]) {
+                ref[j] = ref[j - 1];
+                j--;
+            }
+            ref[j] = (int32_t)i;
+        }
+        for (uint32_t j = 0; j < 5; j++) bad += top[j].id != (j < have ? ref[j] : -1);
+        muser_sampler_free(s);
+    }
+    CHECKF(bad == 0, "%d row-pass results differ from the plain loops (MUSER_SIMD %s)", bad,
+           getenv("MUSER_SIMD") ? getenv("MUSER_SIMD") : "unset");
+    free(row);
+}
+
+static void test_wide_rows(void)
+{
+    wide_rows(); /* the AVX2 passes where the CPU has them */
+    setenv("MUSER_SIMD", "0", 1);
+    wide_rows(); /* the plain loops */
+    unsetenv("MUSER_SIMD");
+}
+
+/* Sampling from the row's best logits (muser_top_k, what the GPU hands back) draws what sampling
+ * the whole row draws, token for token and seed step for seed step, wherever it applies; it does
+ * not apply with a penalty or without top-k, and too few candidates are refused. */
+static void test_sample_top(void)
+{
+    const uint32_t V = 50000;
+    float *row = malloc(V * sizeof *row);
+    struct { float t; uint32_t k; float top_p, min_p; } cfg[] = {
+        {0.0f, 0, 1.0f, 0.0f},   {0.8f, 40, 0.95f, 0.05f}, {1.0f, 64, 1.0f, 0.0f},
+        {1.5f, 7, 0.9f, 0.0f},   {0.9f, 1, 1.0f, 0.0f},    {2.0f, 64, 0.5f, 0.2f},
+    };
+    int differ = 0, draws = 0;
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        muser_sampler_params p = plain_params(cfg[ci].t, 77 + ci);
+        p.top_k = cfg[ci].k;
+        p.top_p = cfg[ci].top_p;
+        p.min_p = cfg[ci].min_p;
+        muser_sampler *a = make(V, &p), *b = make(V, &p);
+        const uint32_t k = muser_sampler_top_needed(b);
+        CHECKF(k == (cfg[ci].t == 0.0f || cfg[ci].k == 1 ? 1 : cfg[ci].k), "config %zu: %u candidates needed", ci, k);
+        float v[64];
+        int32_t id[64];
+        for (int d = 0; d < 40; d++) {
+            fill_row(row, V, 900 + (uint32_t)d, d % 2 ? 3.0f : 14.0f); /* flat and peaked rows */
+            for (uint32_t i = 0; i < V; i += 997) row[i] = row[(i * 31u) % V]; /* ties */
+            row[(uint32_t)d * 131u % V] = -INFINITY;
+            row[(uint32_t)d * 257u % V] = -0.0f;
+            muser_top_k(row, V, k, v, id);
+            const int32_t x = muser_sampler_sample(a, row, NULL, NULL);
+            const int32_t y = muser_sampler_sample_top(b, v, id, k);
+            differ += x != y;
+            draws++;
+        }
+        CHECK(muser_sampler_sample_top(b, v, id, k - 1) == MUSER_E_ARG || k == 1);
+        muser_sampler_free(a);
+        muser_sampler_free(b);
+    }
+    CHECKF(differ == 0, "%d of %d draws from the best logits differ from the whole row's", differ, draws);
+    muser_sampler_params p = plain_params(0.8f, 1);
+    p.top_k = 40;
+    p.repeat_penalty = 1.1f;
+    muser_sampler *s = make(V, &p);
+    CHECK(muser_sampler_top_needed(s) == 0); /* a penalty changes logits the top may not hold */
+    muser_sampler_free(s);
+    p = plain_params(0.8f, 1); /* no top-k: every token a candidate */
+    s = make(V, &p);
+    CHECK(muser_sampler_top_needed(s) == 0);
+    muser_sampler_free(s);
+    free(row);
+}
+
 int main(void)
 {
     test_greedy();
@@ -603,6 +726,8 @@ int main(void)
     test_penalties();
     test_logprobs();
     test_nonfinite_and_params();
+    test_wide_rows();
+    test_sample_top();
     test_against_reference();
     return check_report("sampler");
 }

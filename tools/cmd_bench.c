@@ -7,8 +7,8 @@
  * For each context length C in --ctx (default 0): a fresh session and one untimed warm-up prefill
  * (the first forward of a process pays first-touch costs — measured ~10% on the CPU), then
  * --reps times (default 3, medians reported): reset, C filler tokens prefilled untimed, prefill
- * = ONE forward call over --prompt tokens (the batch route), decode = --gen calls of one token,
- * each the greedy argmax of the previous logits.
+ * = ONE forward call over --prompt tokens (the batch route), decode = --gen steps of one token,
+ * each the greedy token the step before returned (muser_step's argmax: no logits copied out).
  * Decode bytes/token = the weight bytes one token reads (every matrix once, one embedding row)
  * + the K/V bytes its attention reads (f16, every allowed position of every layer); achieved
  * GB/s = bytes/token x tok/s, reported as a % of a bandwidth measured in the same run (a
@@ -177,15 +177,6 @@ static uint64_t kv_bytes_at(const muser_hparams *hp, uint64_t p)
 
 /* ---- the run ---- */
 
-static uint32_t argmax(const float *z, uint32_t n)
-{
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (z[i] > z[best])
-            best = i;
-    return best;
-}
-
 #define BENCH_MAX_REPS 64
 
 static int cmp_double(const void *a, const void *b)
@@ -254,10 +245,12 @@ static int bench_one(const bench_opts *o, const muser_model *m, uint64_t ctx, do
         pre_tps[r] = o->prompt / pre_s[r];
         kv_read = 0;
         t0 = muser_now_s();
-        for (uint32_t g = 0; g < o->gen; g++) {
-            const int32_t next = (int32_t)argmax(logits, V);
+        int32_t next = muser_argmax(logits, V);
+        const muser_top top = {.k = 1, .id = &next};
+        for (uint32_t g = 0; g < o->gen; g++) { /* greedy: the step's argmax, no logits copied */
+            const int32_t in = next;
             kv_read += kv_bytes_at(hp, s->n_past);
-            if (muser_session_forward(s, &next, 1, logits, false, &err)) {
+            if (muser_step(s->dev, &s, &in, 1, NULL, &top, NULL, &err)) {
                 fprintf(stderr, "muser bench: decode: %s\n", err.msg);
                 goto out;
             }
@@ -283,7 +276,7 @@ out:
 
 /* Aggregate decode of P sequences on one device: each prefilled with its own short prompt (16 +
  * 3k tokens, so every sequence is at its own position), then --gen steps of one row per sequence
- * in one pass (muser_step), each row the greedy argmax of its sequence's last logits. */
+ * in one pass (muser_step), each row the greedy token its sequence's last step returned. */
 static int bench_parallel(const bench_opts *o, const muser_model *m, uint32_t P, double *single_tps, double *tps_out)
 {
     const uint32_t V = m->hp.n_vocab;
@@ -321,11 +314,14 @@ static int bench_parallel(const bench_opts *o, const muser_model *m, uint32_t P,
                 goto out;
             }
         }
+        for (uint32_t k = 0; k < P; k++)
+            next[k] = muser_argmax(logits + (size_t)k * V, V);
+        const muser_top top = {.k = 1, .id = next};
         const double t0 = muser_now_s();
-        for (uint32_t g = 0; g < o->gen; g++) {
-            for (uint32_t k = 0; k < P; k++)
-                next[k] = (int32_t)argmax(logits + (size_t)k * V, V);
-            if (muser_step(d, s, next, P, logits, NULL, &err)) {
+        for (uint32_t g = 0; g < o->gen; g++) { /* each row's argmax feeds its next step */
+            int32_t in[MUSER_STEP_MAX_ROWS];
+            memcpy(in, next, P * sizeof *in);
+            if (muser_step(d, s, in, P, NULL, &top, NULL, &err)) {
                 fprintf(stderr, "muser bench: step: %s\n", err.msg);
                 goto out;
             }
@@ -391,7 +387,7 @@ static int bench_verify(const bench_opts *o, const muser_model *m, uint64_t C)
         for (uint32_t r = 0; r <= o->reps; r++) { /* rep 0: untimed warm-up (a row count's first pass records its graph) */
             const double t0 = muser_now_s();
             for (uint32_t g = 0; g < o->gen; g++) {
-                if (muser_session_checkpoint(s, &err) || muser_step(d, rs, tok, B, logits, NULL, &err) ||
+                if (muser_session_checkpoint(s, &err) || muser_step(d, rs, tok, B, logits, NULL, NULL, &err) ||
                     muser_session_rollback(s, pre, &err)) {
                     fprintf(stderr, "muser bench: verify %u: %s\n", B, err.msg);
                     goto out;
@@ -529,9 +525,11 @@ static void *eng_thread(void *arg)
     muser_error err = {0};
     float *lg = malloc((size_t)j->V * sizeof *lg);
     j->rc = lg ? muser_seq_prefill(j->q, j->tok, j->n_prompt, lg, &err) : MUSER_E_NOMEM;
+    int32_t next = j->rc ? 0 : muser_argmax(lg, j->V);
+    const muser_top top = {.k = 1, .id = &next};
     pthread_barrier_wait(j->go);
-    for (uint32_t g = 0; g < j->gen && !j->rc; g++)
-        j->rc = muser_seq_decode(j->q, (int32_t)argmax(lg, j->V), lg, &err);
+    for (uint32_t g = 0; g < j->gen && !j->rc; g++) /* greedy: the engine hands back the argmax */
+        j->rc = muser_seq_decode(j->q, next, NULL, &top, &err);
     if (j->rc) fprintf(stderr, "muser bench: engine: %s\n", err.msg);
     free(lg);
     return NULL;
@@ -561,7 +559,9 @@ static int bench_parallel_engine(const bench_opts *o, const muser_model *m, uint
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         tok[i] = (int32_t)(x % V);
     }
+    muser_engine_stats st0 = {0};
     for (uint32_t r = 0; r <= o->reps; r++) { /* rep 0: untimed warm-up */
+        muser_engine_stats_get(e, &st0);
         eng_job jobs[MUSER_STEP_MAX_ROWS];
         pthread_t th[MUSER_STEP_MAX_ROWS];
         pthread_barrier_t go;
@@ -584,8 +584,25 @@ static int bench_parallel_engine(const bench_opts *o, const muser_model *m, uint
         if (r) tps[r - 1] = (double)P * o->gen / (muser_now_s() - t0);
     }
     const double agg = median(tps, o->reps);
-    printf("engine   %-3u decode %4u steps: %8.2f tok/s aggregate through the engine = %.1f%% of the packed route's\n",
-           P, o->gen, agg, packed_tps > 0 ? 100.0 * agg / packed_tps : 0.0);
+    /* the last rep's decode passes, from the engine's log: rows per pass, time in and between them */
+    muser_engine_stats st1;
+    muser_engine_stats_get(e, &st1);
+    const uint32_t np = (uint32_t)(st1.passes - st0.passes < MUSER_ENGINE_LOG ? st1.passes - st0.passes : MUSER_ENGINE_LOG);
+    muser_pass_rec *log = malloc((size_t)np * sizeof *log);
+    uint32_t nd = 0, got = log ? muser_engine_passes(e, log, np) : 0;
+    double rows = 0, in = 0, gap = 0, prev_end = 0;
+    for (uint32_t i = 0; i < got; i++) {
+        if (log[i].kind != MUSER_PASS_DECODE) continue;
+        rows += log[i].rows;
+        in += log[i].t_end - log[i].t_start;
+        if (nd++) gap += log[i].t_start - prev_end;
+        prev_end = log[i].t_end;
+    }
+    free(log);
+    printf("engine   %-3u decode %4u steps: %8.2f tok/s aggregate through the engine = %.1f%% of the packed route's"
+           " | %u passes of %.1f rows, %.2f ms in a pass, %.3f ms between passes\n",
+           P, o->gen, agg, packed_tps > 0 ? 100.0 * agg / packed_tps : 0.0, nd, nd ? rows / nd : 0.0,
+           nd ? 1e3 * in / nd : 0.0, nd > 1 ? 1e3 * gap / (nd - 1) : 0.0);
     rc = 0;
 out:
     muser_engine_free(e);

@@ -93,7 +93,7 @@ static int eval_run(muser_device *d, muser_session **s, int32_t **tok, const uin
                     rs[r] = s[k];
                     rt[r++] = tok[k][i];
                 }
-            rc = muser_step(d, rs, rt, r, rl, NULL, err);
+            rc = muser_step(d, rs, rt, r, rl, NULL, NULL, err);
             r = 0;
             for (uint32_t k = 0; k < n_seq && !rc; k++)
                 if (i < n[k])
@@ -112,7 +112,7 @@ static int eval_run(muser_device *d, muser_session **s, int32_t **tok, const uin
             } else {
                 for (uint32_t j = 0; j < c; j++)
                     rs[j] = s[k];
-                rc = muser_step(d, rs, tok[k] + at, c, logits[k] + (size_t)at * V, NULL, err);
+                rc = muser_step(d, rs, tok[k] + at, c, logits[k] + (size_t)at * V, NULL, NULL, err);
             }
             at += c;
         }

@@ -548,7 +548,7 @@ static int job_step(job *j, serve_err *e)
         return 0;
     }
     j->released = j->len - (j->req.n_stop ? stop_holdback(j) : 0);
-    if (muser_seq_decode(j->q, id, j->logits, &err))
+    if (muser_seq_decode(j->q, id, j->logits, NULL, &err))
         return serve_err_set(e, err.code == MUSER_E_CANCELLED ? 499 : 500, "server_error", NULL, NULL, "decode: %s",
                              err.msg);
     muser_sampler_accept(j->smp, id);

@@ -268,6 +268,7 @@ int gen_reset(gen_ctx *g, muser_error *err)
 {
     muser_engine_close(g->seq);
     g->seq = NULL;
+    g->top_n = 0;
     return muser_engine_open(g->eng, g->n_ctx, &g->seq, err);
 }
 
@@ -300,6 +301,7 @@ int gen_prefill_spec(gen_ctx *g, muser_drafter *d, const int32_t *toks, size_t n
         int rc = muser_spec_prefill(g->seq, d, toks, (uint32_t)n, g->logits, err);
         if (rc)
             return rc;
+        g->top_n = 0;
     }
     for (size_t i = 0; i < n; i++)
         muser_sampler_accept(g->smp, toks[i]);
@@ -347,13 +349,19 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
         return muser_errorf(err, MUSER_E_NOMEM, "out of memory for a %zu-byte text buffer",
                             text_cap);
     int rc = MUSER_OK;
+    /* greedy or top-k sampling without penalties: each step hands back the row's best logits the
+     * draw needs, and no logit row is copied */
+    const uint32_t top_k = muser_sampler_top_needed(g->smp);
+    const muser_top top = {.k = top_k, .v = g->top_v, .id = g->top_id};
+    const bool by_top = top_k > 0 && top_k <= MUSER_TOP_MAX;
     double t0 = muser_now_s();
     while (r->n_tokens < max_tokens) {
         if (interrupt && *interrupt) {
             r->stop = GEN_STOP_INTERRUPT;
             break;
         }
-        int32_t id = muser_sampler_sample(g->smp, g->logits, NULL, NULL);
+        int32_t id = g->top_n ? muser_sampler_sample_top(g->smp, g->top_v, g->top_id, g->top_n)
+                              : muser_sampler_sample(g->smp, g->logits, NULL, NULL);
         if (id < 0) {
             rc = muser_errorf(err, (muser_status)id,
                               "the logits at position %llu hold NaN or Inf; stopping",
@@ -377,9 +385,10 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
             r->stop = GEN_STOP_CONTEXT; /* no position left for it */
             break;
         }
-        rc = muser_seq_decode(g->seq, id, g->logits, err);
+        rc = muser_seq_decode(g->seq, id, by_top ? NULL : g->logits, by_top ? &top : NULL, err);
         if (rc)
             break;
+        g->top_n = by_top ? top_k : 0;
         muser_sampler_accept(g->smp, id); /* in the context now, so it counts for penalties */
         r->pending = -1;
     }
@@ -404,6 +413,8 @@ int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, bool adaptive, c
     memset(r, 0, sizeof *r);
     r->pending = -1;
     r->stop = GEN_STOP_LIMIT;
+    if (g->top_n)
+        return muser_errorf(err, MUSER_E_ARG, "speculation needs the last logit row, and a greedy run kept only its token");
     muser_spec sp;
     int rc = muser_spec_init(&sp, g->seq, g->n_ctx, g->smp, d, k, ctx, n_ctx_toks, g->logits, err);
     if (rc)

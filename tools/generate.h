@@ -41,7 +41,11 @@ typedef struct gen_ctx {
     muser_seq *seq;
     uint64_t n_ctx;              /* the sequence's context */
     muser_sampler *smp;
-    float *logits;               /* [n_vocab]: the distribution for the next token */
+    float *logits;               /* [n_vocab]: the distribution for the next token, unless */
+    uint32_t top_n;              /* > 0: it is in top_v / top_id, the last step's best top_n logits
+                                  * (a greedy or top-k sampler asks for no more; logits is stale) */
+    float top_v[MUSER_TOP_MAX];
+    int32_t top_id[MUSER_TOP_MAX];
     uint32_t n_vocab;            /* the model's logit row width */
     uint32_t max_batch;          /* rows per prefill call */
 } gen_ctx;

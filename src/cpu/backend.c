@@ -823,6 +823,8 @@ static int cpu_step(muser_device *d, const muser_step_rows *rows, float *logits,
     int rc = fwd_run(&cpu_ops, st, st->m, &r, 2, err);
     if (!rc && logits)
         memcpy(logits, st->logits, (uint64_t)n * st->V * sizeof(float));
+    if (!rc && rows->top)
+        muser_top_rows(rows->top, st->logits, n, st->V);
     return rc;
 }
 

@@ -82,9 +82,13 @@ typedef struct cu_ctx {
     size_t n_part;             /* attention partial entries of one row */
     double *rope_inv;          /* head_dim/2 RoPE angle rates for the fused split kernel (NULL: it computes them) */
     int32_t *am_i, *d_token, *d_nonfinite; /* [CU_ROWS_MAX] argmax token and non-finite count per row */
+    float *d_best;             /* [CU_ROWS_MAX] the argmax's logit (after d_nonfinite: one copy takes all three) */
+    unsigned long long *d_topk_part, *d_topk; /* cu_topk's scratch and keys [CU_ROWS_MAX][CU_TOPK] */
+    unsigned long long *h_topk; /* pinned [CU_ROWS_MAX][CU_TOPK] */
     float *h_logits;           /* pinned [CU_ROWS_MAX][V] */
     float *step_logits;        /* [MUSER_STEP_MAX_ROWS][V] a step's rows, copied out when all succeeded */
-    int32_t *h_flags;          /* pinned: [0] argmax token, [1] non-finite count; [2 + r] row r's count */
+    int32_t *h_flags;          /* pinned: a pass's (or one row's, r = 0) [r] row r's argmax, [CU_ROWS_MAX + r]
+                                * its non-finite count, [2·CU_ROWS_MAX + r] the argmax's logit's bits */
     uint32_t rn;               /* rows of the pass being enqueued: 1 for a session's graph */
     uint32_t dig_rs;           /* bytes between the rows' matvec input digits (either layout) */
     /* the multi-row pass (rows_*: its tables; g_rows[n]: its graph for n rows, recorded at first use) */
@@ -662,7 +666,7 @@ static const uint16_t *const *rows_vp(const cu_ctx *c, uint32_t l)
  * each layer's K/V plane per row), every kernel taking all n rows at once (the matvecs read each
  * weight once for all of them). A row's arithmetic is the one-row route's: its bits are those of
  * decoding it alone (docs/routes.md says how that is kept). */
-static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool readback, bool bench_token, profiler *pf)
+static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, profiler *pf)
 {
     const muser_hparams *hp = &c->m->hp;
     cudaStream_t st = c->st;
@@ -784,30 +788,23 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool readback, boo
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
     if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, digits_ready(dg), E); /* dg: the last tail's, qkvg_digits(n_layer) */
-    cu_argmax(st, c->logits, V, c->am_v, c->am_i, c->d_token, c->d_nonfinite, n);
+    cu_argmax(st, c->logits, V, c->am_v, c->am_i, c->d_token, c->d_nonfinite, c->d_best, n);
     if (!sq) /* the staged K/V into the planes, unless a row's logits are non-finite */
         cu_stage_commit(st, dstep, R.step_stride, rows_kp(c, 0), rows_vp(c, 0), c->stage_k, c->stage_v, c->d_nonfinite, n,
                         CU_ROWS_MAX, hp->n_layer, &c->rows_ring, HKV, D);
-    if (sq) {
-        cudaMemcpyAsync(c->h_flags, c->d_token, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
-        cudaMemcpyAsync(c->h_flags + 1, c->d_nonfinite, sizeof(int32_t), cudaMemcpyDeviceToHost, st);
-    } else {
-        cudaMemcpyAsync(c->h_flags + 2, c->d_nonfinite, n * sizeof(int32_t), cudaMemcpyDeviceToHost, st);
-    }
-    if (readback)
-        cudaMemcpyAsync(c->h_logits, c->logits, (size_t)n * V * sizeof(float), cudaMemcpyDeviceToHost, st);
+    /* every row's argmax, non-finite count and best logit (adjacent) */
+    cudaMemcpyAsync(c->h_flags, c->d_token, 3 * CU_ROWS_MAX * sizeof(int32_t), cudaMemcpyDeviceToHost, st);
     pf_mark(pf, st, PF_N);
     c->rn = 1;
     return 0;
 }
 
 /* The graph of route_enqueue_n(c, sq, n, …) */
-static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool readback, bool bench_token, cudaGraphExec_t *out,
-                          muser_error *err)
+static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, cudaGraphExec_t *out, muser_error *err)
 {
     cudaGraph_t g;
     CU_TRY(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal), "graph capture begin");
-    const int rc = route_enqueue_n(c, sq, n, readback, bench_token, NULL);
+    const int rc = route_enqueue_n(c, sq, n, bench_token, NULL);
     c->rn = 1;
     cudaError_t e = cudaStreamEndCapture(c->st, &g);
     if (rc) {
@@ -822,9 +819,9 @@ static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool readback, bool
     return MUSER_OK;
 }
 
-static int record_graph(cu_ctx *c, cu_seq *sq, bool readback, bool bench_token, cudaGraphExec_t *out, muser_error *err)
+static int record_graph(cu_ctx *c, cu_seq *sq, bool bench_token, cudaGraphExec_t *out, muser_error *err)
 {
-    return record_graph_n(c, sq, 1, readback, bench_token, out, err);
+    return record_graph_n(c, sq, 1, bench_token, out, err);
 }
 
 /* ---- context --------------------------------------------------------------------------------- */
@@ -851,6 +848,8 @@ static void ctx_free(cu_ctx *c)
         if (c->g_rows[n]) cudaGraphExecDestroy(c->g_rows[n]);
     if (c->h_logits) cudaFreeHost(c->h_logits);
     if (c->h_flags) cudaFreeHost(c->h_flags);
+    if (c->h_topk) cudaFreeHost(c->h_topk);
+    if (c->d_topk_part) cudaFree(c->d_topk_part);
     if (c->h_rows) cudaFreeHost(c->h_rows);
     free(c->rows_geom);
     if (c->st) cudaStreamDestroy(c->st);
@@ -941,7 +940,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     c->rn = 1;
     c->n_part = n_part;
     const size_t fl = NR * (2 * E + (2 * QD + 2 * KD) + QD + E + 3 * F + V + 256);
-    e = cudaMalloc((void **)&c->h, fl * sizeof(float) + NR * 258 * sizeof(int32_t));
+    e = cudaMalloc((void **)&c->h, fl * sizeof(float) + NR * 259 * sizeof(int32_t));
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: activations: %s", cudaGetErrorString(e)));
     c->a = c->h + NR * E;                      /* [E] normed input of the next matvec */
     c->qkvg = c->a + NR * E;                   /* q [H·D] | k [HKV·D] | gate [H·D] | v [HKV·D] */
@@ -955,6 +954,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     c->am_i = (int32_t *)(c->am_v + NR * 256);
     c->d_token = c->am_i + NR * 256;
     c->d_nonfinite = c->d_token + NR;
+    c->d_best = (float *)(c->d_nonfinite + NR);
     {
         const size_t kmax = E > QD ? (E > F ? E : F) : (QD > F ? QD : F);
         const size_t xmb = (mmq_x_bytes((uint32_t)kmax + 255) + 255) / 256 * 256;
@@ -982,7 +982,10 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
         FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: RoPE table for head_dim %u", hp->head_dim));
     e = cudaSuccess;
     if (!e) e = cudaMallocHost((void **)&c->h_logits, NR * V * sizeof(float));
-    if (!e) e = cudaMallocHost((void **)&c->h_flags, (2 + NR) * sizeof(int32_t));
+    if (!e) e = cudaMallocHost((void **)&c->h_flags, 3 * NR * sizeof(int32_t));
+    if (!e) e = cudaMalloc((void **)&c->d_topk_part, cu_topk_part_bytes(NR) + NR * CU_TOPK * sizeof(unsigned long long));
+    if (!e) c->d_topk = c->d_topk_part + cu_topk_part_bytes(NR) / sizeof(unsigned long long);
+    if (!e) e = cudaMallocHost((void **)&c->h_topk, NR * CU_TOPK * sizeof(unsigned long long));
     /* the multi-row pass's tables: a row's step block 16-byte aligned */
     c->row_bytes = (sizeof(cu_step) + hp->n_layer * sizeof(cu_plane_meta) + 15) / 16 * 16;
     c->rows_bytes = NR * c->row_bytes + 2 * (size_t)hp->n_layer * NR * sizeof(uint16_t *);
@@ -992,7 +995,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     if (!e) e = cudaMallocHost((void **)&c->h_rows, c->rows_bytes);
     if (e) FAIL(muser_errorf(err, MUSER_E_NOMEM, "cuda: step buffers: %s", cudaGetErrorString(e)));
     memset(c->h_rows, 0, c->rows_bytes);
-    cudaMemsetAsync(c->d_token, 0, 2 * NR * sizeof(int32_t), c->st);
+    cudaMemsetAsync(c->d_token, 0, 3 * NR * sizeof(int32_t), c->st);
     c->gate_up_paired = c->layers[0].ffn_gate.type == c->layers[0].ffn_up.type;
     for (uint32_t l = 1; l < hp->n_layer; l++)
         if (c->layers[l].ffn_gate.type != c->layers[l].ffn_up.type) c->gate_up_paired = false;
@@ -1083,7 +1086,7 @@ static int seq_new(cu_seq **out, cu_ctx *c, uint64_t n_ctx, muser_error *err)
         }
         c->rows_n_ctx = n_ctx;
     }
-    FAIL(record_graph(c, sq, true, false, &sq->g_fwd, err));
+    FAIL(record_graph(c, sq, false, &sq->g_fwd, err));
     e = cudaStreamSynchronize(c->st);
     if (e) FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: session init: %s", cudaGetErrorString(e)));
 #undef FAIL
@@ -1118,17 +1121,49 @@ static int profile_pass(cu_ctx *c, cu_seq *sq, uint32_t n, const char *what, mus
  * graphs were recorded with (the device's context). */
 static bool rows_ok(const cu_ctx *c, const cu_seq *sq) { return c->rows_geom && sq->n_ctx == c->rows_n_ctx; }
 
+/* After a pass's graph (n rows) is launched: the logit rows' copy back when wanted, and for more than
+ * one best logit per row the top-k kernels (outside the graph: only a sampler that wants them pays)
+ * and their keys' copy; then the wait. */
+static cudaError_t pass_finish(cu_ctx *c, uint32_t n, bool want_logits, const muser_top *top)
+{
+    const size_t V = c->m->hp.n_vocab;
+    cudaError_t e = cudaSuccess;
+    if (want_logits) e = cudaMemcpyAsync(c->h_logits, c->logits, n * V * sizeof(float), cudaMemcpyDeviceToHost, c->st);
+    if (!e && top && top->k > 1) e = cu_topk(c->st, c->logits, (uint32_t)V, c->d_topk_part, c->d_topk, n);
+    if (!e && top && top->k > 1)
+        e = cudaMemcpyAsync(c->h_topk, c->d_topk, n * CU_TOPK * sizeof(unsigned long long), cudaMemcpyDeviceToHost, c->st);
+    if (!e) e = cudaStreamSynchronize(c->st);
+    return e;
+}
+
+/* Pass row i's best logits into top's row r (pass_finish ran). */
+static void top_out(const cu_ctx *c, const muser_top *top, uint32_t i, uint32_t r)
+{
+    int32_t *id = top->id + (size_t)r * top->k;
+    float *v = top->v ? top->v + (size_t)r * top->k : NULL;
+    if (top->k == 1) { /* the graph's argmax */
+        id[0] = c->h_flags[i];
+        if (v) memcpy(v, &c->h_flags[2 * CU_ROWS_MAX + i], sizeof *v);
+        return;
+    }
+    for (uint32_t j = 0; j < top->k; j++) {
+        float x;
+        cu_topk_decode(c->h_topk[(size_t)i * CU_TOPK + j], &x, &id[j]);
+        if (v) v[j] = x;
+    }
+}
+
 /* One multi-row pass: row i is token tok[i] of session sqs[i] at position pos[i] (n >= 2 rows, each
  * session rows_ok; a session's rows one run in position order from its next position), row
  * step_row[i] of the caller's step (for messages); logits, if non-NULL, [n][V]. K/V are staged and
  * stored after the logits were checked (cu_stage_commit): a failing pass leaves every plane as it
  * was. The sessions' metadata take the appends (the caller restores them on failure: be_step). */
 static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const uint64_t *pos, const uint32_t *step_row,
-                     uint32_t n, float *logits, muser_error *err)
+                     uint32_t n, float *logits, const muser_top *top, muser_error *err)
 {
     const uint32_t nl = c->m->hp.n_layer;
     if (!c->g_rows[n]) {
-        const int rc = record_graph_n(c, NULL, n, true, false, &c->g_rows[n], err);
+        const int rc = record_graph_n(c, NULL, n, false, &c->g_rows[n], err);
         if (rc) return rc;
     }
     uint16_t **kt = (uint16_t **)(c->h_rows + CU_ROWS_MAX * c->row_bytes), **vt = kt + (size_t)nl * CU_ROWS_MAX;
@@ -1158,19 +1193,23 @@ static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const ui
         const int rc = profile_pass(c, NULL, n, what, err);
         if (rc) return rc;
     }
+    const size_t V = c->m->hp.n_vocab;
     cudaError_t e = cudaGraphLaunch(c->g_rows[n], c->st);
-    if (!e) e = cudaStreamSynchronize(c->st);
+    if (!e) e = pass_finish(c, n, logits != NULL, top);
     if (e) return muser_errorf(err, MUSER_E_BACKEND, "cuda: a pass of %u rows: %s", n, cudaGetErrorString(e));
     for (uint32_t i = 0; i < n; i++)
-        if (c->h_flags[2 + i] != 0)
+        if (c->h_flags[CU_ROWS_MAX + i] != 0)
             return muser_errorf(err, MUSER_E_NUMERIC, "cuda: non-finite logits in step row %u (position %llu; fail closed)",
                                 step_row[i], (unsigned long long)pos[i]);
-    if (logits) memcpy(logits, c->h_logits, (size_t)n * c->m->hp.n_vocab * sizeof(float));
+    for (uint32_t i = 0; logits && i < n; i++) memcpy(logits + step_row[i] * V, c->h_logits + i * V, V * sizeof(float));
+    for (uint32_t i = 0; top && i < n; i++) top_out(c, top, i, step_row[i]);
     return MUSER_OK;
 }
 
-/* One token at pos through the session's graph; logits (if non-NULL) copied out. */
-static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, muser_error *err)
+/* One token at pos through the session's graph; logits (if non-NULL: the only time the row is copied
+ * back) and the best logits (top, if non-NULL, its row r) out. */
+static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, const muser_top *top, uint32_t r,
+                      muser_error *err)
 {
     cu_ctx *c = sq->c;
     kv_plane *saved_meta = sq->meta_step;
@@ -1184,19 +1223,21 @@ static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, mu
         }
     }
     step_fill(sq, pos, token);
+    const size_t V = c->m->hp.n_vocab;
     cudaError_t e = cudaGraphLaunch(sq->g_fwd, c->st);
-    if (!e) e = cudaStreamSynchronize(c->st);
+    if (!e) e = pass_finish(c, 1, logits != NULL, top);
     if (e) {
         memcpy(sq->kv.planes, saved_meta, nl * sizeof(kv_plane));
         return muser_errorf(err, MUSER_E_BACKEND, "cuda: decode at position %llu: %s", (unsigned long long)pos,
                             cudaGetErrorString(e));
     }
-    if (c->h_flags[1] != 0) {
+    if (c->h_flags[CU_ROWS_MAX] != 0) {
         memcpy(sq->kv.planes, saved_meta, nl * sizeof(kv_plane));
         return muser_errorf(err, MUSER_E_NUMERIC, "cuda: non-finite logits at position %llu (fail closed)",
                             (unsigned long long)pos);
     }
-    if (logits) memcpy(logits, c->h_logits, (size_t)c->m->hp.n_vocab * sizeof(float));
+    if (logits) memcpy(logits, c->h_logits, V * sizeof(float));
+    if (top) top_out(c, top, 0, r);
     return MUSER_OK;
 }
 
@@ -1687,7 +1728,7 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
     for (uint32_t i = 0; i < n; i++) {
         float *out = NULL;
         if (logits && (all_logits || i + 1 == n)) out = all_logits ? logits + (size_t)i * V : logits;
-        rc = decode_one(sq, tokens[i], s->n_past + i, out, err);
+        rc = decode_one(sq, tokens[i], s->n_past + i, out, NULL, 0, err);
         if (rc) {
             const int r2 = seq_restore(sq, wraps, err);
             return r2 ? r2 : rc;
@@ -1697,16 +1738,14 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
 }
 
 /* Run the rows gathered for one pass (be_step): one row through its session's own graph, more as a
- * multi-row pass; each row's logits (when wanted) into c->step_logits at its step row. */
+ * multi-row pass; row prow[i]'s logits at logits + prow[i]·V and its best logits at top's row
+ * prow[i] (each when non-NULL). */
 static int step_flush(cu_ctx *c, cu_seq *const *ps, const int32_t *pt, const uint64_t *pp, const uint32_t *prow,
-                      uint32_t np, bool want, muser_error *err)
+                      uint32_t np, float *logits, const muser_top *top, muser_error *err)
 {
     const uint64_t V = c->m->hp.n_vocab;
-    if (np == 1) return decode_one(ps[0], pt[0], pp[0], want ? c->step_logits + (size_t)prow[0] * V : NULL, err);
-    const int rc = rows_pass(c, ps, pt, pp, prow, np, NULL, err);
-    for (uint32_t i = 0; !rc && want && i < np; i++)
-        memcpy(c->step_logits + (size_t)prow[i] * V, c->h_logits + (size_t)i * V, V * sizeof(float));
-    return rc;
+    if (np == 1) return decode_one(ps[0], pt[0], pp[0], logits ? logits + prow[0] * V : NULL, top, prow[0], err);
+    return rows_pass(c, ps, pt, pp, prow, np, logits, top, err);
 }
 
 /* The small-batch route. A step's rows go in order as multi-row passes of up to CU_ROWS_MAX rows
@@ -1715,7 +1754,9 @@ static int step_flush(cu_ctx *c, cu_seq *const *ps, const int32_t *pt, const uin
  * graph, and the rows of a session whose planes have another geometry each through its graph.
  * Every row's bits are those of decoding it alone (row invariance). All or nothing over every
  * session of the step: when the step is one pass, a failure stored nothing; else rings a failed
- * call may have overwritten are restored from a copy (seq_save). */
+ * call may have overwritten are restored from a copy (seq_save). The logit rows are copied back
+ * only when asked for: straight into the caller's buffer when the step is one pass (it writes
+ * them only on success), else through step_logits. */
 static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
 {
     if (rows->tap)
@@ -1724,6 +1765,13 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
     cu_ctx *c = (cu_ctx *)d->be_state;
     bool one_pass = rows->n > 1 && rows->n <= CU_ROWS_MAX;
     for (uint32_t i = 0; i < rows->n; i++) one_pass &= rows_ok(c, (cu_seq *)rows->seq[i]->be_state);
+    const bool direct = rows->n == 1 || one_pass;
+    float *out = logits && !direct ? c->step_logits : logits;
+    /* the best logits: straight out when the step is one pass, else staged here */
+    float top_v[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
+    int32_t top_id[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
+    const muser_top staged = {.k = rows->top ? rows->top->k : 0, .v = top_v, .id = top_id};
+    const muser_top *top = rows->top && !direct ? &staged : rows->top;
     bool wraps[MUSER_STEP_MAX_ROWS];
     uint32_t first[MUSER_STEP_MAX_ROWS + 1], nrun = 0; /* run r: rows first[r] .. first[r + 1] − 1 */
     int rc = MUSER_OK;
@@ -1745,7 +1793,7 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
         for (uint32_t row = first[r]; !rc && row < first[r + 1]; row++) {
             const uint64_t pos = rows->seq[row]->n_past + (row - first[r]);
             if (!rows_ok(c, sq)) {
-                rc = decode_one(sq, rows->tokens[row], pos, logits ? c->step_logits + (size_t)row * V : NULL, err);
+                rc = decode_one(sq, rows->tokens[row], pos, out ? out + row * V : NULL, top, row, err);
                 continue;
             }
             ps[np] = sq;
@@ -1753,12 +1801,12 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
             pp[np] = pos;
             prow[np++] = row;
             if (np == CU_ROWS_MAX) {
-                rc = step_flush(c, ps, pt, pp, prow, np, logits != NULL, err);
+                rc = step_flush(c, ps, pt, pp, prow, np, out, top, err);
                 np = 0;
             }
         }
     }
-    if (!rc && np) rc = step_flush(c, ps, pt, pp, prow, np, logits != NULL, err);
+    if (!rc && np) rc = step_flush(c, ps, pt, pp, prow, np, out, top, err);
     if (rc) {
         for (uint32_t r = 0; r < nrun; r++) {
             const int r2 = seq_restore((cu_seq *)rows->seq[first[r]]->be_state, wraps[r], err);
@@ -1766,7 +1814,11 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
         }
         return rc;
     }
-    if (logits) memcpy(logits, c->step_logits, (size_t)rows->n * V * sizeof(float));
+    if (out && out != logits) memcpy(logits, out, (size_t)rows->n * V * sizeof(float));
+    if (top == &staged) {
+        memcpy(rows->top->id, top_id, (size_t)rows->n * staged.k * sizeof *top_id);
+        if (rows->top->v) memcpy(rows->top->v, top_v, (size_t)rows->n * staged.k * sizeof *top_v);
+    }
     return MUSER_OK;
 }
 
@@ -1979,10 +2031,10 @@ static int profile_pass(cu_ctx *c, cu_seq *sq, uint32_t n, const char *what, mus
     profiler *pf = (profiler *)calloc(1, sizeof *pf);
     if (!pf) return muser_errorf(err, MUSER_E_NOMEM, "profile: out of memory");
     for (int i = 0; i < 1024; i++) cudaEventCreate(&pf->ev[i]);
-    route_enqueue_n(c, sq, n, false, false, pf); /* warm */
+    route_enqueue_n(c, sq, n, false, pf); /* warm */
     cudaStreamSynchronize(c->st);
     pf->n = 0;
-    route_enqueue_n(c, sq, n, false, false, pf);
+    route_enqueue_n(c, sq, n, false, pf);
     cudaError_t e = cudaStreamSynchronize(c->st);
     double fam_ms[PF_N] = {0}, total = 0;
     for (int i = 0; i + 1 < pf->n; i++) {
@@ -2021,7 +2073,7 @@ extern "C" int muser_cuda_bench(const muser_model *m, int device, const uint64_t
     if (rc) return rc;
     cu_seq *sq = NULL;
     rc = seq_new(&sq, c, max_ctx, err);
-    if (!rc) rc = record_graph(c, sq, false, true, &sq->g_bench, err);
+    if (!rc) rc = record_graph(c, sq, true, &sq->g_bench, err);
     if (rc) {
         seq_free(sq);
         ctx_free(c);

@@ -6,6 +6,8 @@
  * reads those f32 values. Reductions accumulate in f64 (cheap here: E values). */
 #include "cuda/ops.cuh"
 
+#include <string.h>
+
 #include <cooperative_groups.h>
 
 /* The tail runs on a cluster of blocks (one per SM) sharing the two sums of squares
@@ -262,12 +264,13 @@ __global__ void k_argmax1(const float *x, uint32_t n, float *pv, int32_t *pi, in
     if (threadIdx.x == 0) { pv[blockIdx.x] = sv[0]; pi[blockIdx.x] = si[0]; }
 }
 
-__global__ void k_argmax2(const float *pv, const int32_t *pi, int32_t *token)
+__global__ void k_argmax2(const float *pv, const int32_t *pi, int32_t *token, float *best)
 {
     CU_TL_SCOPE(TL_ARGMAX);
     pv += blockIdx.x * AM_BLOCKS; /* the pass row */
     pi += blockIdx.x * AM_BLOCKS;
     token += blockIdx.x;
+    best += blockIdx.x;
     __shared__ float sv[AM_BLOCKS];
     __shared__ int32_t si[AM_BLOCKS];
     sv[threadIdx.x] = pv[threadIdx.x];
@@ -284,15 +287,100 @@ __global__ void k_argmax2(const float *pv, const int32_t *pi, int32_t *token)
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) *token = si[0] == 0x7FFFFFFF ? 0 : si[0];
+    if (threadIdx.x == 0) {
+        *token = si[0] == 0x7FFFFFFF ? 0 : si[0];
+        *best = sv[0];
+    }
 }
 
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
-               int32_t *d_token, int32_t *d_nonfinite, uint32_t rows)
+               int32_t *d_token, int32_t *d_nonfinite, float *d_best, uint32_t rows)
 {
     cudaMemsetAsync(d_nonfinite, 0, rows * sizeof(int32_t), st);
     k_argmax1<<<dim3(AM_BLOCKS, rows), 256, 0, st>>>(logits, n, part_v, part_i, d_nonfinite);
-    k_argmax2<<<rows, AM_BLOCKS, 0, st>>>(part_v, part_i, d_token);
+    k_argmax2<<<rows, AM_BLOCKS, 0, st>>>(part_v, part_i, d_token, d_best);
+}
+
+/* ---- the best CU_TOPK logits of each row, exactly: a sampler with top-k <= CU_TOPK needs no more ----
+ * Keys order (value, then the lower id) as unsigned 64-bit integers: the value's bits made
+ * monotone (-0 taken as +0, so they tie as they compare) above the id's complement. Stage 1: block b
+ * of a row sorts its slice's keys in shared memory (bitonic, descending) and writes its best CU_TOPK;
+ * stage 2: one block per row sorts the TOPK_BLOCKS × CU_TOPK keys the same way and writes the first
+ * CU_TOPK. Sorting networks compare the same pairs whatever the data: the result is the exact top. */
+#define TOPK_BLOCKS 64
+#define TOPK_SLICE 4096 /* keys one block sorts: a slice of ceil(V / TOPK_BLOCKS) <= 4096 logits */
+
+__device__ __forceinline__ unsigned long long topk_key(float v, uint32_t id)
+{
+    uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (0xFFFFFFFFu - id);
+}
+
+/* descending bitonic sort of n (a power of two) keys in shared memory by the block's threads */
+__device__ void topk_sort(unsigned long long *k, uint32_t n)
+{
+    for (uint32_t size = 2; size <= n; size <<= 1)
+        for (uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (uint32_t t = threadIdx.x; t < n / 2; t += blockDim.x) {
+                const uint32_t i = 2 * stride * (t / stride) + t % stride, j = i + stride;
+                const bool down = (i & size) == 0; /* this run descending */
+                const unsigned long long a = k[i], b = k[j];
+                if ((a < b) == down) { k[i] = b; k[j] = a; }
+            }
+        }
+    __syncthreads();
+}
+
+__global__ void k_topk1(const float *x, uint32_t n, unsigned long long *part)
+{
+    extern __shared__ unsigned long long sk[];
+    x += (size_t)blockIdx.y * n;
+    part += ((size_t)blockIdx.y * TOPK_BLOCKS + blockIdx.x) * CU_TOPK;
+    const uint32_t slice = (n + TOPK_BLOCKS - 1) / TOPK_BLOCKS, i0 = blockIdx.x * slice;
+    for (uint32_t t = threadIdx.x; t < TOPK_SLICE; t += blockDim.x) {
+        const uint32_t i = i0 + t;
+        sk[t] = t < slice && i < n ? topk_key(x[i], i) : 0ull; /* 0 ranks below every real key */
+    }
+    topk_sort(sk, TOPK_SLICE);
+    for (uint32_t t = threadIdx.x; t < CU_TOPK; t += blockDim.x) part[t] = sk[t];
+}
+
+__global__ void k_topk2(const unsigned long long *part, unsigned long long *out)
+{
+    extern __shared__ unsigned long long sk[];
+    part += (size_t)blockIdx.x * TOPK_BLOCKS * CU_TOPK;
+    out += (size_t)blockIdx.x * CU_TOPK;
+    for (uint32_t t = threadIdx.x; t < TOPK_BLOCKS * CU_TOPK; t += blockDim.x) sk[t] = part[t];
+    topk_sort(sk, TOPK_BLOCKS * CU_TOPK);
+    for (uint32_t t = threadIdx.x; t < CU_TOPK; t += blockDim.x) out[t] = sk[t];
+}
+
+size_t cu_topk_part_bytes(uint32_t rows) { return (size_t)rows * TOPK_BLOCKS * CU_TOPK * sizeof(unsigned long long); }
+
+cudaError_t cu_topk(cudaStream_t st, const float *logits, uint32_t n, unsigned long long *part, unsigned long long *out,
+                    uint32_t rows)
+{
+    if ((n + TOPK_BLOCKS - 1) / TOPK_BLOCKS > TOPK_SLICE) return cudaErrorInvalidValue;
+    static bool attr_set = false;
+    if (!attr_set) {
+        cudaFuncSetAttribute(k_topk1, cudaFuncAttributeMaxDynamicSharedMemorySize, TOPK_SLICE * 8);
+        cudaFuncSetAttribute(k_topk2, cudaFuncAttributeMaxDynamicSharedMemorySize, TOPK_BLOCKS * CU_TOPK * 8);
+        attr_set = true;
+    }
+    k_topk1<<<dim3(TOPK_BLOCKS, rows), 1024, TOPK_SLICE * 8, st>>>(logits, n, part);
+    k_topk2<<<rows, 1024, TOPK_BLOCKS * CU_TOPK * 8, st>>>(part, out);
+    return cudaGetLastError();
+}
+
+/* a key back to its logit and id */
+void cu_topk_decode(unsigned long long key, float *v, int32_t *id)
+{
+    uint32_t u = (uint32_t)(key >> 32);
+    u = (u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u;
+    memcpy(v, &u, sizeof *v);
+    *id = (int32_t)(0xFFFFFFFFu - (uint32_t)key);
 }
 
 __global__ void k_read_stream(const uint4 *p, uint64_t n, uint32_t *sink)

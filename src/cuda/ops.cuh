@@ -114,11 +114,19 @@ void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w
 /* Whether the device places the tails' wide cluster (16 blocks of 512: cu_tail's wide) */
 bool cu_tail_wide_ok(void);
 void cu_silu_mul(cudaStream_t st, const float *g, const float *u, float *out, uint32_t n);
-/* argmax over logits -> *d_token (next token for the bench lane) and d_flags[0] = #non-finite */
-/* rows > 1: row r's logits at + r·n, its partials at + r·256, its token and count at d_token[r],
- * d_nonfinite[r] */
+/* argmax over logits -> *d_token (the next token: the bench lane's, a greedy caller's), its logit
+ * *d_best, and *d_nonfinite = #non-finite; rows > 1: row r's logits at + r·n, its partials at
+ * + r·256, its token, logit and count at d_token[r], d_best[r], d_nonfinite[r] */
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, int32_t *part_i,
-               int32_t *d_token, int32_t *d_nonfinite, uint32_t rows = 1);
+               int32_t *d_token, int32_t *d_nonfinite, float *d_best, uint32_t rows = 1);
+/* The best CU_TOPK logits of each of rows rows of n (n <= 64·4096), best first (value, then the
+ * lower id; -0 ties +0), as keys into out [rows][CU_TOPK] (cu_topk_decode); part: scratch of
+ * cu_topk_part_bytes(rows). The rows must hold no NaN. */
+#define CU_TOPK 64
+size_t cu_topk_part_bytes(uint32_t rows);
+cudaError_t cu_topk(cudaStream_t st, const float *logits, uint32_t n, unsigned long long *part, unsigned long long *out,
+                    uint32_t rows);
+void cu_topk_decode(unsigned long long key, float *v, int32_t *id);
 
 /* attention.cu */
 /* qkv: q then k (normed and rotated in place); v: the values stored beside k. pdl: launched as a
