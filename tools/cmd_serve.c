@@ -171,7 +171,11 @@ typedef struct job {
     uint64_t id;
     muser_seq *q;
     muser_sampler *smp;
-    float *logits;
+    float *logits;               /* the next token's row, unless */
+    uint32_t top_n;              /* > 0: it is in top_v / top_id, the last step's best logits (a
+                                  * request without logprobs whose sampler needs no more) */
+    float top_v[MUSER_TOP_MAX];
+    int32_t top_id[MUSER_TOP_MAX];
     int32_t *prompt;
     size_t n_prompt, prompt_cap;
     uint32_t max_tokens;
@@ -500,7 +504,9 @@ static int job_step(job *j, serve_err *e)
         return serve_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
     tok_rec *t = &j->toks[j->n_toks];
     memset(t, 0, sizeof *t);
-    const int32_t id = muser_sampler_sample(j->smp, j->logits, &t->lp, j->req.top_logprobs ? t->top : NULL);
+    const int32_t id = j->top_n ? muser_sampler_sample_top(j->smp, j->top_v, j->top_id, j->top_n)
+                                : muser_sampler_sample(j->smp, j->logits, j->req.logprobs ? &t->lp : NULL,
+                                                       j->req.top_logprobs ? t->top : NULL);
     if (id < 0) return serve_err_set(e, 500, "server_error", NULL, NULL, "the model's logits are not finite");
     const double now = muser_now_s();
     if (!j->n_toks) {
@@ -548,9 +554,14 @@ static int job_step(job *j, serve_err *e)
         return 0;
     }
     j->released = j->len - (j->req.n_stop ? stop_holdback(j) : 0);
-    if (muser_seq_decode(j->q, id, j->logits, NULL, &err))
+    /* without logprobs, a greedy or top-k request takes the step's best logits, not its row */
+    const uint32_t top_k = j->req.logprobs ? 0 : muser_sampler_top_needed(j->smp);
+    const muser_top top = {.k = top_k, .v = j->top_v, .id = j->top_id};
+    const bool by_top = top_k > 0 && top_k <= MUSER_TOP_MAX;
+    if (muser_seq_decode(j->q, id, by_top ? NULL : j->logits, by_top ? &top : NULL, &err))
         return serve_err_set(e, err.code == MUSER_E_CANCELLED ? 499 : 500, "server_error", NULL, NULL, "decode: %s",
                              err.msg);
+    j->top_n = by_top ? top_k : 0;
     muser_sampler_accept(j->smp, id);
     return 0;
 }
