@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff,
+#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff, dflash,
 #                                               # skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
@@ -19,7 +19,7 @@ if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     B=${MUSER_BUILD_DIR:-build-cuda}
     mkdir -p .devbin
     cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/tests/test_rows" "$B/tests/test_engine" \
-        "$B/tests/test_spec" "$B/tests/test_handoff" "$B/bench/bench_serve" "$B/bench/bench_sampler" "$B/bench/kbench_matvec" \
+        "$B/tests/test_spec" "$B/tests/test_handoff" "$B/tests/test_dflash" "$B/bench/bench_serve" "$B/bench/bench_sampler" "$B/bench/kbench_matvec" \
         "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
         "$B/bench/kbench_persist" .devbin/
     # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
@@ -124,6 +124,16 @@ for step in $steps; do
         timeout -k 5 60 "$D/bench_sampler" >"$OUT/sampler.log" 2>&1
         note "sampler rc=$?"
         sed 's/^/    /' "$OUT/sampler.log" >>"$S"
+        ;;
+    dflash)
+        # DFlash with the target on the GPU (its tap) and the drafter on the CPU: test_dflash's CUDA
+        # half, then every drafter beside plain decoding on the default model (scripts/spec-bench.sh)
+        (cd "$W" && MUSER_SOURCE_DIR="$OLDPWD" timeout -k 5 300 "$OLDPWD/$D/test_dflash") >"$OUT/test_dflash.log" 2>&1
+        note "test_dflash rc=$? :: $(grep -E 'cuda|SKIP|test_dflash' "$OUT/test_dflash.log" | tr '\n' ';')"
+        mkdir -p "$W/sb" && ln -sf "$PWD/$D/muser" "$W/sb/muser"
+        TMPDIR=$W N=${SB_N:-400} timeout -k 5 300 sh scripts/spec-bench.sh "$W/sb" -- --backend cuda >"$OUT/spec_bench.log" 2>&1
+        note "spec-bench (cuda) rc=$?"
+        grep '^|' "$OUT/spec_bench.log" | sed 's/^/    /' >>"$S"
         ;;
     handoff)
         # remote prefill on the GPU: test_handoff (its CUDA cases), then a producer process

@@ -64,8 +64,8 @@ expect_rc 1 "a drafter as the model" -- "$BIN" run -m "$TMP/dfl.gguf" -p hi -n 2
 grep -q -- "--draft-dflash" "$TMP/err" || fail "a drafter as the model: no hint: $(cat "$TMP/err")"
 expect_rc 1 "a model as the drafter" -- "$BIN" run -m "$TMP/tiny.gguf" -p hi -n 2 $T --draft-dflash "$TMP/tiny2.gguf"
 grep -q "not a DFlash drafter" "$TMP/err" || fail "a model as the drafter: $(cat "$TMP/err")"
-expect_rc 2 "--draft-dflash on cuda" -- "$BIN" run -m "$TMP/tiny.gguf" -p hi --backend cuda --draft-dflash "$TMP/dfl.gguf"
-grep -q "cpu backend" "$TMP/err" || fail "cuda refusal does not say what to do: $(cat "$TMP/err")"
+expect_rc 2 "--draft-dflash on the oracle" -- "$BIN" run -m "$TMP/tiny.gguf" -p hi --backend oracle --draft-dflash "$TMP/dfl.gguf"
+grep -q "backend cpu or cuda" "$TMP/err" || fail "oracle refusal does not say what to do: $(cat "$TMP/err")"
 expect_rc 2 "two drafters" -- "$BIN" run -m "$TMP/tiny.gguf" -p hi --draft-ngram 3 --draft-dflash "$TMP/dfl.gguf"
 
 # the training tools' fingerprint (tools/train/dflash_io.py, plain Python) is muser's

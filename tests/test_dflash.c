@@ -19,6 +19,7 @@
  *      a tensor dropped), each with an error naming what is wrong and *out left NULL. */
 #include "dflash.h"
 #include "gguf.h"
+#include "gpu.h"
 #include "quant.h"
 #include "spec_run.h"
 #include "synth.h"
@@ -608,6 +609,16 @@ int main(void)
     kept_rows(tiny, prompt, 30);
     if (def) kept_rows(def, prompt, 100);
     packed(tiny, prompt);
+    /* 2 on the GPU where there is one: the target's tap there (prefill and verify), the drafter on the
+     * CPU */
+    if (gpu_present(tiny)) {
+        g_backend = MUSER_BACKEND_CUDA;
+        greedy(tiny, "tiny (cuda)", prompt, 30);
+        if (def) greedy(def, "default (trained, cuda)", prompt, 100);
+        g_backend = MUSER_BACKEND_CPU;
+    } else {
+        printf("SKIP: the CUDA half (no GPU, or built without CUDA)\n");
+    }
     /* 4 */
     refusals(tiny, tiny2, def);
     muser_model_free(def);

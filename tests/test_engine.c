@@ -19,6 +19,7 @@
  *      session driven directly, and so does the source after it, each on its own cache.
  * Where a GPU is present, 1 and 7 run again on CUDA (else a visible SKIP line). */
 #include "check.h"
+#include "gpu.h"
 #include "engine.h"
 #include "synth.h"
 #include "util.h"
@@ -652,20 +653,7 @@ int main(void)
     threads();
     copy();
     /* the engine on the GPU: the same bytes as the session driven directly there */
-    bool cuda = false;
-#ifdef MUSER_HAVE_CUDA
-    {
-        muser_session_opts so2;
-        memset(&so2, 0, sizeof so2);
-        so2.backend = MUSER_BACKEND_CUDA;
-        so2.n_ctx = 256;
-        muser_session *s = NULL;
-        muser_error e2 = {0};
-        cuda = muser_session_new(&s, g_m, &so2, &e2) == 0;
-        muser_session_free(s);
-    }
-#endif
-    if (cuda) {
+    if (gpu_present(g_m)) {
         g_backend = MUSER_BACKEND_CUDA;
         printf("CUDA:\n");
         outputs();

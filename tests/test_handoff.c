@@ -19,6 +19,7 @@
  *   3. the producer outlives bad clients: no certificate, garbage instead of TLS, a refused
  *      request; a good fetch works after each. */
 #include "check.h"
+#include "gpu.h"
 #include "engine.h"
 #include "handoff/handoff.h"
 #include "handoff/ledger.h"
@@ -573,20 +574,7 @@ int main(void)
     exact_on(tiny, "tiny", oracle_cases, g_san ? 1 : 2, MUSER_BACKEND_ORACLE);
     /* the GPU: its install hooks (kv_import / kv_seal) and its prefill and decode routes, the
      * producer and the consumer on one GPU, each its own engine */
-    bool cuda = false;
-#ifdef MUSER_HAVE_CUDA
-    {
-        muser_session_opts co;
-        memset(&co, 0, sizeof co);
-        co.backend = MUSER_BACKEND_CUDA;
-        co.n_ctx = 64;
-        muser_session *s = NULL;
-        muser_error ce = {0};
-        cuda = muser_session_new(&s, tiny, &co, &ce) == 0;
-        muser_session_free(s);
-    }
-#endif
-    if (cuda) {
+    if (gpu_present(tiny)) {
         exact_on(tiny, "tiny", tiny_cases, 5, MUSER_BACKEND_CUDA);
         exact_on(trained, "trained", trained_cases, 4, MUSER_BACKEND_CUDA);
     } else {

@@ -16,6 +16,7 @@
 #include "session.h"
 #include "synth.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -351,6 +352,75 @@ static void refusals_and_tap(const muser_model *m)
     muser_device_free(d2);
 }
 
+/* max |a - b| over n, against max |a| */
+static double rel_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double x = fabs((double)a[i] - (double)b[i]), y = fabs((double)a[i]);
+        d = x > d ? x : d;
+        m = y > m ? y : m;
+    }
+    return m > 0 ? d / m : d;
+}
+
+/* The GPU's hidden-state tap (layers 1 and 3, 6 rows of one session): the same bytes one row per
+ * step, as one verify block and packed after another session's row; within 5e-3 of the largest
+ * residual of the CPU's tap, and of the prefill route's. */
+static void tap_gpu(const muser_model *m)
+{
+    enum { R = 6 };
+    const uint32_t E = m->hp.n_embd, V = m->hp.n_vocab;
+    const uint32_t layers[2] = {1, 3};
+    const size_t w = (size_t)2 * E; /* floats a tapped row */
+    muser_device *dc = dev_new(m, MUSER_BACKEND_CUDA), *dp = dev_new(m, MUSER_BACKEND_CPU);
+    muser_session *s[5] = {0}, *b = NULL;
+    muser_error err = {0};
+    float *t[5];
+    for (int k = 0; k < 5; k++) t[k] = calloc((R + 1) * w, sizeof(float));
+    int32_t tok[R + 1];
+    for (uint32_t i = 0; i < R + 1; i++) tok[i] = tok_of(7, i, V);
+    for (int k = 0; k < 5 && dc && dp; k++) CHECK_OK(muser_session_open(&s[k], k == 3 ? dp : dc, 0, &err), &err);
+    if (dc) CHECK_OK(muser_session_open(&b, dc, 0, &err), &err);
+    if (!dc || !dp || !s[4] || !b) goto out;
+    for (uint32_t i = 0; i < R; i++) { /* one row per step */
+        muser_tap tp = {.n_layers = 2, .layers = layers, .out = t[0] + i * w};
+        CHECK_OK(muser_step(dc, &s[0], &tok[i], 1, NULL, NULL, &tp, &err), &err);
+    }
+    muser_session *blk[R + 1];
+    for (uint32_t i = 0; i < R + 1; i++) blk[i] = s[1];
+    muser_tap tp = {.n_layers = 2, .layers = layers, .out = t[1]};
+    CHECK_OK(muser_step(dc, blk, tok, R, NULL, NULL, &tp, &err), &err); /* one verify block */
+    blk[0] = b;
+    for (uint32_t i = 1; i < R + 1; i++) blk[i] = s[2];
+    int32_t tok2[R + 1] = {tok[R]};
+    memcpy(tok2 + 1, tok, R * sizeof *tok);
+    tp.out = t[2];
+    CHECK_OK(muser_step(dc, blk, tok2, R + 1, NULL, NULL, &tp, &err), &err); /* packed after b's row */
+    for (uint32_t i = 0; i < R; i++) blk[i] = s[3];
+    tp.out = t[3];
+    CHECK_OK(muser_step(dp, blk, tok, R, NULL, NULL, &tp, &err), &err); /* the CPU */
+    tp.out = t[4];
+    CHECK_OK(muser_session_prefill_tap(s[4], tok, R, NULL, &tp, &err), &err); /* the GPU's prefill route */
+    CHECKF(!memcmp(t[0], t[1], R * w * sizeof(float)), "cuda tap: a verify block's rows differ from one row per step");
+    CHECKF(!memcmp(t[0], t[2] + w, R * w * sizeof(float)), "cuda tap: the rows depend on their neighbours");
+    CHECKF(memcmp(t[0], t[0] + E, E * sizeof(float)) != 0, "cuda tap: layers 1 and 3 tapped the same residual");
+    const double dcpu = rel_diff(t[3], t[0], R * w), dpre = rel_diff(t[0], t[4], R * w);
+    CHECKF(dcpu < 5e-3, "cuda tap against the cpu's: %.3g of the largest residual", dcpu);
+    CHECKF(dpre < 5e-3, "cuda tap: the prefill route's against the step's: %.3g", dpre);
+    printf("tiny (mix)             cuda   tap: one row, a block, packed: the same bytes; against the cpu %.2g, the "
+           "prefill route %.2g\n",
+           dcpu, dpre);
+out:
+    for (int k = 0; k < 5; k++) {
+        muser_session_free(s[k]);
+        free(t[k]);
+    }
+    muser_session_free(b);
+    muser_device_free(dc);
+    muser_device_free(dp);
+}
+
 static muser_model *synth(int type, muser_arch arch)
 {
     char path[256];
@@ -407,6 +477,7 @@ int main(void)
     if (tiny) {
         contract(tiny, MUSER_BACKEND_CPU, names[0]);
         refusals_and_tap(tiny);
+        if (cuda) tap_gpu(tiny);
     }
     for (int i = 0; i < 4; i++) muser_model_free(models[i]);
     free(text);

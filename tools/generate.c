@@ -527,11 +527,9 @@ int gen_draft_check(const char *cmd, const gen_draft *d, muser_backend_kind back
 {
     if ((d->model_path != NULL) + (d->ngram != 0) + (d->dflash_path != NULL) > 1)
         return cli_usage_error(cmd, "--draft, --draft-ngram and --draft-dflash are three drafters: pick one");
-    if (d->dflash_path && backend != MUSER_BACKEND_CPU)
-        return cli_usage_error(cmd,
-                               "--draft-dflash reads the model's hidden states through the tap, which only the cpu "
-                               "backend has for now (the %s backend refuses a tap): use --backend cpu",
-                               muser_backend_name(backend));
+    if (d->dflash_path && backend == MUSER_BACKEND_ORACLE)
+        return cli_usage_error(cmd, "--draft-dflash reads the model's hidden states through the tap, which the oracle "
+                                    "does not keep (it has no per-row residual): use --backend cpu or cuda");
     return 0;
 }
 

@@ -99,6 +99,13 @@ typedef struct cu_ctx {
     uint16_t *stage_k, *stage_v; /* [n_layer][CU_ROWS_MAX][HKV·D] the pass's staged K/V (cu_rows.sk) */
     uint64_t rows_n_ctx;       /* the context of those sessions (the device's) */
     cudaGraphExec_t g_rows[CU_ROWS_MAX + 1];
+    /* the hidden-state tap (muser_tap): graphs that also copy the residual rows of tap_layers out
+     * after their layers, recorded at first use for one layer list (tap_gen counts the lists) */
+    float *d_tap, *h_tap;      /* [CU_ROWS_MAX][tap_nl][E] a tapped pass's rows (h_tap pinned) */
+    uint32_t tap_layers[MUSER_TAP_MAX_LAYERS], tap_nl;
+    uint64_t tap_gen;
+    cudaGraphExec_t g_rows_tap[CU_ROWS_MAX + 1];
+    uint64_t g_rows_tap_gen[CU_ROWS_MAX + 1];
     bool profile;              /* MUSER_CUDA_PROFILE set: each row count's first pass is profiled (profile_pass) */
     uint32_t rows_profiled;    /* bit n: a pass of n rows was */
     bool gate_up_paired;       /* gate and up in one launch writing silu(g)·u (both Q4_KT, or both general) */
@@ -137,6 +144,8 @@ typedef struct cu_seq {
                                 * multi-row call that wraps a ring over stored rows */
     size_t ring_bytes;         /* bytes of all rings (= of ring_undo) */
     cudaGraphExec_t g_fwd, g_bench; /* g_bench: recorded by the bench lane only */
+    cudaGraphExec_t g_tap;     /* g_fwd with the tap (cu_ctx.tap_layers of generation g_tap_gen) */
+    uint64_t g_tap_gen;
     uint64_t n_ctx;
 } cu_seq;
 
@@ -666,7 +675,7 @@ static const uint16_t *const *rows_vp(const cu_ctx *c, uint32_t l)
  * each layer's K/V plane per row), every kernel taking all n rows at once (the matvecs read each
  * weight once for all of them). A row's arithmetic is the one-row route's: its bits are those of
  * decoding it alone (docs/routes.md says how that is kept). */
-static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, profiler *pf)
+static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, bool tapped, profiler *pf)
 {
     const muser_hparams *hp = &c->m->hp;
     cudaStream_t st = c->st;
@@ -780,6 +789,8 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, 
             cu_tail(st, c->y, c->h, c->a, L->post_ffw_norm, hp->post_norm_eps,
                     last ? c->out_norm : c->layers[l + 1].attn_norm, hp->rms_eps, hp->sandwich, E, dg, c->tail_trigger,
                     c->tail_wide, n);
+        for (uint32_t j = 0; tapped && j < c->tap_nl; j++) /* the residual after layer l: row r to [r][j] */
+            if (c->tap_layers[j] == l) cu_rows_copy(st, c->h, E, c->d_tap + (size_t)j * E, (size_t)c->tap_nl * E, E, n);
     }
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
@@ -800,11 +811,12 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, 
 }
 
 /* The graph of route_enqueue_n(c, sq, n, …) */
-static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, cudaGraphExec_t *out, muser_error *err)
+static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, bool tapped, cudaGraphExec_t *out,
+                          muser_error *err)
 {
     cudaGraph_t g;
     CU_TRY(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal), "graph capture begin");
-    const int rc = route_enqueue_n(c, sq, n, bench_token, NULL);
+    const int rc = route_enqueue_n(c, sq, n, bench_token, tapped, NULL);
     c->rn = 1;
     cudaError_t e = cudaStreamEndCapture(c->st, &g);
     if (rc) {
@@ -821,7 +833,7 @@ static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, c
 
 static int record_graph(cu_ctx *c, cu_seq *sq, bool bench_token, cudaGraphExec_t *out, muser_error *err)
 {
-    return record_graph_n(c, sq, 1, bench_token, out, err);
+    return record_graph_n(c, sq, 1, bench_token, false, out, err);
 }
 
 /* ---- context --------------------------------------------------------------------------------- */
@@ -844,8 +856,12 @@ static void ctx_free(cu_ctx *c)
     if (!c) return;
     void *dev[] = {c->weights, c->h, c->part_ml, c->part_acc, c->xm_site[0], c->rope_inv, c->d_rows, c->stage_k};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
-    for (uint32_t n = 0; n <= CU_ROWS_MAX; n++)
+    for (uint32_t n = 0; n <= CU_ROWS_MAX; n++) {
         if (c->g_rows[n]) cudaGraphExecDestroy(c->g_rows[n]);
+        if (c->g_rows_tap[n]) cudaGraphExecDestroy(c->g_rows_tap[n]);
+    }
+    if (c->d_tap) cudaFree(c->d_tap);
+    if (c->h_tap) cudaFreeHost(c->h_tap);
     if (c->h_logits) cudaFreeHost(c->h_logits);
     if (c->h_flags) cudaFreeHost(c->h_flags);
     if (c->h_topk) cudaFreeHost(c->h_topk);
@@ -864,6 +880,7 @@ static void seq_free(cu_seq *sq)
     if (!sq) return;
     if (sq->g_fwd) cudaGraphExecDestroy(sq->g_fwd);
     if (sq->g_bench) cudaGraphExecDestroy(sq->g_bench);
+    if (sq->g_tap) cudaGraphExecDestroy(sq->g_tap);
     cudaFree(sq->kv_mem);
     cudaFree(sq->d_step);
     cudaFree(sq->ring_undo);
@@ -986,6 +1003,8 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     if (!e) e = cudaMalloc((void **)&c->d_topk_part, cu_topk_part_bytes(NR) + NR * CU_TOPK * sizeof(unsigned long long));
     if (!e) c->d_topk = c->d_topk_part + cu_topk_part_bytes(NR) / sizeof(unsigned long long);
     if (!e) e = cudaMallocHost((void **)&c->h_topk, NR * CU_TOPK * sizeof(unsigned long long));
+    if (!e) e = cudaMalloc((void **)&c->d_tap, NR * MUSER_TAP_MAX_LAYERS * E * sizeof(float));
+    if (!e) e = cudaMallocHost((void **)&c->h_tap, NR * MUSER_TAP_MAX_LAYERS * E * sizeof(float));
     /* the multi-row pass's tables: a row's step block 16-byte aligned */
     c->row_bytes = (sizeof(cu_step) + hp->n_layer * sizeof(cu_plane_meta) + 15) / 16 * 16;
     c->rows_bytes = NR * c->row_bytes + 2 * (size_t)hp->n_layer * NR * sizeof(uint16_t *);
@@ -1124,16 +1143,57 @@ static bool rows_ok(const cu_ctx *c, const cu_seq *sq) { return c->rows_geom && 
 /* After a pass's graph (n rows) is launched: the logit rows' copy back when wanted, and for more than
  * one best logit per row the top-k kernels (outside the graph: only a sampler that wants them pays)
  * and their keys' copy; then the wait. */
-static cudaError_t pass_finish(cu_ctx *c, uint32_t n, bool want_logits, const muser_top *top)
+static cudaError_t pass_finish(cu_ctx *c, uint32_t n, bool want_logits, const muser_top *top, bool tapped)
 {
     const size_t V = c->m->hp.n_vocab;
     cudaError_t e = cudaSuccess;
-    if (want_logits) e = cudaMemcpyAsync(c->h_logits, c->logits, n * V * sizeof(float), cudaMemcpyDeviceToHost, c->st);
+    if (tapped)
+        e = cudaMemcpyAsync(c->h_tap, c->d_tap, (size_t)n * c->tap_nl * c->m->hp.n_embd * sizeof(float),
+                            cudaMemcpyDeviceToHost, c->st);
+    if (!e && want_logits) e = cudaMemcpyAsync(c->h_logits, c->logits, n * V * sizeof(float), cudaMemcpyDeviceToHost, c->st);
     if (!e && top && top->k > 1) e = cu_topk(c->st, c->logits, (uint32_t)V, c->d_topk_part, c->d_topk, n);
     if (!e && top && top->k > 1)
         e = cudaMemcpyAsync(c->h_topk, c->d_topk, n * CU_TOPK * sizeof(unsigned long long), cudaMemcpyDeviceToHost, c->st);
     if (!e) e = cudaStreamSynchronize(c->st);
     return e;
+}
+
+/* The tapped graphs' layer list becomes tap's; when it changes, their generation moves on and each is
+ * recorded again at its next use. */
+static void tap_use(cu_ctx *c, const muser_tap *tap)
+{
+    if (tap->n_layers == c->tap_nl && !memcmp(tap->layers, c->tap_layers, tap->n_layers * sizeof *tap->layers)) return;
+    memcpy(c->tap_layers, tap->layers, tap->n_layers * sizeof *tap->layers);
+    c->tap_nl = tap->n_layers;
+    c->tap_gen++;
+}
+
+/* The graph to launch: g, or with the tap its tapped twin *gt (recorded now if it is of another
+ * generation). */
+static int graph_for(cu_ctx *c, cu_seq *sq, uint32_t n, const muser_tap *tap, cudaGraphExec_t g, cudaGraphExec_t *gt,
+                     uint64_t *gen, cudaGraphExec_t *out, muser_error *err)
+{
+    if (!tap) {
+        *out = g;
+        return MUSER_OK;
+    }
+    tap_use(c, tap);
+    if (!*gt || *gen != c->tap_gen) {
+        if (*gt) cudaGraphExecDestroy(*gt);
+        *gt = NULL;
+        const int rc = record_graph_n(c, sq, n, false, true, gt, err);
+        if (rc) return rc;
+        *gen = c->tap_gen;
+    }
+    *out = *gt;
+    return MUSER_OK;
+}
+
+/* Pass row i's tapped rows into tap->out's row r (pass_finish ran). */
+static void tap_out(const cu_ctx *c, const muser_tap *tap, uint32_t i, uint32_t r)
+{
+    const size_t w = (size_t)tap->n_layers * c->m->hp.n_embd;
+    memcpy(tap->out + r * w, c->h_tap + i * w, w * sizeof(float));
 }
 
 /* Pass row i's best logits into top's row r (pass_finish ran). */
@@ -1159,11 +1219,11 @@ static void top_out(const cu_ctx *c, const muser_top *top, uint32_t i, uint32_t 
  * stored after the logits were checked (cu_stage_commit): a failing pass leaves every plane as it
  * was. The sessions' metadata take the appends (the caller restores them on failure: be_step). */
 static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const uint64_t *pos, const uint32_t *step_row,
-                     uint32_t n, float *logits, const muser_top *top, muser_error *err)
+                     uint32_t n, float *logits, const muser_top *top, const muser_tap *tap, muser_error *err)
 {
     const uint32_t nl = c->m->hp.n_layer;
     if (!c->g_rows[n]) {
-        const int rc = record_graph_n(c, NULL, n, false, &c->g_rows[n], err);
+        const int rc = record_graph_n(c, NULL, n, false, false, &c->g_rows[n], err);
         if (rc) return rc;
     }
     uint16_t **kt = (uint16_t **)(c->h_rows + CU_ROWS_MAX * c->row_bytes), **vt = kt + (size_t)nl * CU_ROWS_MAX;
@@ -1194,8 +1254,11 @@ static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const ui
         if (rc) return rc;
     }
     const size_t V = c->m->hp.n_vocab;
-    cudaError_t e = cudaGraphLaunch(c->g_rows[n], c->st);
-    if (!e) e = pass_finish(c, n, logits != NULL, top);
+    cudaGraphExec_t g;
+    const int rg = graph_for(c, NULL, n, tap, c->g_rows[n], &c->g_rows_tap[n], &c->g_rows_tap_gen[n], &g, err);
+    if (rg) return rg;
+    cudaError_t e = cudaGraphLaunch(g, c->st);
+    if (!e) e = pass_finish(c, n, logits != NULL, top, tap != NULL);
     if (e) return muser_errorf(err, MUSER_E_BACKEND, "cuda: a pass of %u rows: %s", n, cudaGetErrorString(e));
     for (uint32_t i = 0; i < n; i++)
         if (c->h_flags[CU_ROWS_MAX + i] != 0)
@@ -1203,13 +1266,14 @@ static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const ui
                                 step_row[i], (unsigned long long)pos[i]);
     for (uint32_t i = 0; logits && i < n; i++) memcpy(logits + step_row[i] * V, c->h_logits + i * V, V * sizeof(float));
     for (uint32_t i = 0; top && i < n; i++) top_out(c, top, i, step_row[i]);
+    for (uint32_t i = 0; tap && i < n; i++) tap_out(c, tap, i, step_row[i]);
     return MUSER_OK;
 }
 
 /* One token at pos through the session's graph; logits (if non-NULL: the only time the row is copied
  * back) and the best logits (top, if non-NULL, its row r) out. */
 static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, const muser_top *top, uint32_t r,
-                      muser_error *err)
+                      const muser_tap *tap, muser_error *err)
 {
     cu_ctx *c = sq->c;
     kv_plane *saved_meta = sq->meta_step;
@@ -1224,8 +1288,14 @@ static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, co
     }
     step_fill(sq, pos, token);
     const size_t V = c->m->hp.n_vocab;
-    cudaError_t e = cudaGraphLaunch(sq->g_fwd, c->st);
-    if (!e) e = pass_finish(c, 1, logits != NULL, top);
+    cudaGraphExec_t g;
+    const int rg = graph_for(c, sq, 1, tap, sq->g_fwd, &sq->g_tap, &sq->g_tap_gen, &g, err);
+    if (rg) {
+        memcpy(sq->kv.planes, saved_meta, nl * sizeof(kv_plane));
+        return rg;
+    }
+    cudaError_t e = cudaGraphLaunch(g, c->st);
+    if (!e) e = pass_finish(c, 1, logits != NULL, top, tap != NULL);
     if (e) {
         memcpy(sq->kv.planes, saved_meta, nl * sizeof(kv_plane));
         return muser_errorf(err, MUSER_E_BACKEND, "cuda: decode at position %llu: %s", (unsigned long long)pos,
@@ -1238,6 +1308,7 @@ static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, co
     }
     if (logits) memcpy(logits, c->h_logits, V * sizeof(float));
     if (top) top_out(c, top, 0, r);
+    if (tap) tap_out(c, tap, 0, r);
     return MUSER_OK;
 }
 
@@ -1570,7 +1641,7 @@ static bool pf_model_ok(const cu_ctx *c)
 /* tokens[0..n) at position p0 of sq in chunks of the workspace's rows; logits as be_forward's.
  * The caller restores the session on failure. */
 static int pf_forward(cu_seq *sq, const int32_t *tokens, uint32_t n, uint64_t p0, float *logits, bool all_logits,
-                      uint32_t max_batch, muser_error *err)
+                      uint32_t max_batch, const muser_tap *tap, muser_error *err)
 {
     cu_ctx *c = sq->c;
     const uint32_t chunk = max_batch && max_batch < PF_ROWS_MAX ? max_batch : PF_ROWS_MAX;
@@ -1588,6 +1659,12 @@ static int pf_forward(cu_seq *sq, const int32_t *tokens, uint32_t n, uint64_t p0
         r.tokens = tokens + c0;
         r.pos = pos;
         r.route = FWD_ROUTE_BATCH;
+        muser_tap chunk_tap; /* the tap's rows of this chunk */
+        if (tap) {
+            chunk_tap = *tap;
+            chunk_tap.out = tap->out + (size_t)c0 * tap->n_layers * c->m->hp.n_embd;
+            r.tap = &chunk_tap;
+        }
         const bool last = c0 + m == n;
         pf->sq = sq;
         pf->out = !logits ? NULL : all_logits ? logits + (size_t)c0 * V : last ? logits : NULL;
@@ -1706,8 +1783,10 @@ static int seq_restore(cu_seq *sq, bool wraps, muser_error *err)
 }
 
 /* n > 1: the prefill route (pf_forward), or the decode graph row by row for a model it does not take. */
-static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
-                      muser_error *err)
+/* The prefill route; with a tap (muser_tap: the residual rows of its layers, in the order the CPU
+ * taps them, fwd_run's) only where this model takes it. */
+static int be_forward_tap(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
+                          const muser_tap *tap, muser_error *err)
 {
     cu_seq *sq = (cu_seq *)s->be_state;
     const uint64_t V = s->model->hp.n_vocab;
@@ -1717,8 +1796,13 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
     bool wraps = false;
     int rc = seq_save(sq, n, true, &wraps, err);
     if (rc) return rc;
+    if (tap && !pf_model_ok(sq->c)) {
+        const int r2 = seq_restore(sq, wraps, err);
+        return r2 ? r2 : muser_errorf(err, MUSER_E_UNSUPPORTED,
+                                      "cuda: this model's matrices do not fit the prefill route, which the tap needs");
+    }
     if (pf_model_ok(sq->c)) {
-        rc = pf_forward(sq, tokens, n, s->n_past, logits, all_logits, s->opts.max_batch, err);
+        rc = pf_forward(sq, tokens, n, s->n_past, logits, all_logits, s->opts.max_batch, tap, err);
         if (rc) {
             const int r2 = seq_restore(sq, wraps, err);
             return r2 ? r2 : rc;
@@ -1728,7 +1812,7 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
     for (uint32_t i = 0; i < n; i++) {
         float *out = NULL;
         if (logits && (all_logits || i + 1 == n)) out = all_logits ? logits + (size_t)i * V : logits;
-        rc = decode_one(sq, tokens[i], s->n_past + i, out, NULL, 0, err);
+        rc = decode_one(sq, tokens[i], s->n_past + i, out, NULL, 0, NULL, err);
         if (rc) {
             const int r2 = seq_restore(sq, wraps, err);
             return r2 ? r2 : rc;
@@ -1737,15 +1821,21 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
     return MUSER_OK;
 }
 
+static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
+                      muser_error *err)
+{
+    return be_forward_tap(s, tokens, n, logits, all_logits, NULL, err);
+}
+
 /* Run the rows gathered for one pass (be_step): one row through its session's own graph, more as a
  * multi-row pass; row prow[i]'s logits at logits + prow[i]·V and its best logits at top's row
  * prow[i] (each when non-NULL). */
 static int step_flush(cu_ctx *c, cu_seq *const *ps, const int32_t *pt, const uint64_t *pp, const uint32_t *prow,
-                      uint32_t np, float *logits, const muser_top *top, muser_error *err)
+                      uint32_t np, float *logits, const muser_top *top, const muser_tap *tap, muser_error *err)
 {
     const uint64_t V = c->m->hp.n_vocab;
-    if (np == 1) return decode_one(ps[0], pt[0], pp[0], logits ? logits + prow[0] * V : NULL, top, prow[0], err);
-    return rows_pass(c, ps, pt, pp, prow, np, logits, top, err);
+    if (np == 1) return decode_one(ps[0], pt[0], pp[0], logits ? logits + prow[0] * V : NULL, top, prow[0], tap, err);
+    return rows_pass(c, ps, pt, pp, prow, np, logits, top, tap, err);
 }
 
 /* The small-batch route. A step's rows go in order as multi-row passes of up to CU_ROWS_MAX rows
@@ -1759,9 +1849,8 @@ static int step_flush(cu_ctx *c, cu_seq *const *ps, const int32_t *pt, const uin
  * them only on success), else through step_logits. */
 static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
 {
-    if (rows->tap)
-        return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: the hidden-state tap is not built on the GPU yet");
     const uint64_t V = d->model->hp.n_vocab;
+    const muser_tap *tap = rows->tap; /* its rows go straight out (the engine stages them) */
     cu_ctx *c = (cu_ctx *)d->be_state;
     bool one_pass = rows->n > 1 && rows->n <= CU_ROWS_MAX;
     for (uint32_t i = 0; i < rows->n; i++) one_pass &= rows_ok(c, (cu_seq *)rows->seq[i]->be_state);
@@ -1793,7 +1882,7 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
         for (uint32_t row = first[r]; !rc && row < first[r + 1]; row++) {
             const uint64_t pos = rows->seq[row]->n_past + (row - first[r]);
             if (!rows_ok(c, sq)) {
-                rc = decode_one(sq, rows->tokens[row], pos, out ? out + row * V : NULL, top, row, err);
+                rc = decode_one(sq, rows->tokens[row], pos, out ? out + row * V : NULL, top, row, tap, err);
                 continue;
             }
             ps[np] = sq;
@@ -1801,12 +1890,12 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
             pp[np] = pos;
             prow[np++] = row;
             if (np == CU_ROWS_MAX) {
-                rc = step_flush(c, ps, pt, pp, prow, np, out, top, err);
+                rc = step_flush(c, ps, pt, pp, prow, np, out, top, tap, err);
                 np = 0;
             }
         }
     }
-    if (!rc && np) rc = step_flush(c, ps, pt, pp, prow, np, out, top, err);
+    if (!rc && np) rc = step_flush(c, ps, pt, pp, prow, np, out, top, tap, err);
     if (rc) {
         for (uint32_t r = 0; r < nrun; r++) {
             const int r2 = seq_restore((cu_seq *)rows->seq[first[r]]->be_state, wraps[r], err);
@@ -1983,7 +2072,7 @@ static int be_kv_import(muser_session *s, uint32_t l, const kv_plane *meta, uint
 static const muser_backend cuda_backend = {
     "cuda", be_dev_init, be_dev_free, be_init,     be_free,  be_forward,  be_step,
     be_checkpoint, be_rollback, be_commit, be_reset, be_kv_export, be_kv_copy, be_kv_rows, be_kv_import,
-    nullptr, /* forward_tap: no hidden-state tap on the GPU yet (session.c refuses a tapped prefill) */
+    be_forward_tap,
 };
 
 extern "C" const muser_backend *muser_backend_cuda(void)
@@ -2031,10 +2120,10 @@ static int profile_pass(cu_ctx *c, cu_seq *sq, uint32_t n, const char *what, mus
     profiler *pf = (profiler *)calloc(1, sizeof *pf);
     if (!pf) return muser_errorf(err, MUSER_E_NOMEM, "profile: out of memory");
     for (int i = 0; i < 1024; i++) cudaEventCreate(&pf->ev[i]);
-    route_enqueue_n(c, sq, n, false, pf); /* warm */
+    route_enqueue_n(c, sq, n, false, false, pf); /* warm */
     cudaStreamSynchronize(c->st);
     pf->n = 0;
-    route_enqueue_n(c, sq, n, false, pf);
+    route_enqueue_n(c, sq, n, false, false, pf);
     cudaError_t e = cudaStreamSynchronize(c->st);
     double fam_ms[PF_N] = {0}, total = 0;
     for (int i = 0; i + 1 < pf->n; i++) {

@@ -383,6 +383,19 @@ void cu_topk_decode(unsigned long long key, float *v, int32_t *id)
     *id = (int32_t)(0xFFFFFFFFu - (uint32_t)key);
 }
 
+/* dst[r·dst_stride + i] = src[r·src_stride + i] for i < width, r < rows: the tap's rows out */
+__global__ void k_rows_copy(const float *src, uint32_t src_stride, float *dst, size_t dst_stride, uint32_t width)
+{
+    const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < width) dst[blockIdx.y * dst_stride + i] = src[(size_t)blockIdx.y * src_stride + i];
+}
+
+void cu_rows_copy(cudaStream_t st, const float *src, uint32_t src_stride, float *dst, size_t dst_stride, uint32_t width,
+                  uint32_t rows)
+{
+    k_rows_copy<<<dim3((width + 255) / 256, rows), 256, 0, st>>>(src, src_stride, dst, dst_stride, width);
+}
+
 __global__ void k_read_stream(const uint4 *p, uint64_t n, uint32_t *sink)
 {
     uint32_t acc = 0;

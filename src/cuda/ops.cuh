@@ -122,6 +122,10 @@ void cu_argmax(cudaStream_t st, const float *logits, uint32_t n, float *part_v, 
 /* The best CU_TOPK logits of each of rows rows of n (n <= 64·4096), best first (value, then the
  * lower id; -0 ties +0), as keys into out [rows][CU_TOPK] (cu_topk_decode); part: scratch of
  * cu_topk_part_bytes(rows). The rows must hold no NaN. */
+/* dst[r·dst_stride + i] = src[r·src_stride + i], i < width, r < rows (a plain launch: whatever was
+ * launched before it has finished when it reads) */
+void cu_rows_copy(cudaStream_t st, const float *src, uint32_t src_stride, float *dst, size_t dst_stride, uint32_t width,
+                  uint32_t rows);
 #define CU_TOPK 64
 size_t cu_topk_part_bytes(uint32_t rows);
 cudaError_t cu_topk(cudaStream_t st, const float *logits, uint32_t n, unsigned long long *part, unsigned long long *out,
