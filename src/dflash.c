@@ -290,6 +290,13 @@ int muser_dflash_run_new(muser_dflash_run **out, const muser_dflash *d, muser_df
     const muser_dflash_impl *impl = kind == MUSER_DFLASH_CPU      ? muser_dflash_impl_cpu()
                                     : kind == MUSER_DFLASH_ORACLE ? muser_dflash_impl_oracle()
                                                                   : NULL;
+#ifdef MUSER_HAVE_CUDA
+    if (kind == MUSER_DFLASH_CUDA)
+        impl = muser_dflash_impl_cuda();
+#else
+    if (kind == MUSER_DFLASH_CUDA)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "dflash: this build has no CUDA backend");
+#endif
     if (!impl)
         return muser_errorf(err, MUSER_E_ARG, "dflash: unknown backend %d", (int)kind);
     muser_dflash_run *r = calloc(1, sizeof *r);

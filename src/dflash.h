@@ -1,6 +1,6 @@
 /* dflash.h — the DFlash block drafter (SPEC §5; docs/dflash.md): its GGUF binding, the check that
- * it was trained for the target at hand, and its forward pass on two backends (the CPU engine and
- * the f64 oracle).
+ * it was trained for the target at hand, and its forward pass on three backends (the CPU engine,
+ * the GPU beside a target there, and the f64 oracle).
  *
  * A DFlash drafter is a few decoder layers of the target's width that read the target's hidden
  * states. For every position j of the sequence the target's residual after each of the drafter's
@@ -80,10 +80,11 @@ void muser_dflash_free(muser_dflash *d);
 
 /* ---- running it ----
  * A run is one sequence's drafter state: the context keys and values of positions [0, held) and
- * one block's workspace, sized at creation (n_ctx positions); nothing is allocated per round. Two
- * kinds: MUSER_DFLASH_CPU (f32, the CPU engine's kernels) and MUSER_DFLASH_ORACLE (f64, dumb on
- * purpose, the judge of SPEC §4). */
-typedef enum { MUSER_DFLASH_CPU = 0, MUSER_DFLASH_ORACLE = 1 } muser_dflash_kind;
+ * one block's workspace, sized at creation (n_ctx positions); nothing is allocated per round. Three
+ * kinds: MUSER_DFLASH_CPU (f32, the CPU engine's kernels), MUSER_DFLASH_CUDA (f32 on the GPU:
+ * src/cuda/dflash.cu; MUSER_E_UNSUPPORTED in a build without CUDA) and MUSER_DFLASH_ORACLE (f64,
+ * dumb on purpose, the judge of SPEC §4). */
+typedef enum { MUSER_DFLASH_CPU = 0, MUSER_DFLASH_ORACLE = 1, MUSER_DFLASH_CUDA = 2 } muser_dflash_kind;
 
 typedef struct muser_dflash_run muser_dflash_run;
 
@@ -104,7 +105,8 @@ int muser_dflash_run_context(muser_dflash_run *r, uint64_t pos0, const float *fe
  * finite; MUSER_E_CONTEXT_FULL when the block would pass the context. */
 int muser_dflash_run_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err);
 
-/* Backend entry points (src/cpu/dflash.c, src/dflash_ref.c); muser_dflash_run_* dispatch to them. */
+/* Backend entry points (src/cpu/dflash.c, src/cuda/dflash.cu, src/dflash_ref.c); muser_dflash_run_*
+ * dispatch to them. */
 typedef struct muser_dflash_impl {
     int (*init)(muser_dflash_run *r, muser_error *err);
     void (*free)(muser_dflash_run *r);
@@ -123,5 +125,8 @@ struct muser_dflash_run {
 
 const muser_dflash_impl *muser_dflash_impl_cpu(void);
 const muser_dflash_impl *muser_dflash_impl_oracle(void);
+#ifdef MUSER_HAVE_CUDA
+const muser_dflash_impl *muser_dflash_impl_cuda(void);
+#endif
 
 #endif

@@ -98,7 +98,10 @@ static float *tapped_prefill(const muser_model *m, const muser_dflash *d, const 
     return f;
 }
 
-/* ---- 1. the CPU forward against the oracle ---- */
+/* the drafter's backend under test: the CPU's, then the GPU's where there is one */
+static muser_dflash_kind g_dkind = MUSER_DFLASH_CPU;
+
+/* ---- 1. the CPU (or GPU) forward against the oracle ---- */
 static void against_oracle(const muser_model *m, const muser_dflash *d, const char *what)
 {
     const uint32_t V = m->hp.n_vocab, B = d->hp.block_size, np = 70;
@@ -115,9 +118,9 @@ static void against_oracle(const muser_model *m, const muser_dflash *d, const ch
     }
     muser_error err = {0};
     muser_dflash_run *cpu = NULL, *ora = NULL, *again = NULL;
-    CHECK_OK(muser_dflash_run_new(&cpu, d, MUSER_DFLASH_CPU, CTX, &err), &err);
+    CHECK_OK(muser_dflash_run_new(&cpu, d, g_dkind, CTX, &err), &err);
     CHECK_OK(muser_dflash_run_new(&ora, d, MUSER_DFLASH_ORACLE, CTX, &err), &err);
-    CHECK_OK(muser_dflash_run_new(&again, d, MUSER_DFLASH_CPU, CTX, &err), &err);
+    CHECK_OK(muser_dflash_run_new(&again, d, g_dkind, CTX, &err), &err);
     float *a = malloc((size_t)(B - 1) * V * sizeof(float)), *b = malloc((size_t)(B - 1) * V * sizeof(float));
     float *c = malloc((size_t)(B - 1) * V * sizeof(float));
     const uint64_t row = (uint64_t)d->hp.n_tap * m->hp.n_embd;
@@ -159,8 +162,9 @@ static void against_oracle(const muser_model *m, const muser_dflash *d, const ch
     CHECK(muser_dflash_run_block(cpu, (int32_t)V, B - 1, a, &err) == MUSER_E_ARG);
     CHECK(muser_dflash_run_block(cpu, 1, B, a, &err) == MUSER_E_ARG && muser_dflash_run_held(cpu) == held);
     CHECK(muser_dflash_run_block(cpu, 1, 0, a, &err) == MUSER_E_ARG);
-    printf("%-26s B %2u, %u layer(s), %s: CPU vs oracle max |dlog_softmax| %.2e over contexts 0..69, top-1 %s\n",
-           what, B, d->hp.n_layer, quant_info(d->layers[0].attn_q.type)->name, worst, top1 ? "same" : "DIFFERS");
+    printf("%-26s B %2u, %u layer(s), %s: %s vs oracle max |dlog_softmax| %.2e over contexts 0..69, top-1 %s\n",
+           what, B, d->hp.n_layer, quant_info(d->layers[0].attn_q.type)->name, g_dkind == MUSER_DFLASH_CUDA ? "CUDA" : "CPU",
+           worst, top1 ? "same" : "DIFFERS");
     muser_dflash_run_free(cpu);
     muser_dflash_run_free(ora);
     muser_dflash_run_free(again);
@@ -188,7 +192,7 @@ static void greedy(const muser_model *m, const char *what, const int32_t *prompt
         for (size_t ki = 0; df && ki < 4; ki++) {
             muser_error err = {0};
             muser_drafter *d = NULL;
-            CHECK_OK(muser_drafter_dflash_new(&d, df, MUSER_DFLASH_CPU, CTX, &err), &err);
+            CHECK_OK(muser_drafter_dflash_new(&d, df, g_dkind, CTX, &err), &err);
             if (!d) continue;
             speculate(e, d, ks[ki], prompt, np, 0.0f, 1, &got);
             const bool ok = same_output(&got, &ref);
@@ -579,17 +583,9 @@ static void refusals(const muser_model *tiny, const muser_model *tiny2, const mu
     unlink(bad);
 }
 
-int main(void)
+/* 1's drafters: tiny's in three formats and block sizes, and one for the default model */
+static void oracle_cases(const muser_model *tiny, const muser_model *def)
 {
-    char path[4096];
-    const char *src = getenv("MUSER_SOURCE_DIR");
-    snprintf(path, sizeof path, "%s/models/default.gguf", src ? src : ".");
-    muser_error err = {0};
-    muser_model *def = NULL;
-    CHECK_OK(muser_model_load(&def, path, &err), &err);
-    muser_model *tiny = synth_target(1), *tiny2 = synth_target(2);
-    if (!tiny || !tiny2) return 1;
-    /* 1 */
     const int types[] = {GGML_TYPE_F32, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K};
     for (int i = 0; i < 3; i++) {
         muser_dflash *d = synth_drafter(tiny, i == 2 ? 16 : 8, i == 0 ? 2 : 1, types[i], 1 + i);
@@ -601,6 +597,20 @@ int main(void)
         if (d) against_oracle(def, d, "default (trained)");
         muser_dflash_free(d);
     }
+}
+
+int main(void)
+{
+    char path[4096];
+    const char *src = getenv("MUSER_SOURCE_DIR");
+    snprintf(path, sizeof path, "%s/models/default.gguf", src ? src : ".");
+    muser_error err = {0};
+    muser_model *def = NULL;
+    CHECK_OK(muser_model_load(&def, path, &err), &err);
+    muser_model *tiny = synth_target(1), *tiny2 = synth_target(2);
+    if (!tiny || !tiny2) return 1;
+    /* 1 */
+    oracle_cases(tiny, def);
     /* 2, 3 */
     int32_t prompt[120];
     for (uint32_t i = 0; i < 120; i++) prompt[i] = (int32_t)(40 + (i % 23) * 7 + (i / 46));
@@ -609,13 +619,20 @@ int main(void)
     kept_rows(tiny, prompt, 30);
     if (def) kept_rows(def, prompt, 100);
     packed(tiny, prompt);
-    /* 2 on the GPU where there is one: the target's tap there (prefill and verify), the drafter on the
-     * CPU */
+    /* 1 and 2 on the GPU where there is one: the drafter's CUDA forward against the oracle, then
+     * speculation with the target there (its tap on prefill and verify), the drafter on the CPU and on
+     * the GPU */
     if (gpu_present(tiny)) {
+        g_dkind = MUSER_DFLASH_CUDA;
+        oracle_cases(tiny, def);
         g_backend = MUSER_BACKEND_CUDA;
+        g_dkind = MUSER_DFLASH_CPU;
+        greedy(tiny, "tiny (cuda, cpu drafter)", prompt, 30);
+        g_dkind = MUSER_DFLASH_CUDA;
         greedy(tiny, "tiny (cuda)", prompt, 30);
         if (def) greedy(def, "default (trained, cuda)", prompt, 100);
         g_backend = MUSER_BACKEND_CPU;
+        g_dkind = MUSER_DFLASH_CPU;
     } else {
         printf("SKIP: the CUDA half (no GPU, or built without CUDA)\n");
     }

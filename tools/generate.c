@@ -559,7 +559,9 @@ int gen_drafter_open(gen_ctx *g, const gen_draft *d, const gen_opts *o, uint64_t
     } else if (d->dflash_path) {
         rc = muser_dflash_load(&out->df, d->dflash_path, g->model, err);
         if (!rc)
-            rc = muser_drafter_dflash_new(&out->d, out->df, MUSER_DFLASH_CPU, n_ctx, err);
+            rc = muser_drafter_dflash_new(&out->d, out->df,
+                                          o->sess.backend == MUSER_BACKEND_CUDA ? MUSER_DFLASH_CUDA : MUSER_DFLASH_CPU,
+                                          n_ctx, err);
         if (rc)
             rc = draft_error(err, rc, "DFlash drafter", d->dflash_path);
     }
