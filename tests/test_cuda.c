@@ -16,6 +16,7 @@
  * SKIP (77) when built without CUDA or when no GPU is present. */
 #include "check.h"
 #include "quant.h"
+#include "sampler.h"
 #include "session.h"
 #include "synth.h"
 #ifdef MUSER_HAVE_CUDA
@@ -224,6 +225,46 @@ static void matvec_checks(void)
     free(w);
 }
 
+/* The device's top 64 (muser_cuda_topk_check, cu_topk: what a top-k sampler's step hands back)
+ * against muser_top_k on the host, on rows of Glimmer's width and others: coarse values (many
+ * ties, broken by the lower id), -0 beside +0, -inf, a row whose best sit in one slice, one at the
+ * last id. Ids exactly, values as floats compare. */
+static void topk_checks(void)
+{
+    const uint32_t widths[] = {202048, 4096, 65, 262144};
+    const uint32_t rows = 3;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const uint32_t n = widths[wi];
+        float *x = malloc((size_t)rows * n * sizeof *x), *v = malloc((size_t)rows * 64 * sizeof *v);
+        int32_t *id = malloc((size_t)rows * 64 * sizeof *id);
+        check_rng_seed(77 + wi);
+        for (uint32_t r = 0; r < rows; r++)
+            for (uint32_t i = 0; i < n; i++) {
+                float *xi = &x[(size_t)r * n + i];
+                *xi = r == 0 ? (float)(check_rng_u64() % 41) - 20.0f           /* many ties */
+                    : r == 1 ? (float)((double)(check_rng_u64() >> 11) / 9007199254740992.0 * 30.0 - 15.0)
+                             : (i / 4096 == 3 ? 5.0f : -1.0f) + (float)(i % 7) * 0.25f; /* one slice's */
+                if (i % 1009 == 5) *xi = -INFINITY;
+                if (i % 997 == 3) *xi = r == 0 ? 20.0f : -0.0f;
+            }
+        x[n - 1] = 100.0f; /* row 0's best at the last id */
+        muser_error err = {0};
+        CHECK_OK(muser_cuda_topk_check(x, n, rows, v, id, &err), &err);
+        int bad = 0;
+        for (uint32_t r = 0; r < rows && n >= 64; r++) {
+            float rv[64];
+            int32_t ri[64];
+            muser_top_k(x + (size_t)r * n, n, 64, rv, ri);
+            for (uint32_t j = 0; j < 64; j++) bad += ri[j] != id[r * 64 + j] || rv[j] != v[r * 64 + j];
+        }
+        CHECKF(bad == 0, "cu_topk, %u logits a row: %d of %u entries differ from muser_top_k's", n, bad, rows * 64);
+        free(x);
+        free(v);
+        free(id);
+    }
+    printf("cu_topk: the exact top 64 at 65 .. 262,144 logits a row, the host's ranking\n");
+}
+
 /* The prefill route's GEMM (muser_cuda_gemm_check) per format and layout against the f64 dot of the
  * same bytes, |y − ref| ≤ 1e-5·Σ|w·x|, for 1, 5 and 70 input rows (two row tiles, one partial);
  * and every row's bytes the same whatever rows share the call (row 3 alone against row 3 of 70). */
@@ -374,6 +415,7 @@ int main(void)
 #ifdef MUSER_HAVE_CUDA
     matvec_checks();
     gemm_checks();
+    topk_checks();
 #endif
     printf("test_cuda: %d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;

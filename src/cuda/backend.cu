@@ -2417,3 +2417,23 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
     free(c);
     return rc;
 }
+
+extern "C" int muser_cuda_topk_check(const float *logits, uint32_t n, uint32_t rows, float *v, int32_t *id,
+                                     muser_error *err)
+{
+    float *dl = NULL;
+    unsigned long long *part = NULL, *keys = NULL;
+    unsigned long long *hk = (unsigned long long *)malloc((size_t)rows * CU_TOPK * sizeof *hk);
+    cudaError_t e = hk ? cudaMalloc((void **)&dl, (size_t)rows * n * sizeof(float)) : cudaErrorMemoryAllocation;
+    if (!e) e = cudaMalloc((void **)&part, cu_topk_part_bytes(rows));
+    if (!e) e = cudaMalloc((void **)&keys, (size_t)rows * CU_TOPK * sizeof *keys);
+    if (!e) e = cudaMemcpy(dl, logits, (size_t)rows * n * sizeof(float), cudaMemcpyHostToDevice);
+    if (!e) e = cu_topk(0, dl, n, part, keys, rows);
+    if (!e) e = cudaMemcpy(hk, keys, (size_t)rows * CU_TOPK * sizeof *keys, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; !e && i < (size_t)rows * CU_TOPK; i++) cu_topk_decode(hk[i], &v[i], &id[i]);
+    cudaFree(dl);
+    cudaFree(part);
+    cudaFree(keys);
+    free(hk);
+    return e ? muser_errorf(err, MUSER_E_BACKEND, "cuda: top-k check: %s", cudaGetErrorString(e)) : MUSER_OK;
+}

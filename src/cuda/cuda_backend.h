@@ -50,6 +50,10 @@ int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, co
 int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, uint32_t n, const float *x,
                           float *y, uint32_t *layout, muser_error *err);
 
+/* The device's exact top CU_TOPK (64) of each of rows rows of n logits (cu_topk: what a top-k
+ * sampler's step hands back), for tests: v and id [rows][64], best first. n <= 262,144. */
+int muser_cuda_topk_check(const float *logits, uint32_t n, uint32_t rows, float *v, int32_t *id, muser_error *err);
+
 #ifdef __cplusplus
 }
 #endif
