@@ -421,10 +421,12 @@ __attribute__((target("avx2"))) static uint32_t next_above_avx2(const float *x, 
 }
 #endif
 
-static uint32_t next_above(const float *x, uint32_t i, uint32_t n, float worst)
+static uint32_t next_above(const float *x, uint32_t i, uint32_t n, float worst, bool avx2)
 {
 #if defined(__x86_64__)
-    if (muser_rows_avx2()) return next_above_avx2(x, i, n, worst);
+    if (avx2) return next_above_avx2(x, i, n, worst);
+#else
+    (void)avx2;
 #endif
     for (; i < n && !(x[i] > worst); i++) {}
     return i;
@@ -447,7 +449,8 @@ void muser_top_k(const float *x, uint32_t n, uint32_t k, float *v, int32_t *id)
     /* Most of the row is rejected by comparing it with a local copy of the root (next_above). An
      * equal value loses: its id is higher than every id in the heap. */
     float worst = v[0];
-    for (i = next_above(x, i, n, worst); i < n; i = next_above(x, i + 1, n, worst)) {
+    const bool avx2 = muser_rows_avx2(); /* once a scan: it reads the environment */
+    for (i = next_above(x, i, n, worst, avx2); i < n; i = next_above(x, i + 1, n, worst, avx2)) {
         id[0] = (int32_t)i;
         v[0] = x[i];
         heap_sift_down(id, v, k, 0);
@@ -468,23 +471,15 @@ static void raw_logprobs(const muser_sampler *s, const float *logits, int32_t ch
         *chosen_logprob = (float)((double)logits[chosen] - lse);
     if (!top)
         return;
-    const uint32_t n = s->p.n_logprobs;
-    uint32_t have = 0;
-    /* insertion into the best-first list: its first n entries, then only a value above its last
-     * (an equal one has a higher id), found by next_above */
-    for (uint32_t i = 0; n > 0 && i < V;) {
-        const float v = logits[i];
-        uint32_t j = have < n ? have++ : n - 1;
-        while (j > 0 && ranks_before(v, (int32_t)i, top[j - 1].logprob, top[j - 1].id)) {
-            top[j] = top[j - 1];
-            j--;
-        }
-        top[j].id = (int32_t)i;
-        top[j].logprob = v;
-        i = have < n ? i + 1 : next_above(logits, i + 1, V, top[n - 1].logprob);
+    const uint32_t n = s->p.n_logprobs, have = n < V ? n : V;
+    float v[SAMPLER_MAX_LOGPROBS];
+    int32_t id[SAMPLER_MAX_LOGPROBS];
+    if (have)
+        muser_top_k(logits, V, have, v, id);
+    for (uint32_t j = 0; j < have; j++) {
+        top[j].id = id[j];
+        top[j].logprob = (float)((double)v[j] - lse);
     }
-    for (uint32_t j = 0; j < have; j++)
-        top[j].logprob = (float)((double)top[j].logprob - lse);
     for (uint32_t j = have; j < n; j++) {
         top[j].id = -1;
         top[j].logprob = -INFINITY;
