@@ -141,7 +141,8 @@ for step in $steps; do
         # local prefill, at HO_N tokens (default 4096 32768): time to first token, bytes, the text.
         # HO_MODES="remote" skips the local runs: the producer's log line of each session carries its
         # prefill time, which is what a local prefill on this GPU takes (HO_N=130815 HO_MODES=remote:
-        # the longest row in one call); HO_CTX sizes the producer (default 33000)
+        # the longest row in one call; HO_MODES=local the other half); HO_CTX sizes the producer
+        # (default 33000); HO_TIMEOUT bounds each consumer run (default 300 s; 420 for 130,815)
         (cd "$W" && MUSER_SOURCE_DIR="$OLDPWD" timeout -k 5 300 "$OLDPWD/$D/test_handoff") >"$OUT/test_handoff.log" 2>&1
         note "test_handoff rc=$? :: $(grep -E 'SKIP|CUDA|cuda|test_handoff|handoff:' "$OUT/test_handoff.log" | tail -4 | tr '\n' ';')"
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
@@ -158,7 +159,7 @@ for step in $steps; do
                 a=""
                 [ $mode = remote ] && a="--remote-prefill 127.0.0.1:7070 --tls-dir $W/certs/consumer --hmac-key-file $W/certs/hmac.key --ledger $W/ledger"
                 # shellcheck disable=SC2086
-                timeout -k 5 300 "$D/muser" run -m /tmp/g.gguf --backend cuda -f "$W/prompt_$n.txt" -n 16 --temp 0 $a \
+                timeout -k 5 "${HO_TIMEOUT:-300}" "$D/muser" run -m /tmp/g.gguf --backend cuda -f "$W/prompt_$n.txt" -n 16 --temp 0 $a \
                     >"$OUT/ho_${mode}_$n.out" 2>"$OUT/ho_${mode}_$n.err"
                 note "handoff $n $mode rc=$? :: $(grep -E 'prompt [0-9]+ tokens|remote prefill from' "$OUT/ho_${mode}_$n.err" | sed 's/muser run: //' | tr '\n' ' ')"
             done
