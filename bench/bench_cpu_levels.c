@@ -5,6 +5,8 @@
  *   dot:  the decode matvec (dot_rows) over 200 Q4_K / Q6_K rows of K 2048 kept in L2, against 1
  *         and 4 inputs: GB/s of weight bytes (the kernel's compute rate, no DRAM).
  * The AVX-512 level computes the same bits as AVX2 (test_cpu_dots); this says what the width buys.
+ * The AVX-512 VNNI level (Q4_K on integer digits of x; docs/cpu-engine.md) is within the contract,
+ * not the same bits; its GEMM and Q6_K dot are AVX-512's.
  *
  *   bench_cpu_levels [--reps 20] [--rounds 3]
  */
@@ -28,6 +30,7 @@ static double dot_rate(const cpu_kernels *k, uint32_t type, const float *x, uint
         xs[i].s16 = malloc(K / 16 * sizeof(float));
         xs[i].s32 = malloc(K / 32 * sizeof(float));
         xs[i].xp = malloc(K * sizeof(float));
+        xs[i].xd = muser_alloc_aligned(CPU_XD_BYTES(K)); /* 64-byte aligned, as the engine keeps it */
         k->xsums(x + i * K, K, &xs[i]);
     }
     for (uint32_t r = 0; r < DOT_ROWS; r++) {
@@ -45,6 +48,7 @@ static double dot_rate(const cpu_kernels *k, uint32_t type, const float *x, uint
         free(xs[i].s16);
         free(xs[i].s32);
         free(xs[i].xp);
+        muser_free_aligned(xs[i].xd);
     }
     free(W);
     free(w);
@@ -68,14 +72,14 @@ int main(int argc, char **argv)
     if (!X || !Xp || !P || !C) return 1;
     for (int i = 0; i < M * K; i++) X[i] = (float)(i % 97) * 0.01f - 0.4f;
     for (int i = 0; i < K * CPU_PANEL; i++) P[i] = (float)(i % 89) * 0.01f - 0.4f;
-    const char *levels[] = {"avx2", NULL}; /* NULL: the default table (the widest) */
+    const char *levels[] = {"avx2", "avx512", NULL}; /* NULL: the default table (the widest) */
     for (int round = 0; round < rounds; round++)
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 3; v++) {
             if (levels[v]) setenv("MUSER_SIMD", levels[v], 1);
             else unsetenv("MUSER_SIMD");
             cpu_kernels k;
             cpu_kernels_init(&k, false);
-            if (!levels[v] && !strcmp(k.level, "avx2")) continue; /* no wider level here */
+            if (v > 0 && strcmp(k.level, levels[v] ? levels[v] : "avx512vnni")) continue; /* not on this CPU */
             k.pack_x(X, K, M, K, Xp);
             double best = 1e30;
             for (int r = 0; r < reps; r++) {
@@ -84,13 +88,13 @@ int main(int argc, char **argv)
                 const double dt = muser_now_s() - t0;
                 if (dt < best) best = dt;
             }
-            printf("round %d  %-7s gemm_panel %3d rows x %d panels x K %d: %6.1f GFLOP/s\n", round + 1, k.level, M,
+            printf("round %d  %-10s gemm_panel %3d rows x %d panels x K %d: %6.1f GFLOP/s\n", round + 1, k.level, M,
                    PANELS, K, (double)PANELS * M * K * CPU_PANEL * 2 / best / 1e9);
             const uint32_t types[2] = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
             for (int ti = 0; ti < 2; ti++)
                 for (uint32_t m = 1; m <= 4; m += 3) {
                     const double gbs = dot_rate(&k, types[ti], X, m, reps);
-                    printf("round %d  %-7s dot_rows %s, %u input%s, %d rows x K %d in L2: %6.2f GB/s of weights\n",
+                    printf("round %d  %-10s dot_rows %s, %u input%s, %d rows x K %d in L2: %6.2f GB/s of weights\n",
                            round + 1, k.level, quant_info(types[ti])->name, m, m > 1 ? "s" : "", DOT_ROWS, K, gbs);
                 }
         }

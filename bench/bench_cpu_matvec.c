@@ -185,7 +185,7 @@ int main(int argc, char **argv)
     cpu_kernels_init(&s.kn, false);
     float *x = muser_alloc_aligned(K_COLS * sizeof(float));
     cpu_xsums xs = {calloc(K_COLS / 16, sizeof(float)), calloc(K_COLS / 32, sizeof(float)),
-                    muser_alloc_aligned((K_COLS + 32) * sizeof(float))};
+                    muser_alloc_aligned((K_COLS + 32) * sizeof(float)), muser_alloc_aligned(CPU_XD_BYTES(K_COLS))};
     for (uint32_t i = 0; i < K_COLS; i++)
         x[i] = (float)(rnd_byte() - 128) / 128.0f;
     s.kn.xsums(x, K_COLS, &xs);

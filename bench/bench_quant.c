@@ -86,10 +86,10 @@ int main(int argc, char **argv)
     float *x = malloc(n * 4 * m), *y = NULL;
     for (uint64_t i = 0; i < n * m; i++)
         x[i] = rng_f();
-    cpu_xsums xs = {malloc(n / 16 * 4), malloc(n / 32 * 4), malloc(n * 4)};
+    cpu_xsums xs = {malloc(n / 16 * 4), malloc(n / 32 * 4), malloc(n * 4), malloc(CPU_XD_BYTES(n))};
     float *Xp = malloc(n * 4 * m), *C = malloc(m * CPU_PANEL * 4);
     float *tmp = muser_alloc_aligned(CPU_PANEL * n * 4), *panel = muser_alloc_aligned(n * CPU_PANEL * 4);
-    if (!x || !xs.s16 || !xs.s32 || !xs.xp || !Xp || !C || !tmp || !panel) {
+    if (!x || !xs.s16 || !xs.s32 || !xs.xp || !xs.xd || !Xp || !C || !tmp || !panel) {
         fprintf(stderr, "bench_quant: out of memory\n");
         return 1;
     }
@@ -174,6 +174,7 @@ int main(int argc, char **argv)
     free(xs.s16);
     free(xs.s32);
     free(xs.xp);
+    free(xs.xd);
     free(Xp);
     free(C);
     muser_free_aligned(tmp);

@@ -15,7 +15,13 @@
  *     from dequant_row and unpack_panel), a block type's n off its block (MUSER_E_ARG);
  *   - the table choice: MUSER_SIMD=0 gives the scalar table, and without it the AVX2 one exactly
  *     when the CPU has AVX2, FMA and F16C; with AVX-512F its GEMM too (MUSER_SIMD=avx2 keeps
- *     AVX2's), whose outputs must be AVX2's bits. */
+ *     AVX2's), whose outputs must be AVX2's bits; with AVX-512 VNNI the Q4_K decode dot on integer
+ *     digits of x (MUSER_SIMD=avx512 keeps the f32 one): within the bound, not AVX2's bits, and
+ *     every other output still AVX2's bits;
+ *   - the digits' edges at that level: a group whose largest element rounds up to 2^23 (the
+ *     largest float under a power of two), groups of zeros and of denormals beside normal ones,
+ *     a NaN or an infinity in x making the dots that read it NaN; and dot_rows over 1..9 inputs
+ *     giving each input dot_row's bits (row invariance within the level). */
 #include "check.h"
 #include "cpu/kernels.h"
 #include "quant.h"
@@ -32,7 +38,7 @@ typedef struct table {
     cpu_kernels kn;
 } table;
 
-static table tables[3];
+static table tables[4];
 static int n_tables;
 
 static const uint32_t all_types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16,
@@ -61,7 +67,7 @@ static bool near_oracle(double got, uint32_t type, const void *row, const float 
 static cpu_xsums xsums_new(const cpu_kernels *kn, const float *x, uint64_t n)
 {
     cpu_xsums xs = {malloc((n / 16 + 1) * sizeof(float)), malloc((n / 32 + 1) * sizeof(float)),
-                    malloc((n + 32) * sizeof(float))};
+                    malloc((n + 32) * sizeof(float)), malloc(CPU_XD_BYTES(n))};
     kn->xsums(x, n, &xs);
     return xs;
 }
@@ -71,6 +77,7 @@ static void xsums_free(cpu_xsums *xs)
     free(xs->s16);
     free(xs->s32);
     free(xs->xp);
+    free(xs->xd);
 }
 
 static float dot_row(const cpu_kernels *kn, uint32_t type, const void *row, const float *x,
@@ -117,10 +124,11 @@ static void check_row(const char *what, uint32_t type, const uint8_t *row, const
                (unsigned long long)n, tables[t].name, v, ref);
         if (!strcmp(tables[t].name, "avx2"))
             avx2 = v;
-        /* the 512-bit dots are AVX2's lanes side by side: the same bits */
-        if (!strcmp(tables[t].name, "avx512"))
-            CHECKF(!memcmp(&v, &avx2, sizeof v), "%s %s n=%llu: avx512 %.9g, avx2 %.9g", what, nm,
-                   (unsigned long long)n, v, avx2);
+        /* the 512-bit dots are AVX2's lanes side by side: the same bits (and the VNNI level's
+         * for every type but Q4_K, which it takes on integer digits) */
+        if (!strcmp(tables[t].name, "avx512") || (!strcmp(tables[t].name, "avx512vnni") && type != GGML_TYPE_Q4_K))
+            CHECKF(!memcmp(&v, &avx2, sizeof v), "%s %s n=%llu: %s %.9g, avx2 %.9g", what, nm,
+                   (unsigned long long)n, tables[t].name, v, avx2);
     }
 }
 
@@ -249,8 +257,8 @@ static void test_matrix(void)
             /* the wider GEMM is the same sums: AVX-512's outputs are AVX2's bits */
             if (!strcmp(tn, "avx2"))
                 memcpy(C2, C, (size_t)M * LDC * 4);
-            if (!strcmp(tn, "avx512"))
-                CHECKF(!memcmp(C2, C, (size_t)M * LDC * 4), "%s panels: avx512 differs from avx2", nm);
+            if (!strcmp(tn, "avx512") || !strcmp(tn, "avx512vnni"))
+                CHECKF(!memcmp(C2, C, (size_t)M * LDC * 4), "%s panels: %s differs from avx2", nm, tn);
         }
         free(W);
         free(w);
@@ -281,6 +289,61 @@ static void test_errors(void)
         CHECKF(kn->unpack_panel(GGML_TYPE_Q8_0, row, 34, 2, 40, tmp, panel) == MUSER_E_ARG, "%s", tn);
         CHECKF(dot_row(kn, GGML_TYPE_F32, row, x, 0) == 0.0f, "%s: empty f32 dot", tn);
     }
+}
+
+/* The digits' edges, at every table (the VNNI level is the one they are about): x whose group
+ * maxima round up to 2^23 s, zero and denormal groups beside normal ones, non-finite x; and
+ * dot_rows over 1..9 inputs against dot_row per input, bit for bit. */
+static void test_digit_edges(void)
+{
+    enum { N = 1024, M = 9 };
+    float *x = malloc(M * N * 4), *w = malloc(N * 4), out[M];
+    uint8_t *row = malloc(quant_row_bytes(GGML_TYPE_Q4_K, N));
+    for (uint64_t i = 0; i < N; i++)
+        w[i] = 0.05f * check_rng_gauss();
+    CHECK(quant_quantize_row(GGML_TYPE_Q4_K, w, row, N) == 0);
+    for (uint64_t i = 0; i < (uint64_t)M * N; i++)
+        x[i] = check_rng_gauss();
+    for (int g = 0; g < N / 32; g++) {
+        float *xg = x + 32 * g;
+        switch (g % 4) {
+        case 0: xg[g % 32] = nextafterf(2.0f, 0.0f); break;  /* rint(x / s) = 2^23 */
+        case 1: xg[g % 32] = -2.0f; break;                   /* -2^23 s */
+        case 2: for (int i = 0; i < 32; i++) xg[i] = 0.0f; break;
+        default: for (int i = 0; i < 32; i++) xg[i] = 1e-40f * (float)(i - 16); break;
+        }
+    }
+    for (int t = 0; t < n_tables; t++) {
+        const cpu_kernels *kn = &tables[t].kn;
+        const char *tn = tables[t].name;
+        const float v = dot_row(kn, GGML_TYPE_Q4_K, row, x, N);
+        CHECKF(near_oracle(v, GGML_TYPE_Q4_K, row, x, N), "%s digit edges: %.9g ref %.9g", tn, v,
+               quant_dot_f64(GGML_TYPE_Q4_K, row, x, N));
+        cpu_xsums xs[M];
+        for (int i = 0; i < M; i++)
+            xs[i] = xsums_new(kn, x + i * N, N);
+        for (uint32_t m = 1; m <= M; m++) {
+            kn->dot_rows(GGML_TYPE_Q4_K, row, x, N, xs, m, N, out, 1);
+            int same = 0;
+            for (uint32_t i = 0; i < m; i++) {
+                const float one = kn->dot_row(GGML_TYPE_Q4_K, row, x + i * N, &xs[i], N);
+                same += !memcmp(&one, &out[i], sizeof one);
+            }
+            CHECKF(same == (int)m, "%s dot_rows of %u inputs: %d of them dot_row's bits", tn, m, same);
+        }
+        for (int i = 0; i < M; i++)
+            xsums_free(&xs[i]);
+        const float keep = x[300];
+        x[300] = NAN;
+        CHECKF(isnan(dot_row(kn, GGML_TYPE_Q4_K, row, x, N)), "%s: a NaN in x, Q4_K dot not NaN", tn);
+        x[300] = INFINITY;
+        const float vi = dot_row(kn, GGML_TYPE_Q4_K, row, x, N);
+        CHECKF(!isfinite(vi), "%s: an infinity in x, Q4_K dot %.9g", tn, vi);
+        x[300] = keep;
+    }
+    free(x);
+    free(w);
+    free(row);
 }
 
 static bool cpu_has_avx2(void)
@@ -315,8 +378,17 @@ static void init_tables(void)
         unsetenv("MUSER_SIMD");
         CHECK(!strcmp(a2.level, "avx2"));
         tables[n_tables++] = (table){"avx2", a2};
-        if (!strcmp(k.level, "avx512"))
+        if (!strcmp(k.level, "avx512vnni")) {
+            cpu_kernels a5;
+            setenv("MUSER_SIMD", "avx512", 1);
+            cpu_kernels_init(&a5, false);
+            unsetenv("MUSER_SIMD");
+            CHECK(!strcmp(a5.level, "avx512"));
+            tables[n_tables++] = (table){"avx512", a5};
+            tables[n_tables++] = (table){"avx512vnni", k};
+        } else if (!strcmp(k.level, "avx512")) {
             tables[n_tables++] = (table){"avx512", k};
+        }
     }
     printf("  kernel tables:");
     for (int t = 0; t < n_tables; t++)
@@ -333,5 +405,6 @@ int main(void)
     test_flips();
     test_matrix();
     test_errors();
+    test_digit_edges();
     return check_report("test_cpu_dots");
 }

@@ -135,6 +135,7 @@ static void test_dots(const cpu_kernels *kn, const char *name)
 {
     enum { K = 1024 };
     static float x[K], w[K], xs16[K / 16], xs32[K / 32], xp[K];
+    static uint8_t xd[CPU_XD_BYTES(K)];
     static uint8_t row[K / QK_K * Q6_K_BLOCK_BYTES];
     const uint32_t types[2] = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
     const float mags[3] = {1.0f, 1e-20f, 1e20f};
@@ -150,7 +151,7 @@ static void test_dots(const cpu_kernels *kn, const char *name)
                     for (int i = 0; i < K; i++)
                         w[i] = fabsf(w[i]);
                 CHECK(quant_quantize_row(types[ti], w, row, K) == 0);
-                cpu_xsums xs = {xs16, xs32, xp};
+                cpu_xsums xs = {xs16, xs32, xp, xd};
                 kn->xsums(x, K, &xs);
                 const float got = kn->dot_row(types[ti], row, x, &xs, K);
                 const double ref = quant_dot_f64(types[ti], row, x, K);

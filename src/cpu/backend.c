@@ -560,6 +560,7 @@ static void cpu_dev_free(muser_device *d)
         free(st->xs[i].s16);
         free(st->xs[i].s32);
         muser_free_aligned(st->xs[i].xp);
+        muser_free_aligned(st->xs[i].xd);
     }
     free(st->xs);
     muser_free_aligned(st->xpack);
@@ -615,8 +616,13 @@ static int cpu_dev_init(muser_device *d, muser_error *err)
      * up to 4 rows, so rows go in groups of 4. At the AVX-512 level a group costs ~2 decode steps
      * (`muser bench --verify 2,3,4,5,8,12,16`, the default model and the small preset, 2 threads:
      * 1.35 / 1.65 / 1.88 / 2.59 / 4.0 / 6.3 / 8.0) and a later group's first row ~0.7; at AVX2 a
-     * group ~2.5. Rows inside a group in between, linearly. */
-    const double g4 = !st->kn.simd ? 4.0 : !strcmp(st->kn.level, "avx512") ? 2.0 : 2.5;
+     * group ~2.5. At the VNNI level the integer dot's work is per input, not shared, so a group of
+     * 4 costs ~3 (Zen 4, small preset: 2.89 / 6.37 / 12.99 steps for 4 / 8 / 16 rows). Rows inside a
+     * group in between, linearly. */
+    const double g4 = !st->kn.simd                            ? 4.0
+                      : !strcmp(st->kn.level, "avx512vnni") ? 3.0
+                      : !strcmp(st->kn.level, "avx512")     ? 2.0
+                                                            : 2.5;
     for (uint32_t n = 1; n <= KV_MAX_SPEC_ROWS; n++) {
         const uint32_t full = (n - 1) / 4, rest = n - 4 * full; /* rest in 1..4 */
         const double first = full ? 0.7 : 1.0;                  /* the group's first row */
@@ -654,6 +660,7 @@ static int cpu_dev_init(muser_device *d, muser_error *err)
         ok &= (st->xs[i].s16 = calloc(st->kmax / 16 + 1, sizeof(float))) != NULL;
         ok &= (st->xs[i].s32 = calloc(st->kmax / 32 + 1, sizeof(float))) != NULL;
         ok &= (st->xs[i].xp = muser_alloc_aligned(((uint64_t)st->kmax + 32) * sizeof(float))) != NULL;
+        ok &= (st->xs[i].xd = muser_alloc_aligned(CPU_XD_BYTES(st->kmax))) != NULL;
     }
     ok &= (st->xpack = muser_alloc_aligned((uint64_t)st->pass_rows * st->kmax * sizeof(float))) !=
           NULL;

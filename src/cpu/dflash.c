@@ -108,6 +108,7 @@ static void cpu_dflash_free(muser_dflash_run *r)
         free(c->xs[i].s16);
         free(c->xs[i].s32);
         muser_free_aligned(c->xs[i].xp);
+        muser_free_aligned(c->xs[i].xd);
     }
     free(c);
     r->state = NULL;
@@ -152,6 +153,7 @@ static int cpu_dflash_init(muser_dflash_run *r, muser_error *err)
         ok = (c->xs[i].s16 = calloc(kmax / 16 + 1, sizeof(float))) != NULL;
         ok = ok && (c->xs[i].s32 = calloc(kmax / 32 + 1, sizeof(float)));
         ok = ok && (c->xs[i].xp = muser_alloc_aligned((kmax + 32) * sizeof(float)));
+        ok = ok && (c->xs[i].xd = muser_alloc_aligned(CPU_XD_BYTES(kmax)));
     }
     if (!ok) {
         cpu_dflash_free(r);
