@@ -5,8 +5,8 @@
  *   dot:  the decode matvec (dot_rows) over 200 Q4_K / Q6_K rows of K 2048 kept in L2, against 1
  *         and 4 inputs: GB/s of weight bytes (the kernel's compute rate, no DRAM).
  * The AVX-512 level computes the same bits as AVX2 (test_cpu_dots); this says what the width buys.
- * The AVX-512 VNNI level (Q4_K on integer digits of x; docs/cpu-engine.md) is within the contract,
- * not the same bits; its GEMM and Q6_K dot are AVX-512's.
+ * The AVX-512 VNNI level (Q4_K and Q6_K on integer digits of x; docs/cpu-engine.md) is within the contract,
+ * not the same bits; its GEMM is AVX-512's.
  *
  *   bench_cpu_levels [--reps 20] [--rounds 3]
  */

@@ -15,7 +15,7 @@
  *     from dequant_row and unpack_panel), a block type's n off its block (MUSER_E_ARG);
  *   - the table choice: MUSER_SIMD=0 gives the scalar table, and without it the AVX2 one exactly
  *     when the CPU has AVX2, FMA and F16C; with AVX-512F its GEMM too (MUSER_SIMD=avx2 keeps
- *     AVX2's), whose outputs must be AVX2's bits; with AVX-512 VNNI the Q4_K decode dot on integer
+ *     AVX2's), whose outputs must be AVX2's bits; with AVX-512 VNNI the Q4_K and Q6_K decode dots on integer
  *     digits of x (MUSER_SIMD=avx512 keeps the f32 one): within the bound, not AVX2's bits, and
  *     every other output still AVX2's bits;
  *   - the digits' edges at that level: a group whose largest element rounds up to 2^23 (the
@@ -125,8 +125,9 @@ static void check_row(const char *what, uint32_t type, const uint8_t *row, const
         if (!strcmp(tables[t].name, "avx2"))
             avx2 = v;
         /* the 512-bit dots are AVX2's lanes side by side: the same bits (and the VNNI level's
-         * for every type but Q4_K, which it takes on integer digits) */
-        if (!strcmp(tables[t].name, "avx512") || (!strcmp(tables[t].name, "avx512vnni") && type != GGML_TYPE_Q4_K))
+         * for every type but Q4_K and Q6_K, which it takes on integer digits) */
+        if (!strcmp(tables[t].name, "avx512") || (!strcmp(tables[t].name, "avx512vnni") && type != GGML_TYPE_Q4_K &&
+                                                  type != GGML_TYPE_Q6_K))
             CHECKF(!memcmp(&v, &avx2, sizeof v), "%s %s n=%llu: %s %.9g, avx2 %.9g", what, nm,
                    (unsigned long long)n, tables[t].name, v, avx2);
     }
@@ -294,14 +295,15 @@ static void test_errors(void)
 /* The digits' edges, at every table (the VNNI level is the one they are about): x whose group
  * maxima round up to 2^23 s, zero and denormal groups beside normal ones, non-finite x; and
  * dot_rows over 1..9 inputs against dot_row per input, bit for bit. */
-static void test_digit_edges(void)
+static void test_digit_edges_type(uint32_t type)
 {
+    const char *nm = quant_info(type)->name;
     enum { N = 1024, M = 9 };
     float *x = malloc(M * N * 4), *w = malloc(N * 4), out[M];
-    uint8_t *row = malloc(quant_row_bytes(GGML_TYPE_Q4_K, N));
+    uint8_t *row = malloc(quant_row_bytes(type, N));
     for (uint64_t i = 0; i < N; i++)
         w[i] = 0.05f * check_rng_gauss();
-    CHECK(quant_quantize_row(GGML_TYPE_Q4_K, w, row, N) == 0);
+    CHECK(quant_quantize_row(type, w, row, N) == 0);
     for (uint64_t i = 0; i < (uint64_t)M * N; i++)
         x[i] = check_rng_gauss();
     for (int g = 0; g < N / 32; g++) {
@@ -316,34 +318,40 @@ static void test_digit_edges(void)
     for (int t = 0; t < n_tables; t++) {
         const cpu_kernels *kn = &tables[t].kn;
         const char *tn = tables[t].name;
-        const float v = dot_row(kn, GGML_TYPE_Q4_K, row, x, N);
-        CHECKF(near_oracle(v, GGML_TYPE_Q4_K, row, x, N), "%s digit edges: %.9g ref %.9g", tn, v,
-               quant_dot_f64(GGML_TYPE_Q4_K, row, x, N));
+        const float v = dot_row(kn, type, row, x, N);
+        CHECKF(near_oracle(v, type, row, x, N), "%s %s digit edges: %.9g ref %.9g", tn, nm, v,
+               quant_dot_f64(type, row, x, N));
         cpu_xsums xs[M];
         for (int i = 0; i < M; i++)
             xs[i] = xsums_new(kn, x + i * N, N);
         for (uint32_t m = 1; m <= M; m++) {
-            kn->dot_rows(GGML_TYPE_Q4_K, row, x, N, xs, m, N, out, 1);
+            kn->dot_rows(type, row, x, N, xs, m, N, out, 1);
             int same = 0;
             for (uint32_t i = 0; i < m; i++) {
-                const float one = kn->dot_row(GGML_TYPE_Q4_K, row, x + i * N, &xs[i], N);
+                const float one = kn->dot_row(type, row, x + i * N, &xs[i], N);
                 same += !memcmp(&one, &out[i], sizeof one);
             }
-            CHECKF(same == (int)m, "%s dot_rows of %u inputs: %d of them dot_row's bits", tn, m, same);
+            CHECKF(same == (int)m, "%s %s dot_rows of %u inputs: %d of them dot_row's bits", tn, nm, m, same);
         }
         for (int i = 0; i < M; i++)
             xsums_free(&xs[i]);
         const float keep = x[300];
         x[300] = NAN;
-        CHECKF(isnan(dot_row(kn, GGML_TYPE_Q4_K, row, x, N)), "%s: a NaN in x, Q4_K dot not NaN", tn);
+        CHECKF(isnan(dot_row(kn, type, row, x, N)), "%s: a NaN in x, %s dot not NaN", tn, nm);
         x[300] = INFINITY;
-        const float vi = dot_row(kn, GGML_TYPE_Q4_K, row, x, N);
-        CHECKF(!isfinite(vi), "%s: an infinity in x, Q4_K dot %.9g", tn, vi);
+        const float vi = dot_row(kn, type, row, x, N);
+        CHECKF(!isfinite(vi), "%s: an infinity in x, %s dot %.9g", tn, nm, vi);
         x[300] = keep;
     }
     free(x);
     free(w);
     free(row);
+}
+
+static void test_digit_edges(void)
+{
+    test_digit_edges_type(GGML_TYPE_Q4_K);
+    test_digit_edges_type(GGML_TYPE_Q6_K);
 }
 
 static bool cpu_has_avx2(void)

@@ -1025,68 +1025,76 @@ static TGT512 void dot_rows_avx512(uint32_t type, const void *row, const float *
     }
 }
 
-/* ---- AVX-512 VNNI: the Q4_K decode dot on exact integer digits of x ----
+/* ---- AVX-512 VNNI: the Q4_K and Q6_K decode dots on exact integer digits of x ----
  *
- * Per 32-element group of x a power of two s with max|x| < 2^23 s and X = rint(x/s), a 24-bit
- * integer: every element within half an f32 ulp of the group's largest (the CUDA matvecs' image
- * of x). X = D2 2^16 + B1 2^8 + B0 with D2 = X >> 16 a signed byte and B1, B0 unsigned bytes:
- * vpdpbusd multiplies unsigned by signed bytes, so the quants (0..15) are its unsigned operand
- * against D2 and its signed one against B1 and B0. A zmm of 64 quants (the low or the high
- * nibbles of two 32-byte groups: two sub-blocks) takes the three digits by Horner (shift 8
- * between), which leaves in each int32 lane the exact sum of four q X (< 2^29); one conversion
- * and one FMA by d sc s per lane. Per 256 weights: 6 unpack ops, 12 vpdpbusd, 8 shifts, 4
- * conversions, 4 permutes, 4 FMAs and the scale decode, where the f32 dot spends 16 ANDs, 16
- * conversions and 20 multiplies: 1.35-1.53x the f32 dot's rate in L2 on a Zen 4 core
- * (bench_cpu_levels), 1.23x for four inputs (their digits' work is per input). The dmin m term uses the f32 32-sums of x, as the f32 dot does. A
- * non-finite x makes its group's s NaN, so every output that reads it is NaN. The result is not
- * the f32 dot's bits (another rounding: more exact), so this is a level of its own. */
+ * Per 16-element group of x a power of two s with max|x| < 2^23 s and X = rint(x/s), a 24-bit
+ * integer: every element within half an f32 ulp of the group's largest. (Groups of 32, the CUDA
+ * matvecs' choice, cost the trained model's decode route 9.89e-4 of the 1e-3 bound against
+ * PyTorch: ffn_down's input is heavy-tailed, and an outlier leaves the rest of its group few
+ * bits; at 16 it is 8.5e-4, under the f32 dots' 9.25e-4.) X = D2 2^16 + B1 2^8 + B0 with
+ * D2 = X >> 16 a signed byte and B1, B0 unsigned bytes: vpdpbusd multiplies unsigned by signed
+ * bytes, so the quants (Q4_K 0..15, Q6_K 0..63) are its unsigned operand against D2 and its
+ * signed one against B1 and B0. A zmm of 64 quants in x's order takes the three digits by Horner
+ * (shift 8 between), which leaves in each int32 lane the exact sum of four q X (< 2^30); one
+ * conversion and one FMA by d sc s per lane. Per 256 Q4_K weights: 8 unpack ops, 12 vpdpbusd, 8
+ * shifts, 4 conversions, 4 permutes, 4 FMAs and the scale decode, where the f32 dot spends 16
+ * ANDs, 16 conversions and 20 multiplies. On a Zen 4 core, rows in L2 (bench_cpu_levels): Q4_K
+ * 1.31x the f32 dot, Q6_K 1.45x; for four inputs 1.22x / 1.36x (the digit products are per
+ * input). The Q4_K dmin m and the Q6_K -32 terms use the f32 sums of x, as the f32 dots do. A
+ * non-finite x makes its group's s NaN, so every output that reads it is NaN. The results are
+ * not the f32 dots' bits, so this is a level of its own. */
 #define TGTVNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define TGTVNNI_INLINE __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline)) inline
 
-/* xd per 256 elements: 4 vectors ([sb 0 | sb 2], [1 | 3], [4 | 6], [5 | 7]) x 3 planes (B0, B1,
- * D2) x 64 bytes, then the 8 groups' s (f32) */
+/* xd per 256 elements: 4 vectors of 64 elements in x's order x 3 planes (B0, B1, D2) x 64 bytes,
+ * then the 16 groups' s (f32) */
 static TGTVNNI void xsums_vnni(const float *x, uint64_t n, cpu_xsums *out)
 {
     xsums_avx512(x, n, out);
     const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
     for (uint64_t b = 0; b + QK_K <= n; b += QK_K) {
         uint8_t *o = out->xd + (b / QK_K) * CPU_XD_BLOCK;
-        float sg[8];
-        for (int g = 0; g < 8; g++) {
-            const __m512 v0 = _mm512_loadu_ps(x + b + 32 * g), v1 = _mm512_loadu_ps(x + b + 32 * g + 16);
-            /* |x| as bits orders like |x|, NaN above every finite value and inf */
-            const __m512i a = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), absm),
-                                               _mm512_and_si512(_mm512_castps_si512(v1), absm));
-            const int E = (int)(_mm512_reduce_max_epu32(a) >> 23); /* max|x| < 2^(E - 126), or 2^-126 at E 0 */
+        float sg[16];
+        const __m512i top = _mm512_set1_epi32((1 << 23) - 1);
+        for (int g = 0; g < 16; g++) {
+            const __m512 v0 = _mm512_loadu_ps(x + b + 16 * g);
+            const int E = (int)(_mm512_reduce_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), absm)) >> 23);
             sg[g] = E == 255 ? NAN : ldexpf(1.0f, E - 149);
             const __m512 k = _mm512_set1_ps((float)(E == 255 ? 0 : 149 - E));
-            const int v = (g >> 2) * 2 + (g & 1), h = (g >> 1) & 1;
-            uint8_t *dv = o + v * 192 + 32 * h;
-            /* rint can reach 2^23 only from the largest float under 2^23 s; D2 must stay a byte */
-            const __m512i top = _mm512_set1_epi32((1 << 23) - 1);
+            uint8_t *dv = o + (g >> 2) * 192 + 16 * (g & 3);
             const __m512i X0 = _mm512_min_epi32(
                 _mm512_cvt_roundps_epi32(_mm512_scalef_ps(v0, k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), top);
-            const __m512i X1 = _mm512_min_epi32(
-                _mm512_cvt_roundps_epi32(_mm512_scalef_ps(v1, k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), top);
             _mm_storeu_si128((__m128i *)(void *)dv, _mm512_cvtepi32_epi8(X0));
-            _mm_storeu_si128((__m128i *)(void *)(dv + 16), _mm512_cvtepi32_epi8(X1));
             _mm_storeu_si128((__m128i *)(void *)(dv + 64), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, 8)));
-            _mm_storeu_si128((__m128i *)(void *)(dv + 80), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X1, 8)));
             _mm_storeu_si128((__m128i *)(void *)(dv + 128), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, 16)));
-            _mm_storeu_si128((__m128i *)(void *)(dv + 144), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X1, 16)));
         }
         memcpy(o + 768, sg, sizeof sg);
     }
+}
+
+/* One block's four zmm of quants (x's order) against one input's digits D: per vector the exact
+ * lane sums by Horner over D2, B1, B0, converted and FMA'd into acc by the lane's scale, dz's
+ * entry 4w + lane/4 (its 16-element group: d sc s). */
+static TGTVNNI_INLINE __m512 digits_fma(const __m512i Q[4], const uint8_t *D, __m512 dz, __m512 acc)
+{
+    const __m512i quad = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2);
+#pragma GCC unroll 4
+    for (int w = 0; w < 4; w++) {
+        const uint8_t *Dw = D + 192 * w;
+        __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q[w], _mm512_loadu_si512((const void *)(Dw + 128)));
+        t = _mm512_dpbusd_epi32(_mm512_slli_epi32(t, 8), _mm512_loadu_si512((const void *)(Dw + 64)), Q[w]);
+        t = _mm512_dpbusd_epi32(_mm512_slli_epi32(t, 8), _mm512_loadu_si512((const void *)Dw), Q[w]);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_permutexvar_ps(_mm512_add_epi32(quad, _mm512_set1_epi32(4 * w)), dz), acc);
+    }
+    return acc;
 }
 
 static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
                                              uint64_t ldo)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i sel[4] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
-                            _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
-                            _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
-                            _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7)};
+    const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+    const __m512i pair = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     __m512 acc[4];
     __m256 mins[4];
 #pragma GCC unroll 4
@@ -1101,28 +1109,70 @@ static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums
         _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
         __m256 dsc, dmn;
         q4k_scales_vec(blk, &dsc, &dmn);
-        const __m512i q01 = _mm512_loadu_si512((const void *)(blk + 16)), q23 = _mm512_loadu_si512((const void *)(blk + 80));
-        const __m512i Q[4] = {_mm512_and_si512(q01, m4), _mm512_and_si512(_mm512_srli_epi16(q01, 4), m4),
-                              _mm512_and_si512(q23, m4), _mm512_and_si512(_mm512_srli_epi16(q23, 4), m4)};
+        __m512i Q[4]; /* 32-byte group j: [low nibbles (sub-block 2j) | high nibbles (2j + 1)], x's order */
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            Q[j] = _mm512_and_si512(
+                _mm512_srlv_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 16 + 32 * j))),
+                                  shift),
+                m4);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *D = xs[r].xd + b * CPU_XD_BLOCK;
             mins[r] = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xs[r].s32 + b * 8), mins[r]);
-            const __m512 dz = _mm512_castps256_ps512(_mm256_mul_ps(dsc, _mm256_loadu_ps((const float *)(const void *)(D + 768))));
-#pragma GCC unroll 4
-            for (int w = 0; w < 4; w++) {
-                const uint8_t *Dw = D + 192 * w;
-                __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q[w], _mm512_loadu_si512((const void *)(Dw + 128)));
-                t = _mm512_dpbusd_epi32(_mm512_slli_epi32(t, 8), _mm512_loadu_si512((const void *)(Dw + 64)), Q[w]);
-                t = _mm512_dpbusd_epi32(_mm512_slli_epi32(t, 8), _mm512_loadu_si512((const void *)Dw), Q[w]);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_permutexvar_ps(sel[w], dz), acc[r]);
-            }
+            const __m512 dz = _mm512_mul_ps(_mm512_permutexvar_ps(pair, _mm512_castps256_ps512(dsc)),
+                                            _mm512_loadu_ps((const float *)(const void *)(D + 768)));
+            acc[r] = digits_fma(Q, D, dz, acc[r]);
         }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
         out[r * ldo] = hsum_halves(acc[r]) - hsum256(mins[r]);
 }
+
+/* Q6_K on the same digits: q6k_quarters' four quarters of a half are x's order, two per zmm; the
+ * quants 0..63 fit both byte operands, the -32 goes through the 16-sums as in the f32 dot. Lane l
+ * of vector v (elements 64v + 4l ..) has sub-block 4v + l/4 and group 2v + l/8. */
+static TGTVNNI_INLINE void dot_q6k_multivnni(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
+                                             uint64_t ldo)
+{
+    __m512 acc[4];
+    __m256 offs[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm512_setzero_ps();
+        offs[r] = _mm256_setzero_ps();
+    }
+    for (uint64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
+        __m256 ds[2];
+        q6k_block_head(blk, b, xs, R, ds, offs);
+        const __m512 d16 = _mm512_insertf32x8(_mm512_castps256_ps512(ds[0]), ds[1], 1);
+        __m512i Q[4];
+#pragma GCC unroll 2
+        for (int n = 0; n < 2; n++) {
+            __m256i q[4];
+            q6k_quarters(blk, n, q);
+            Q[2 * n] = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+            Q[2 * n + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *D = xs[r].xd + b * CPU_XD_BLOCK;
+            const __m512 dz = _mm512_mul_ps(d16, _mm512_loadu_ps((const float *)(const void *)(D + 768)));
+            acc[r] = digits_fma(Q, D, dz, acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        out[r * ldo] = hsum_halves(acc[r]) - 32.0f * hsum256(offs[r]);
+}
+
+static TGTVNNI void dot_q6k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 1, nb, o, ldo); }
+static TGTVNNI void dot_q6k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 2, nb, o, ldo); }
+static TGTVNNI void dot_q6k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 3, nb, o, ldo); }
+static TGTVNNI void dot_q6k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 4, nb, o, ldo); }
+static const dot_multi_fn dot_q6k_v[CPU_DOT_GROUP] = {dot_q6k_v1, dot_q6k_v2, dot_q6k_v3, dot_q6k_v4};
 
 static TGTVNNI void dot_q4k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 1, nb, o, ldo); }
 static TGTVNNI void dot_q4k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 2, nb, o, ldo); }
@@ -1132,23 +1182,24 @@ static const dot_multi_fn dot_q4k_v[CPU_DOT_GROUP] = {dot_q4k_v1, dot_q4k_v2, do
 
 static TGTVNNI float dot_row_vnni(uint32_t type, const void *row, const float *x, const cpu_xsums *xs, uint64_t n)
 {
-    if (type != GGML_TYPE_Q4_K)
+    if (type != GGML_TYPE_Q4_K && type != GGML_TYPE_Q6_K)
         return dot_row_avx512(type, row, x, xs, n);
     float o;
-    dot_q4k_v1(row, xs, n / QK_K, &o, 1);
+    (type == GGML_TYPE_Q4_K ? dot_q4k_v1 : dot_q6k_v1)(row, xs, n / QK_K, &o, 1);
     return o;
 }
 
 static TGTVNNI void dot_rows_vnni(uint32_t type, const void *row, const float *x, uint64_t ldx, const cpu_xsums *xs,
                                   uint32_t m, uint64_t n, float *out, uint64_t ldo)
 {
-    if (type != GGML_TYPE_Q4_K) {
+    const dot_multi_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_v : type == GGML_TYPE_Q6_K ? dot_q6k_v : NULL;
+    if (!f) {
         dot_rows_avx512(type, row, x, ldx, xs, m, n, out, ldo);
         return;
     }
     for (uint32_t i = 0; i < m; i += CPU_DOT_GROUP) {
         const uint32_t g = m - i < CPU_DOT_GROUP ? m - i : CPU_DOT_GROUP;
-        dot_q4k_v[g - 1](row, xs + i, n / QK_K, out + i * ldo, ldo);
+        f[g - 1](row, xs + i, n / QK_K, out + i * ldo, ldo);
     }
 }
 
@@ -1316,7 +1367,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         k->dot_rows = dot_rows_avx512;
         k->pack_x = pack_x12;
         k->gemm_panel = gemm_panel_avx512;
-        /* VNNI: the Q4_K decode dot on integer digits (MUSER_SIMD=avx512 keeps the f32 one) */
+        /* VNNI: the Q4_K and Q6_K decode dots on integer digits (MUSER_SIMD=avx512 keeps the f32 ones) */
         if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && !(env && !strcmp(env, "avx512"))) {
             k->level = "avx512vnni";

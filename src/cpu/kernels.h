@@ -36,7 +36,7 @@ typedef struct cpu_xsums {
     uint8_t *xd; /* the VNNI level's integer digits of x and their scales: CPU_XD_BYTES(K) bytes */
 } cpu_xsums;
 
-/* bytes of cpu_xsums.xd per 256 elements of x (4 vectors x 3 digit planes x 64, 8 scales, pad),
+/* bytes of cpu_xsums.xd per 256 elements of x (4 vectors x 3 digit planes x 64, 16 scales),
  * and for an input of n elements */
 #define CPU_XD_BLOCK 832u
 #define CPU_XD_BYTES(n) (((uint64_t)(n) / 256u + 1u) * CPU_XD_BLOCK)
@@ -44,7 +44,7 @@ typedef struct cpu_xsums {
 typedef struct cpu_kernels {
     bool simd;         /* AVX2+FMA+F16C */
     const char *level; /* "scalar", "avx2", "avx512" (the AVX2 table with AVX-512's GEMM and K-quant dots),
-                        * or "avx512vnni" (avx512 with the Q4_K decode dot on integer digits of x) */
+                        * or "avx512vnni" (avx512 with the Q4_K / Q6_K decode dots on integer digits of x) */
     /* sums and lane order of x (n a multiple of 32, or else only whole groups are filled) */
     void (*xsums)(const float *x, uint64_t n, cpu_xsums *out);
     /* Dot of one weight row (type, n elements) with f32 x; xs are x's sums (Q4_K / Q6_K use
@@ -93,7 +93,8 @@ typedef struct cpu_kernels {
 /* The kernel table: AVX2 when the CPU has AVX2+FMA+F16C and MUSER_SIMD is not "0", unless
  * force_scalar; with AVX-512F+DQ also its GEMM micro-kernel and Q4_K / Q6_K decode dots (the same
  * bits at twice the width; their xsums keep xp in a 512-bit order) unless MUSER_SIMD is "avx2";
- * with AVX-512 VNNI also the Q4_K decode dot on integer digits of x unless MUSER_SIMD is "avx512". */
+ * with AVX-512 VNNI also the Q4_K and Q6_K decode dots on integer digits of x unless MUSER_SIMD is
+ * "avx512". */
 void cpu_kernels_init(cpu_kernels *k, bool force_scalar);
 
 /* dst = x / sqrt(mean(x^2) + eps) * w (w NULL: weightless), the sum of squares in f64: the CPU
