@@ -16,7 +16,7 @@
  *   - the table choice: MUSER_SIMD=0 gives the scalar table, and without it the AVX2 one exactly
  *     when the CPU has AVX2, FMA and F16C; with AVX-512F its GEMM too (MUSER_SIMD=avx2 keeps
  *     AVX2's), whose outputs must be AVX2's bits; with AVX-512 VNNI the Q4_K and Q6_K decode dots on integer
- *     digits of x (MUSER_SIMD=avx512 keeps the f32 one): within the bound, not AVX2's bits, and
+ *     digits of x (MUSER_SIMD=avx512 keeps the f32 ones): within the bound, not AVX2's bits, and
  *     every other output still AVX2's bits;
  *   - the digits' edges at that level: a group whose largest element rounds up to 2^23 (the
  *     largest float under a power of two), groups of zeros and of denormals beside normal ones,

@@ -226,6 +226,12 @@ static TGT_INLINE float hsum256(__m256 v)
  * ~5 GB/s of a ~12 GB/s stream (measured: +16-30% decode with one thread, +18% with two).
  * Prefetching past the end of the tensor cannot fault. */
 #define CPU_PREFETCH 1536
+/* lines 64-byte cache lines from CPU_PREFETCH bytes past blk (a thread's rows are contiguous) */
+static TGT_INLINE void prefetch_ahead(const uint8_t *blk, int lines)
+{
+    for (int l = 0; l < lines; l++)
+        _mm_prefetch((const char *)blk + CPU_PREFETCH + 64 * l, _MM_HINT_T0);
+}
 
 /* An f16 scale from a block header, through F16C (no call per block). */
 static TGT_INLINE float f16_at(const uint8_t *p)
@@ -265,7 +271,8 @@ static TGT_INLINE __m256 exp256(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-static TGT void xsums_avx2(const float *x, uint64_t n, cpu_xsums *out)
+/* x's 16- and 32-sums (every level's K-quant dots read them) */
+static TGT void xsums_sums_avx2(const float *x, uint64_t n, cpu_xsums *out)
 {
     for (uint64_t g = 0; g < n / 16; g++) {
         const __m256 s = _mm256_add_ps(_mm256_loadu_ps(x + g * 16), _mm256_loadu_ps(x + g * 16 + 8));
@@ -273,6 +280,11 @@ static TGT void xsums_avx2(const float *x, uint64_t n, cpu_xsums *out)
     }
     for (uint64_t g = 0; g < n / 32; g++)
         out->s32[g] = out->s16[2 * g] + out->s16[2 * g + 1];
+}
+
+static TGT void xsums_avx2(const float *x, uint64_t n, cpu_xsums *out)
+{
+    xsums_sums_avx2(x, n, out);
     /* xp: per 32-chunk a 4x4 transpose in each 128-bit half puts x[4i+t] of halves into
      * r_t = {i = 0,2,4,6 | 1,3,5,7}; one lane permute restores i order; times 2^-8t. */
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -342,10 +354,7 @@ static TGT_INLINE void q4k_scales_vec(const uint8_t *blk, __m256 *dsc, __m256 *d
 static TGT_INLINE void q6k_block_head(const uint8_t *blk, uint64_t b, const cpu_xsums *xs, const int R, __m256 ds[2],
                                       __m256 *offs)
 {
-    _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
-    _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
-    _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
-    _mm_prefetch((const char *)blk + CPU_PREFETCH + 192, _MM_HINT_T0);
+    prefetch_ahead(blk, 4); /* a Q6_K block: 210 bytes */
     const __m256 d = _mm256_set1_ps(f16_at(blk + 208));
     const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 192));
     ds[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), d);
@@ -393,9 +402,7 @@ static TGT_INLINE void dot_q4k_multi(const uint8_t *row, const cpu_xsums *xs, co
     float dsc_s[8] __attribute__((aligned(32)));
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
-        _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
+        prefetch_ahead(blk, 3); /* a Q4_K block: 144 bytes */
         __m256 dsc, dmn;
         q4k_scales_vec(blk, &dsc, &dmn);
 #pragma GCC unroll 4
@@ -905,9 +912,7 @@ static TGT512_INLINE void dot_q4k_multi512(const uint8_t *row, const cpu_xsums *
     }
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
-        _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
+        prefetch_ahead(blk, 3); /* a Q4_K block: 144 bytes */
         __m256 dsc, dmn;
         q4k_scales_vec(blk, &dsc, &dmn);
 #pragma GCC unroll 4
@@ -1050,12 +1055,13 @@ static TGT512 void dot_rows_avx512(uint32_t type, const void *row, const float *
  * then the 16 groups' s (f32) */
 static TGTVNNI void xsums_vnni(const float *x, uint64_t n, cpu_xsums *out)
 {
-    xsums_avx512(x, n, out);
+    xsums_sums_avx2(x, n, out); /* no xp: only the f32 K-quant dots read it */
     const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
+    /* rint can reach 2^23 only from the largest float under 2^23 s; D2 must stay a byte */
+    const __m512i top = _mm512_set1_epi32((1 << 23) - 1);
     for (uint64_t b = 0; b + QK_K <= n; b += QK_K) {
         uint8_t *o = out->xd + (b / QK_K) * CPU_XD_BLOCK;
         float sg[16];
-        const __m512i top = _mm512_set1_epi32((1 << 23) - 1);
         for (int g = 0; g < 16; g++) {
             const __m512 v0 = _mm512_loadu_ps(x + b + 16 * g);
             const int E = (int)(_mm512_reduce_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), absm)) >> 23);
@@ -1104,9 +1110,7 @@ static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums
     }
     for (uint64_t b = 0; b < nb; b++) {
         const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
-        _mm_prefetch((const char *)blk + CPU_PREFETCH, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)blk + CPU_PREFETCH + 128, _MM_HINT_T0);
+        prefetch_ahead(blk, 3); /* a Q4_K block: 144 bytes */
         __m256 dsc, dmn;
         q4k_scales_vec(blk, &dsc, &dmn);
         __m512i Q[4]; /* 32-byte group j: [low nibbles (sub-block 2j) | high nibbles (2j + 1)], x's order */
