@@ -1324,9 +1324,10 @@ struct cu_pf {
     float *buf[FWD_BUF_COUNT];        /* [rows][width] */
     uint32_t width[FWD_BUF_COUNT];
     __half *xh, *xl;                  /* [rows][kmax] a matrix input's f16 pair */
+    __half *xsh, *xsl;                /* [rows][kmax/32] its Q4_K sub-block sums (pf_split_kq) */
     float *rs;                        /* [rows] its inverse row scales */
-    __half *wh, *wl;                  /* [wcap] a matrix's (or an LM-head slab's) f16 pair */
-    size_t wcap;                      /* elements of each */
+    __half *wh, *wl;                  /* [wcap] a general-path matrix's (or LM-head slab's) f16 pair */
+    size_t wcap;                      /* elements of each (0: every matrix takes the K-quant GEMM) */
     uint16_t *sk, *sv;                /* [n_layer][rows][KVD] the pass's staged K/V */
     int32_t *tok;                     /* [rows] */
     int32_t *d_bad;                   /* non-finite logits of the pass */
@@ -1380,15 +1381,18 @@ static int pf_ws(cu_ctx *c, uint32_t rows, muser_error *err)
         const cu_layer *L = &c->layers[l];
         const mv_mat *ms[] = {&L->q, &L->k, &L->v, &L->gate, &L->o, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         for (const mv_mat *mm : ms)
-            if ((size_t)mm->rows * mm->cols > wcap) wcap = (size_t)mm->rows * mm->cols;
+            if (!pf_kq_ok(mm) && (size_t)mm->rows * mm->cols > wcap) wcap = (size_t)mm->rows * mm->cols;
     }
-    if ((size_t)PF_TN * E > wcap) wcap = (size_t)PF_TN * E; /* at least one GEMM tile of LM-head rows */
+    /* at least one GEMM tile of LM-head rows */
+    if (!pf_kq_ok(&c->out) && (size_t)PF_TN * E > wcap) wcap = (size_t)PF_TN * E;
     const uint32_t kmax = E > QD ? (E > F ? E : F) : (QD > F ? QD : F);
     size_t off = 0, at[FWD_BUF_COUNT + 8];
     int k = 0;
     for (int b = 0; b < FWD_BUF_COUNT; b++) at[k++] = off, off = align256(off + (size_t)rows * w[b] * sizeof(float));
     const size_t o_xh = off; off = align256(off + (size_t)rows * kmax * 2);
     const size_t o_xl = off; off = align256(off + (size_t)rows * kmax * 2);
+    const size_t o_xsh = off; off = align256(off + (size_t)rows * (kmax / 32) * 2);
+    const size_t o_xsl = off; off = align256(off + (size_t)rows * (kmax / 32) * 2);
     const size_t o_rs = off; off = align256(off + (size_t)rows * 4);
     const size_t o_wh = off; off = align256(off + wcap * 2);
     const size_t o_wl = off; off = align256(off + wcap * 2);
@@ -1407,6 +1411,8 @@ static int pf_ws(cu_ctx *c, uint32_t rows, muser_error *err)
     for (int b = 0; b < FWD_BUF_COUNT; b++) pf->buf[b] = (float *)(base + at[b]), pf->width[b] = w[b];
     pf->xh = (__half *)(base + o_xh);
     pf->xl = (__half *)(base + o_xl);
+    pf->xsh = (__half *)(base + o_xsh);
+    pf->xsl = (__half *)(base + o_xsl);
     pf->rs = (float *)(base + o_rs);
     pf->wh = (__half *)(base + o_wh);
     pf->wl = (__half *)(base + o_wl);
@@ -1483,12 +1489,31 @@ static void pfo_rmsnorm(void *be, const fwd_rows *r, fwd_buf src, const muser_te
     PF_T(c->pf, PFP_NORM, pf_rmsnorm(c->st, c->pf->buf[src], pf_vec(c, w), eps, c->pf->buf[dst], r->n, c->pf->width[src]));
 }
 
-/* y (row stride ldy) = x · mat^T for n rows: the matrix unpacked in slabs of whole GEMM tiles
- * that fit the workspace, each slab's GEMM as soon as it is unpacked (the x pair is ready). */
+/* The x pair a matrix reads: kinds 0 (general path), 1 (Q4_KT order), 2 (Q6_KT order). */
+static int pf_x_kind(const mv_mat *mat) { return !pf_kq_ok(mat) ? 0 : mat->type == MV_T_Q6_KT ? 2 : 1; }
+
+/* Split rows of x for mat unless *have (the kind split last in this op; -1: none) is its kind. */
+static void pf_split_for(cu_ctx *c, const mv_mat *mat, const float *x, uint64_t ldx, uint32_t n, int *have)
+{
+    cu_pf *pf = c->pf;
+    const int kind = pf_x_kind(mat);
+    if (kind == *have) return;
+    if (kind == 0) PF_T(pf, PFP_SPLIT, pf_split_x(c->st, x, ldx, n, mat->cols, pf->xh, pf->xl, pf->rs));
+    else PF_T(pf, PFP_SPLIT, pf_split_kq(c->st, x, ldx, n, mat->cols, kind == 2, pf->xh, pf->xl, pf->xsh, pf->xsl, pf->rs));
+    *have = kind;
+}
+
+/* y (row stride ldy) = x · mat^T for n rows (x split for it: pf_split_for). A K-quant matrix in
+ * its tensor-core layout: one GEMM reading it as it is. Otherwise the matrix unpacked in slabs of
+ * whole GEMM tiles that fit the workspace, each slab's GEMM as soon as it is unpacked. */
 static void pf_matmul(cu_ctx *c, const mv_mat *mat, uint32_t n, float *y, uint64_t ldy, uint32_t op, float scale,
                       float cap)
 {
     cu_pf *pf = c->pf;
+    if (pf_kq_ok(mat)) {
+        PF_T(pf, PFP_GEMM, pf_gemm_kq(c->st, pf->xh, pf->xl, pf->xsh, pf->xsl, pf->rs, n, mat, y, ldy, op, scale, cap));
+        return;
+    }
     uint32_t slab = (uint32_t)(pf->wcap / mat->cols);
     if (slab >= mat->rows) slab = mat->rows;
     else slab = slab / PF_TN * PF_TN;
@@ -1503,9 +1528,12 @@ static void pfo_matmul(void *be, const fwd_rows *r, fwd_buf src, const fwd_matmu
 {
     cu_ctx *c = (cu_ctx *)be;
     cu_pf *pf = c->pf;
-    PF_T(pf, PFP_SPLIT, pf_split_x(c->st, pf->buf[src], pf->width[src], r->n, pf->width[src], pf->xh, pf->xl, pf->rs));
-    for (uint32_t i = 0; i < n_mm; i++)
-        pf_matmul(c, pf_mat(c, mm[i].w), r->n, pf->buf[mm[i].dst], pf->width[mm[i].dst], MV_OP_STORE, 1.f, 0.f);
+    int have = -1;
+    for (uint32_t i = 0; i < n_mm; i++) {
+        const mv_mat *mat = pf_mat(c, mm[i].w);
+        pf_split_for(c, mat, pf->buf[src], pf->width[src], r->n, &have);
+        pf_matmul(c, mat, r->n, pf->buf[mm[i].dst], pf->width[mm[i].dst], MV_OP_STORE, 1.f, 0.f);
+    }
 }
 
 static void pfo_attn_stage(void *be, const fwd_rows *r, uint32_t l, const muser_tensor *q_norm,
@@ -1568,7 +1596,8 @@ static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_ten
     if (all_rows) {
         if (!pf->logits)
             CU_TRY(cudaMalloc((void **)&pf->logits, (size_t)pf->rows * V * sizeof(float)), "prefill logits");
-        pf_split_x(c->st, pf->buf[src], E, r->n, E, pf->xh, pf->xl, pf->rs);
+        int have = -1;
+        pf_split_for(c, head, pf->buf[src], E, r->n, &have);
         pf_matmul(c, head, r->n, pf->logits, V, MV_OP_SOFTCAP, scale, cap);
         y = pf->logits;
     } else {
@@ -2377,7 +2406,7 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
     }
     const muser_tensor t = check_tensor(ggml_type, rows, cols, w);
     float *dx = NULL, *dy = NULL, *rs = NULL;
-    __half *xh = NULL, *xl = NULL, *wh = NULL, *wl = NULL;
+    __half *xh = NULL, *xl = NULL, *wh = NULL, *wl = NULL, *xsh = NULL, *xsl = NULL;
     uploader u;
     memset(&u, 0, sizeof u);
     mv_mat mat;
@@ -2393,6 +2422,8 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
     if (!e) e = cudaMalloc((void **)&xl, nx * 2);
     if (!e) e = cudaMalloc((void **)&wh, nw * 2);
     if (!e) e = cudaMalloc((void **)&wl, nw * 2);
+    if (!e) e = cudaMalloc((void **)&xsh, nx / 32 * 2 + 16);
+    if (!e) e = cudaMalloc((void **)&xsl, nx / 32 * 2 + 16);
     if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: gemm check: %s", cudaGetErrorString(e));
     if (!rc) rc = up_open(&u, c, err);
     if (!rc) rc = up_matrix(&u, &t, &mat, true, err);
@@ -2401,9 +2432,14 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
         e = cudaMemcpyAsync(dx, x, nx * sizeof(float), cudaMemcpyHostToDevice, c->st);
         if (!e) e = cudaMemsetAsync(dy, 0xFF, (size_t)n * rows * sizeof(float), c->st); /* NaN: unwritten shows */
         if (!e) {
-            pf_split_x(c->st, dx, cols, n, cols, xh, xl, rs);
-            pf_unpack_w(c->st, &mat, 0, rows, wh, wl);
-            pf_gemm(c->st, xh, xl, rs, n, wh, wl, rows, cols, dy, rows, MV_OP_STORE, 1.f, 0.f);
+            if (pf_kq_ok(&mat)) { /* the route's own choice (pf_matmul) */
+                pf_split_kq(c->st, dx, cols, n, cols, mat.type == MV_T_Q6_KT, xh, xl, xsh, xsl, rs);
+                pf_gemm_kq(c->st, xh, xl, xsh, xsl, rs, n, &mat, dy, rows, MV_OP_STORE, 1.f, 0.f);
+            } else {
+                pf_split_x(c->st, dx, cols, n, cols, xh, xl, rs);
+                pf_unpack_w(c->st, &mat, 0, rows, wh, wl);
+                pf_gemm(c->st, xh, xl, rs, n, wh, wl, rows, cols, dy, rows, MV_OP_STORE, 1.f, 0.f);
+            }
             e = cudaGetLastError();
         }
         if (!e) e = cudaMemcpyAsync(y, dy, (size_t)n * rows * sizeof(float), cudaMemcpyDeviceToHost, c->st);
@@ -2411,7 +2447,7 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
         if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: gemm check: %s", cudaGetErrorString(e));
     }
     up_close(&u);
-    void *bufs[] = {dx, dy, rs, xh, xl, wh, wl, c->weights};
+    void *bufs[] = {dx, dy, rs, xh, xl, wh, wl, xsh, xsl, c->weights};
     for (void *p : bufs) cudaFree(p);
     if (c->st) cudaStreamDestroy(c->st);
     free(c);

@@ -326,6 +326,420 @@ void pf_gemm(cudaStream_t st, const __half *xh, const __half *xl, const float *r
     pf_gemm_kernel<<<grid, 256, PF_SMEM, st>>>(A);
 }
 
+/* ---- the K-quant GEMM ---------------------------------------------------------------------------
+ * Q4_K and Q6_K matrices in their tensor-core layouts (MV_T_Q4_KT, MV_T_Q6_KT) are read as they
+ * are: no unpack, no scratch. The weights are the mma's A operand (16 rows a tile), made in
+ * registers from the unit's bytes as exact f16 integers, and x is the B operand as the f16 pair
+ * (xh, xl) of pf_split_kq, so a product is two tensor-core products, not three:
+ *   Q4_K: A = sc·q (≤ 63·15, exact), the sum over a block's 256 positions in f32 on the tensor
+ *         cores, then per (row, block) acc += d·S − dmin·Σ_j m_j·xs_j, the min term one m16n8k8
+ *         product of 64·m (exact) against the pair of xs = 2^−6·Σ_{sub-block} x;
+ *   Q6_K: A = q − 32 (exact); per 16-group acc += (d·sc)·S (d·sc exact in f32).
+ * x is written in the unit's k order (pf_kq_elem), so each lane's 16 (Q6_K: 3 × 8) bytes of a
+ * unit slice are its A fragments of four k16 steps: low nibbles to f16 by (q | 0x6400) − 1024
+ * folded into one HFMA2 with the scale, high nibbles by (16q | 0x6400)·sc/16 − 64·sc.
+ * CTA tile KQ_TW weight rows × KQ_TX x rows, k in slices of 64, a KQ_STAGES cp.async pipeline;
+ * 16 warps as 8 (weight rows) × 2 (x rows), each 32 × 32: 2 × 4 mma tiles. Each output's sum
+ * runs over k in one order whatever rows share the call: a row's bytes do not depend on n. */
+#define KQ_TW 256
+#define KQ_TX 64
+#define KQ_BK 64
+#define KQ_STAGES 4
+#define KQ_LDX (KQ_BK + 8) /* halves per x row in shared memory: 144 bytes, conflict-free ldmatrix */
+#define KQ_WU 768u         /* shared bytes per unit slice: Q4_K 512, Q6_K 3 planes × 256 */
+#define KQ_HU 288u         /* shared bytes per unit header: Q4_K 256 (unit + 2048), Q6_K 288 (unit + 3072) */
+#define KQ_X_BYTES (KQ_TX * KQ_LDX * 2)
+#define KQ_STAGE_BYTES (2 * KQ_X_BYTES + (KQ_TW / 16) * KQ_WU + 2 * KQ_TX * 16)
+#define KQ_SMEM ((size_t)KQ_STAGES * KQ_STAGE_BYTES + 2 * (KQ_TW / 16) * KQ_HU)
+
+/* Element of a 256-block at position p (0..255) of x in the unit's k order: slice p/64, k16 step
+ * (p/16)%4, logical k l = p%16 of that step, whose thread t = (l%8)/2 holds bytes 0, 2 (l < 8)
+ * and 1, 3 (l ≥ 8) of its word. Q4_K step = 2·nibble + (chunk & 1); Q6_K step = 2·(chunk & 1) +
+ * half. */
+__host__ __device__ __forceinline__ uint32_t pf_kq_elem(bool q6, uint32_t p)
+{
+    const uint32_t s = p >> 6, step = (p >> 4) & 3, l = p & 15, t = (l & 7) >> 1;
+    const uint32_t kk = l < 8 ? 2 * (l & 1) : 1 + 2 * (l & 1);
+    if (q6) return 32 * (2 * s + (step >> 1)) + 16 * (step & 1) + 4 * t + kk;
+    const uint32_t P = 2 * (s >> 1) + (t >> 1), c = 2 * (s & 1) + (step & 1);
+    return 64 * P + 32 * (step >> 1) + 8 * c + 4 * (t & 1) + kk;
+}
+
+static __global__ void __launch_bounds__(PF_ROW_T) pf_split_kq_kernel(const float *__restrict__ x, uint64_t ldx, uint32_t K,
+                                                                      bool q6, __half *__restrict__ xh,
+                                                                      __half *__restrict__ xl, __half *__restrict__ xsh,
+                                                                      __half *__restrict__ xsl, float *__restrict__ rs)
+{
+    __shared__ float red[PF_ROW_T / 32];
+    const float *row = x + (size_t)blockIdx.x * ldx;
+    float m = 0.f;
+    bool bad = false;
+    for (uint32_t k = threadIdx.x; k < K; k += PF_ROW_T) {
+        m = fmaxf(m, fabsf(row[k]));
+        bad |= !isfinite(row[k]);
+    }
+    bad = __syncthreads_or(bad);
+    m = pf_block_max(m, red);
+    int ex = 0;
+    if (m > 0.f) frexpf(m, &ex);
+    const int e = min(15 - ex, 126);
+    const float s = bad ? 0.f : ldexpf(1.f, e);
+    if (threadIdx.x == 0) rs[blockIdx.x] = bad ? __int_as_float(0x7FC00000) : ldexpf(1.f, -e);
+    __half *h = xh + (size_t)blockIdx.x * K, *l = xl + (size_t)blockIdx.x * K;
+    for (uint32_t p = threadIdx.x; p < K; p += PF_ROW_T) {
+        const float v = bad ? 0.f : row[(p & ~255u) + pf_kq_elem(q6, p & 255)] * s;
+        const __half hv = __float2half_rn(v);
+        h[p] = hv;
+        l[p] = __float2half_rn(v - __half2float(hv));
+    }
+    if (q6) return;
+    /* Q4_K's min term: per sub-block 2^-6·Σ x (|Σ| < 2^20 before the 2^-6), summed in f64 in order */
+    __half *sh = xsh + (size_t)blockIdx.x * (K / 32), *sl = xsl + (size_t)blockIdx.x * (K / 32);
+    for (uint32_t j = threadIdx.x; j < K / 32; j += PF_ROW_T) {
+        double a = 0;
+        for (uint32_t k = 0; k < 32; k++) a += bad ? 0.f : row[32 * j + k] * s;
+        const float v = (float)a * 0.015625f;
+        const __half hv = __float2half_rn(v);
+        sh[j] = hv;
+        sl[j] = __float2half_rn(v - __half2float(hv));
+    }
+}
+
+void pf_split_kq(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint32_t K, bool q6, __half *xh, __half *xl,
+                 __half *xsh, __half *xsl, float *rs)
+{
+    pf_split_kq_kernel<<<n, PF_ROW_T, 0, st>>>(x, ldx, K, q6, xh, xl, xsh, xsl, rs);
+}
+
+struct pf_kq_args {
+    const __half *xh, *xl, *xsh, *xsl;
+    const float *rs;
+    const uint8_t *w;
+    uint32_t n, M, K;
+    float *y;
+    uint64_t ldy;
+    uint32_t op;
+    float scale, cap;
+};
+
+__device__ __forceinline__ void pf_cp8(void *smem, const void *gmem, bool valid)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    const int n = valid ? 8 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+
+__device__ __forceinline__ void pf_mma_k8(float c[4], uint32_t a0, uint32_t a1, uint32_t b0)
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+__device__ __forceinline__ uint32_t pf_lop_or(uint32_t w, uint32_t mask, uint32_t bits)
+{
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w), "r"(mask), "r"(bits)); /* (w & mask) | bits */
+    return r;
+}
+
+__device__ __forceinline__ uint32_t pf_lop_xor(uint32_t w, uint32_t mask, uint32_t bits)
+{
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(r) : "r"(w), "r"(mask), "r"(bits)); /* (w & mask) ^ bits */
+    return r;
+}
+
+__device__ __forceinline__ uint32_t pf_h2fma(uint32_t a, uint32_t b, uint32_t c)
+{
+    const __half2 r = __hfma2(*(const __half2 *)&a, *(const __half2 *)&b, *(const __half2 *)&c);
+    return *(const uint32_t *)&r;
+}
+
+__device__ __forceinline__ uint32_t pf_pack_h2(float lo, float hi)
+{
+    const __half2 r = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&r;
+}
+
+__device__ __forceinline__ uint32_t pf_h2(float v)
+{
+    const __half2 r = __float2half2_rn(v);
+    return *(const uint32_t *)&r;
+}
+
+/* stage i (block i/4, slice i%4) into buffer sm; at slice 0 the block's headers into hb */
+template <bool Q6>
+__device__ __forceinline__ void pf_kq_load(const pf_kq_args &A, uint8_t *sm, uint8_t *hb, uint32_t m0, uint32_t n0,
+                                           uint32_t i)
+{
+    const uint32_t nb = A.K / 256, b = i / 4, s = i % 4, k0 = 64 * i;
+    __half *xh = (__half *)sm, *xl = (__half *)(sm + KQ_X_BYTES);
+    uint8_t *ws = sm + 2 * KQ_X_BYTES, *xs = ws + (KQ_TW / 16) * KQ_WU;
+    for (uint32_t c = threadIdx.x; c < KQ_TX * 8; c += blockDim.x) {
+        const uint32_t r = c / 8, q = c % 8, row = m0 + r;
+        const bool ok = row < A.n;
+        const size_t off = (size_t)(ok ? row : 0) * A.K + k0 + 8 * q;
+        pf_cp16(xh + r * KQ_LDX + 8 * q, A.xh + off, ok);
+        pf_cp16(xl + r * KQ_LDX + 8 * q, A.xl + off, ok);
+    }
+    const uint32_t unit_bytes = Q6 ? MMQ6_UNIT : MMQ_UNIT;
+    if (!Q6) {
+        for (uint32_t c = threadIdx.x; c < (KQ_TW / 16) * 32; c += blockDim.x) {
+            const uint32_t u = c / 32, L = c % 32, tile = n0 / 16 + u;
+            const bool ok = 16 * tile < A.M;
+            const uint8_t *src = A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + 512 * s + 16 * L;
+            pf_cp16(ws + u * KQ_WU + 16 * L, src, ok);
+        }
+    } else {
+        for (uint32_t c = threadIdx.x; c < (KQ_TW / 16) * 96; c += blockDim.x) {
+            const uint32_t u = c / 96, j = (c % 96) / 32, L = c % 32, tile = n0 / 16 + u;
+            const bool ok = 16 * tile < A.M;
+            const uint8_t *src = A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + 512 * (2 * j + s / 2) + 16 * L +
+                                 8 * (s % 2);
+            pf_cp8(ws + u * KQ_WU + 256 * j + 8 * L, src, ok);
+        }
+    }
+    if (s == 0) {
+        const uint32_t hbytes = Q6 ? 288 : 256, hoff = Q6 ? MMQ6_SC : 2048;
+        for (uint32_t c = threadIdx.x; c < (KQ_TW / 16) * (hbytes / 16); c += blockDim.x) {
+            const uint32_t u = c / (hbytes / 16), q = c % (hbytes / 16), tile = n0 / 16 + u;
+            const bool ok = 16 * tile < A.M;
+            pf_cp16(hb + u * KQ_HU + 16 * q, A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + hoff + 16 * q, ok);
+        }
+    }
+    if (!Q6 && s == 3) {
+        for (uint32_t c = threadIdx.x; c < 2 * KQ_TX; c += blockDim.x) {
+            const uint32_t r = c / 2, row = m0 + r;
+            const bool ok = row < A.n;
+            const __half *src = (c & 1 ? A.xsl : A.xsh) + (size_t)(ok ? row : 0) * (A.K / 32) + 8 * b;
+            pf_cp16(xs + (c & 1) * KQ_TX * 16 + 16 * r, src, ok);
+        }
+    }
+}
+
+/* Q4_K: the 6-bit scale or min of item q (row half q >> 1, group q & 1) of header lane ts */
+__device__ __forceinline__ uint32_t pf_q4_sc(const uint8_t *hd, uint32_t ts, uint32_t q)
+{
+    return (*(const uint32_t *)(hd + 8 + 4 * ts) >> (6 * q)) & 63u;
+}
+__device__ __forceinline__ uint32_t pf_q4_mn(const uint8_t *hd, uint32_t ts, uint32_t q)
+{
+    const uint32_t sw = *(const uint32_t *)(hd + 8 + 4 * ts), hw = *(const unsigned short *)(hd + 24 + 2 * ts);
+    return q == 0 ? (sw >> 24) & 63u : q == 1 ? hw & 63u : q == 2 ? (hw >> 6) & 63u : ((sw >> 30) << 4) | (hw >> 12);
+}
+
+template <bool Q6>
+static __global__ void __launch_bounds__(512, 1) pf_kq_kernel(const pf_kq_args A)
+{
+    extern __shared__ __align__(16) uint8_t kq_sm[];
+    uint8_t *hbuf = kq_sm + KQ_STAGES * KQ_STAGE_BYTES;
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t wm = wid % 8, wn = wid / 8; /* the warp's 32 weight rows (units 2wm, 2wm+1) and 32 x rows */
+    const uint32_t m0 = blockIdx.x * KQ_TX, n0 = blockIdx.y * KQ_TW;
+    const uint32_t NS = A.K / 64;
+    float acc[2][4][4], tmp[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[i][j][k] = tmp[i][j][k] = 0.f;
+#pragma unroll
+    for (uint32_t s = 0; s < KQ_STAGES - 1; s++) {
+        if (s < NS) pf_kq_load<Q6>(A, kq_sm + s * KQ_STAGE_BYTES, hbuf + ((s / 4) % 2) * (KQ_TW / 16) * KQ_HU, m0, n0, s);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (uint32_t i = 0; i < NS; i++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(KQ_STAGES - 2));
+        __syncthreads();
+        const uint32_t nk = i + KQ_STAGES - 1;
+        if (nk < NS)
+            pf_kq_load<Q6>(A, kq_sm + (nk % KQ_STAGES) * KQ_STAGE_BYTES, hbuf + ((nk / 4) % 2) * (KQ_TW / 16) * KQ_HU, m0,
+                           n0, nk);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const uint8_t *sm = kq_sm + (i % KQ_STAGES) * KQ_STAGE_BYTES;
+        const __half *xh = (const __half *)sm, *xl = (const __half *)(sm + KQ_X_BYTES);
+        const uint8_t *ws = sm + 2 * KQ_X_BYTES, *xs = ws + (KQ_TW / 16) * KQ_WU;
+        const uint8_t *hb = hbuf + ((i / 4) % 2) * (KQ_TW / 16) * KQ_HU;
+        const uint32_t s = i % 4;
+        uint32_t W[2][4]; /* the lane's words of each unit slice: Q4_K w0..w3; Q6_K W0..W2 of chunk 2s + (step>>1) */
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            const uint8_t *wu = ws + (2 * wm + mt) * KQ_WU;
+            if (!Q6) {
+                const uint4 v = *(const uint4 *)(wu + 16 * lane);
+                W[mt][0] = v.x, W[mt][1] = v.y, W[mt][2] = v.z, W[mt][3] = v.w;
+            }
+        }
+#pragma unroll
+        for (uint32_t step = 0; step < 4; step++) {
+            uint32_t bh[2][4], bl[2][4];
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const uint32_t r = wn * 32 + p * 16 + (lane & 7) + ((lane >> 4) << 3), c = step * 16 + ((lane >> 3) & 1) * 8;
+                pf_ldsm_x4(bh[p], xh + r * KQ_LDX + c);
+                pf_ldsm_x4(bl[p], xl + r * KQ_LDX + c);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const uint32_t u = 2 * wm + mt;
+                uint32_t a[4];
+                float f0, f1; /* Q6_K: d·sc of rows g and g + 8 */
+                if (!Q6) {
+                    /* low nibbles of sub-block 2P (header lane t >> 1), high of 2P + 1 (lane 2 + (t >> 1)) */
+                    const uint8_t *hd = hb + u * KQ_HU + 32 * g;
+                    const uint32_t hi = step >> 1, ts = hi ? 2 + (t >> 1) : t >> 1;
+                    const float sc0 = (float)pf_q4_sc(hd, ts, s >> 1), sc1 = (float)pf_q4_sc(hd, ts, 2 + (s >> 1));
+                    const uint32_t mul0 = pf_h2(hi ? sc0 * 0.0625f : sc0), add0 = pf_h2(hi ? -64.f * sc0 : -1024.f * sc0);
+                    const uint32_t mul1 = pf_h2(hi ? sc1 * 0.0625f : sc1), add1 = pf_h2(hi ? -64.f * sc1 : -1024.f * sc1);
+                    const uint32_t mask = hi ? 0x00F000F0u : 0x000F000Fu;
+                    const uint32_t w0 = W[mt][2 * (step & 1)], w1 = W[mt][2 * (step & 1) + 1];
+                    a[0] = pf_h2fma(pf_lop_or(w0, mask, 0x64006400u), mul0, add0);
+                    a[1] = pf_h2fma(pf_lop_or(w1, mask, 0x64006400u), mul1, add1);
+                    a[2] = pf_h2fma(pf_lop_or(w0 >> 8, mask, 0x64006400u), mul0, add0);
+                    a[3] = pf_h2fma(pf_lop_or(w1 >> 8, mask, 0x64006400u), mul1, add1);
+                    f0 = f1 = 0.f;
+                } else {
+                    const uint8_t *wu = ws + u * KQ_WU;
+                    const uint32_t c = 2 * s + (step >> 1), hh = step & 1, wo = 8 * lane + 4 * (c & 1);
+                    const uint32_t W0 = *(const uint32_t *)(wu + wo), W1 = *(const uint32_t *)(wu + 256 + wo),
+                                   W2 = *(const uint32_t *)(wu + 512 + wo);
+                    uint32_t r0, r8; /* the 6-bit Q of rows g and g + 8, one per byte */
+                    if (!hh) {
+                        r0 = W0 >> 2, r8 = W1 >> 2;
+                    } else {
+                        r0 = W2 >> 2;
+                        r8 = (W0 & 0x03030303u) | (W1 & 0x03030303u) << 2 | (W2 & 0x03030303u) << 4;
+                    }
+                    const uint32_t off = pf_h2(-1056.f), one = pf_h2(1.f);
+                    a[0] = pf_h2fma(pf_lop_xor(r0, 0x003F003Fu, 0x64206420u), one, off);
+                    a[1] = pf_h2fma(pf_lop_xor(r8, 0x003F003Fu, 0x64206420u), one, off);
+                    a[2] = pf_h2fma(pf_lop_xor(r0 >> 8, 0x003F003Fu, 0x64206420u), one, off);
+                    a[3] = pf_h2fma(pf_lop_xor(r8 >> 8, 0x003F003Fu, 0x64206420u), one, off);
+                    const uint8_t *hd = hb + u * KQ_HU;
+                    const uint32_t dw = *(const uint32_t *)(hd + 256 + 4 * g);
+                    const uint8_t *scp = hd + 32 * g + 16 * hh + 2 * c;
+                    f0 = __half2float(__ushort_as_half((unsigned short)(dw & 0xFFFFu))) * (float)(int8_t)scp[0];
+                    f1 = __half2float(__ushort_as_half((unsigned short)(dw >> 16))) * (float)(int8_t)scp[1];
+                }
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    const int p = nt / 2, o = 2 * (nt % 2);
+                    if (!Q6) {
+                        pf_mma(tmp[mt][nt], a, bh[p][o], bh[p][o + 1]);
+                        pf_mma(tmp[mt][nt], a, bl[p][o], bl[p][o + 1]);
+                    } else {
+                        float c4[4] = {0.f, 0.f, 0.f, 0.f};
+                        pf_mma(c4, a, bh[p][o], bh[p][o + 1]);
+                        pf_mma(c4, a, bl[p][o], bl[p][o + 1]);
+                        acc[mt][nt][0] = fmaf(f0, c4[0], acc[mt][nt][0]);
+                        acc[mt][nt][1] = fmaf(f0, c4[1], acc[mt][nt][1]);
+                        acc[mt][nt][2] = fmaf(f1, c4[2], acc[mt][nt][2]);
+                        acc[mt][nt][3] = fmaf(f1, c4[3], acc[mt][nt][3]);
+                    }
+                }
+            }
+        }
+        if (!Q6 && s == 3) {
+            /* the block's end: acc += d·S − dmin·(64·m · xs) per row */
+            uint32_t xb[2][4];
+            {
+                const uint32_t r = wn * 32 + lane;
+                uint32_t sh;
+                sh = (uint32_t)__cvta_generic_to_shared(xs + 16 * r);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(xb[0][0]), "=r"(xb[0][1]), "=r"(xb[0][2]), "=r"(xb[0][3])
+                             : "r"(sh));
+                sh = (uint32_t)__cvta_generic_to_shared(xs + KQ_TX * 16 + 16 * r);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(xb[1][0]), "=r"(xb[1][1]), "=r"(xb[1][2]), "=r"(xb[1][3])
+                             : "r"(sh));
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const uint8_t *hd = hb + (2 * wm + mt) * KQ_HU + 32 * g;
+                const uint32_t G = t >> 1, te = t & 1, to = 2 + (t & 1);
+                /* 64·m of sub-blocks 2t, 2t + 1 for rows g (item G) and g + 8 (item 2 + G) */
+                const uint32_t am0 = pf_pack_h2(64.f * (float)pf_q4_mn(hd, te, G), 64.f * (float)pf_q4_mn(hd, to, G));
+                const uint32_t am1 = pf_pack_h2(64.f * (float)pf_q4_mn(hd, te, 2 + G), 64.f * (float)pf_q4_mn(hd, to, 2 + G));
+                const uint32_t dw = *(const uint32_t *)hd, mw = *(const uint32_t *)(hd + 4);
+                const float d0 = __half2float(__ushort_as_half((unsigned short)(dw & 0xFFFFu))),
+                            d1 = __half2float(__ushort_as_half((unsigned short)(dw >> 16)));
+                const float m0f = __half2float(__ushort_as_half((unsigned short)(mw & 0xFFFFu))),
+                            m1f = __half2float(__ushort_as_half((unsigned short)(mw >> 16)));
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    float c4[4] = {0.f, 0.f, 0.f, 0.f};
+                    pf_mma_k8(c4, am0, am1, xb[0][nt]);
+                    pf_mma_k8(c4, am0, am1, xb[1][nt]);
+                    float *ac = acc[mt][nt], *tp = tmp[mt][nt];
+                    ac[0] = fmaf(-m0f, c4[0], fmaf(d0, tp[0], ac[0]));
+                    ac[1] = fmaf(-m0f, c4[1], fmaf(d0, tp[1], ac[1]));
+                    ac[2] = fmaf(-m1f, c4[2], fmaf(d1, tp[2], ac[2]));
+                    ac[3] = fmaf(-m1f, c4[3], fmaf(d1, tp[3], ac[3]));
+                    tp[0] = tp[1] = tp[2] = tp[3] = 0.f;
+                }
+            }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const uint32_t row = m0 + wn * 32 + nt * 8 + 2 * t + e;
+            if (row >= A.n) continue;
+            const float rs = A.rs[row];
+            float *yr = A.y + (size_t)row * A.ldy;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int hlf = 0; hlf < 2; hlf++) {
+                    const uint32_t col = n0 + wm * 32 + mt * 16 + g + 8 * hlf;
+                    if (col >= A.M) continue;
+                    float v = acc[mt][nt][2 * hlf + e] * rs;
+                    if (A.op == MV_OP_SOFTCAP) {
+                        v = v * A.scale;
+                        if (A.cap > 0.f) v = A.cap * tanhf(v / A.cap);
+                    }
+                    yr[col] = v;
+                }
+        }
+}
+
+bool pf_kq_ok(const mv_mat *w) { return (w->type == MV_T_Q4_KT || w->type == MV_T_Q6_KT) && w->cols % 256 == 0; }
+
+void pf_gemm_kq(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
+                const float *rs, uint32_t n, const mv_mat *w, float *y, uint64_t ldy, uint32_t op, float scale, float cap)
+{
+    static bool attr = false;
+    if (!attr) {
+        cudaFuncSetAttribute(pf_kq_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)KQ_SMEM);
+        cudaFuncSetAttribute(pf_kq_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)KQ_SMEM);
+        attr = true;
+    }
+    pf_kq_args A;
+    A.xh = xh;
+    A.xl = xl;
+    A.xsh = xsh;
+    A.xsl = xsl;
+    A.rs = rs;
+    A.w = w->data;
+    A.n = n;
+    A.M = w->rows;
+    A.K = w->cols;
+    A.y = y;
+    A.ldy = ldy;
+    A.op = op;
+    A.scale = scale;
+    A.cap = cap;
+    const dim3 grid((n + KQ_TX - 1) / KQ_TX, (w->rows + KQ_TW - 1) / KQ_TW);
+    if (w->type == MV_T_Q6_KT) pf_kq_kernel<true><<<grid, 512, KQ_SMEM, st>>>(A);
+    else pf_kq_kernel<false><<<grid, 512, KQ_SMEM, st>>>(A);
+}
+
 /* ---- per-row operations ----------------------------------------------------------------------- */
 static __global__ void __launch_bounds__(PF_ROW_T) pf_embed_kernel(const mv_mat emb, const int32_t *__restrict__ tokens,
                                                                    float *__restrict__ h, uint32_t E, bool entry_norm,

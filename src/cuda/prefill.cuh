@@ -1,14 +1,16 @@
 /* prefill.cuh — the prefill route's kernels (prefill.cu): src/forward.h's operations over a chunk
  * of one sequence's consecutive rows, with the matrices on tensor cores.
  *
- * Numerics (SPEC §4 forbids lossy activation storage): a matrix product runs as three f16
- * tensor-core products of split operands, x ≈ (xh + xl)·2^-e per row and w ≈ wh + wl, each pair
- * holding 22 significant bits: y = 2^-e·(xh·wh + xh·wl + xl·wh) with f32 accumulation (the
- * dropped xl·wl term is below 2^-22 of each product). The weights are unpacked from their device
- * layout (every format the decode route reads) into a scratch pair per matrix and chunk; x is
- * split per row. Every output's sum runs over k in the same order whatever the chunk holds, and
- * attention walks a row's keys in tiles that start at that row's first key, so a row's bytes do
- * not depend on how the prompt was cut into chunks (the prefill route's invariance, SPEC §4).
+ * Numerics (SPEC §4 forbids lossy activation storage): x is scaled per row by a power of two and
+ * split into an f16 pair, x ≈ (xh + xl)·2^-e, 22 significant bits. Q4_K and Q6_K matrices in their
+ * tensor-core layouts (pf_gemm_kq) are read as they are, their quants turned into exact f16
+ * integers in registers (Q4_K sc·q, Q6_K q − 32): two products xh·A + xl·A with f32 accumulation,
+ * the block and group scales applied per (row, block) or (row, 16-group) in f32. Every other
+ * format is unpacked into a scratch pair wh + wl (22 bits) and runs three products,
+ * 2^-e·(xh·wh + xh·wl + xl·wh) (pf_gemm; the dropped xl·wl is below 2^-22 of a product).
+ * Every output's sum runs over k in the same order whatever the chunk holds, and attention walks
+ * a row's keys in tiles that start at that row's first key, so a row's bytes do not depend on how
+ * the prompt was cut into chunks (the prefill route's invariance, SPEC §4).
  * Reductions of the norms accumulate in f64; RoPE angles are f64; K/V are staged as the f16
  * bytes the cache will hold and stored after the pass's logits were checked. */
 #ifndef MUSER_CUDA_PREFILL_CUH
@@ -36,6 +38,18 @@ void pf_split_x(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint3
  * MV_OP_STORE, or MV_OP_SOFTCAP (y·scale, then cap·tanh(y/cap) when cap > 0). */
 void pf_gemm(cudaStream_t st, const __half *xh, const __half *xl, const float *rs, uint32_t n, const __half *wh,
              const __half *wl, uint32_t M, uint32_t K, float *y, uint64_t ldy, uint32_t op, float scale, float cap);
+
+/* Whether the K-quant GEMM takes w: the tensor-core layouts MV_T_Q4_KT and MV_T_Q6_KT. */
+bool pf_kq_ok(const mv_mat *w);
+/* Rows of x [n][K] as pf_split_x does, written in the k order of w's format (q6: Q6_KT, else
+ * Q4_KT), and for Q4_KT the sub-block sums xs = 2^-6·Σ x·2^e per 32 positions as f16 pairs
+ * xsh, xsl [n][K/32]. */
+void pf_split_kq(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint32_t K, bool q6, __half *xh, __half *xl,
+                 __half *xsh, __half *xsl, float *rs);
+/* y[i][j] = op(x·w^T) for i < n, j < w->rows from pf_split_kq's x (its format w's), w read in its
+ * tensor-core layout: two f16 products of exact integer weights (numerics: prefill.cu). */
+void pf_gemm_kq(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
+                const float *rs, uint32_t n, const mv_mat *w, float *y, uint64_t ldy, uint32_t op, float scale, float cap);
 
 /* h[i] = emb[tokens[i]] (then the weightless entry norm) for i < n; tokens in device memory. */
 void pf_embed(cudaStream_t st, const mv_mat *emb, const int32_t *tokens, uint32_t n, float *h, uint32_t E,
