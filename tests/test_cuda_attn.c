@@ -14,11 +14,16 @@
  * outside the attended range changes nothing (bit for bit). The QK-norm/RoPE/KV store folded into
  * the tc split kernel (the route's default there) is checked against the separate kernel: K/V
  * planes bit-identical, outputs within the bound.
+ * The prefill route's attention on tensor cores (pf_attention_tc) against pf_attention and an f64
+ * reference (the same 1e-5 bound per unit of V), and its chunk invariance: the same rows as one
+ * call and as several at other p0 and n, and at 4 and 8 rows per CTA, bit for bit (FULL planes
+ * from position 0 and deep, rings at the window's edge, wrapped, deep).
  * SKIP (77) when built without CUDA or when no GPU is present. */
 #include "check.h"
 
 #ifdef MUSER_HAVE_CUDA
 #include "cuda/attention.h"
+#include "cuda/cuda_backend.h"
 #endif
 
 #include <math.h>
@@ -294,6 +299,231 @@ static void fuse_case(const acase *a, int rope)
     free(qn);
     free(kn);
 }
+
+/* ---- the prefill route's attention on tensor cores (pf_attention_tc, pfattn.cuh) ----------------
+ * Against pf_attention (the CUDA-core kernel; both f32-faithful) and an f64 reference on a few rows,
+ * and its chunk invariance: a whole call's rows against the same rows as several calls at other p0
+ * and n (the staged/plane division moving with them; plane and stage hold the same bytes for the
+ * same positions) and at 4 and 8 rows per CTA, by memcmp. A sequence: keys of positions 0 .. P−1
+ * (k/1024 values), queries of the whole call's rows; plane positions that hold no stored key are
+ * NaN, so a read of one shows. */
+typedef struct pcase {
+    const char *name;
+    int ring;
+    uint32_t window, cap, base; /* ring: capacity, and the physical row of position p is (base + p) % cap */
+    uint64_t p0;                /* the whole call's rows p0 .. p0+n−1 */
+    uint32_t n;
+    uint32_t cuts[6];           /* the split calls start at these rows (ascending, after row 0; 0 ends) */
+} pcase;
+
+#define PF_H 32
+#define PF_HKV 2
+#define PF_D 128
+#define PF_QD (PF_H * PF_D)
+#define PF_KD (PF_HKV * PF_D)
+
+/* rows a .. b−1 of the whole call as one chunk at p0 + a, qt rows per CTA (0: the kernel's choice);
+ * o_plain may be NULL. Returns the hook's code. */
+static int pf_call(const pcase *pc, const uint16_t *k, const uint16_t *v, const float *q, uint32_t a, uint32_t b,
+                   uint32_t qt, float *o_plain, float *o_tc, muser_error *err)
+{
+    const uint64_t p0 = pc->p0 + a;
+    const uint64_t cap = pc->ring ? pc->cap : pc->p0 + pc->n + 32;
+    uint16_t *kp = malloc(cap * PF_KD * 2), *vp = malloc(cap * PF_KD * 2);
+    for (size_t i = 0; i < cap * PF_KD; i++) kp[i] = vp[i] = 0x7E00;
+    muser_cuda_pfattn_case c;
+    memset(&c, 0, sizeof c);
+    c.n_head = PF_H;
+    c.n_head_kv = PF_HKV;
+    c.head_dim = PF_D;
+    c.ring = pc->ring;
+    c.window = pc->window;
+    c.scale = (float)(1.0 / sqrt((double)PF_D));
+    c.p0 = p0;
+    c.n = b - a;
+    c.capacity = cap;
+    if (pc->ring) {
+        c.len = p0 < cap ? p0 : cap;
+        c.origin_logical = p0 - c.len;
+        c.origin_physical = (pc->base + c.origin_logical) % cap;
+        for (uint64_t p = c.origin_logical; p < p0; p++) {
+            const uint64_t r = (pc->base + p) % cap;
+            memcpy(kp + r * PF_KD, k + p * PF_KD, PF_KD * 2);
+            memcpy(vp + r * PF_KD, v + p * PF_KD, PF_KD * 2);
+        }
+    } else {
+        c.len = p0;
+        for (uint64_t p = 0; p < p0; p++)
+            for (uint32_t g = 0; g < PF_HKV; g++) {
+                memcpy(kp + ((size_t)g * cap + p) * PF_D, k + p * PF_KD + g * PF_D, PF_D * 2);
+                memcpy(vp + ((size_t)g * cap + p) * PF_D, v + p * PF_KD + g * PF_D, PF_D * 2);
+            }
+    }
+    c.k_plane = kp;
+    c.v_plane = vp;
+    c.k_stage = k + p0 * PF_KD;
+    c.v_stage = v + p0 * PF_KD;
+    c.q = q + (size_t)a * PF_QD;
+    c.qt = qt;
+    const int rc = muser_cuda_pfattn_check(&c, o_plain, o_tc, err);
+    free(kp);
+    free(vp);
+    return rc;
+}
+
+/* max |x − y| over n values (NaN wins) */
+static double pf_maxdiff(const float *x, const float *y, size_t n)
+{
+    double w = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)x[i] - y[i]);
+        if (!(d <= w)) w = d;
+    }
+    return w;
+}
+
+/* f64 reference of the whole call's row i into ref [H·D]; kf, vf: the keys' f16 values */
+static void pf_reference(const pcase *pc, const float *kf, const float *vf, const float *q, uint32_t i, double *ref)
+{
+    const uint64_t pos = pc->p0 + i, lo = pc->window && pos + 1 > pc->window ? pos + 1 - pc->window : 0;
+    const uint64_t L = pos + 1 - lo;
+    const double scale = (float)(1.0 / sqrt((double)PF_D));
+    double *s = malloc(L * sizeof(double));
+    for (uint32_t h = 0; h < PF_H; h++) {
+        const uint32_t g = h / (PF_H / PF_HKV);
+        const float *qh = q + (size_t)i * PF_QD + (size_t)h * PF_D;
+        double mx = -INFINITY, l = 0, acc[PF_D] = {0};
+        for (uint64_t t = 0; t < L; t++) {
+            const float *kr = kf + (lo + t) * PF_KD + g * PF_D;
+            double a = 0;
+            for (uint32_t d = 0; d < PF_D; d++) a += (double)qh[d] * kr[d];
+            s[t] = a * scale;
+            if (s[t] > mx) mx = s[t];
+        }
+        for (uint64_t t = 0; t < L; t++) {
+            const double e = exp(s[t] - mx);
+            const float *vr = vf + (lo + t) * PF_KD + g * PF_D;
+            l += e;
+            for (uint32_t d = 0; d < PF_D; d++) acc[d] += e * vr[d];
+        }
+        for (uint32_t d = 0; d < PF_D; d++) ref[h * PF_D + d] = acc[d] / l;
+    }
+    free(s);
+}
+
+static void pf_case(const pcase *pc)
+{
+    const uint64_t P = pc->p0 + pc->n;
+    const size_t NQ = (size_t)pc->n * PF_QD;
+    uint16_t *k = malloc(P * PF_KD * 2), *v = malloc(P * PF_KD * 2);
+    float *q = malloc(NQ * sizeof(float));
+    float *o_plain = malloc(NQ * sizeof(float)), *o8 = malloc(NQ * sizeof(float)), *o4 = malloc(NQ * sizeof(float));
+    float *sp_plain = malloc(NQ * sizeof(float)), *sp_tc = malloc(NQ * sizeof(float));
+    double *ref = malloc(PF_QD * sizeof(double));
+    float *kf = malloc(P * PF_KD * sizeof(float)), *vf = malloc(P * PF_KD * sizeof(float));
+    for (size_t i = 0; i < P * PF_KD; i++) {
+        k[i] = f16_of_k((int)(rng() % 2049) - 1024);
+        v[i] = f16_of_k((int)(rng() % 2049) - 1024);
+        kf[i] = (float)f16_val(k[i]);
+        vf[i] = (float)f16_val(v[i]);
+    }
+    for (size_t i = 0; i < NQ; i++) q[i] = (urand() - 0.5f) * 16.0f;
+    muser_error err = {0};
+    int rc = pf_call(pc, k, v, q, 0, pc->n, 8, o_plain, o8, &err);
+    CHECKF(rc == 0, "%s: whole call, 8 rows per CTA: %d %s", pc->name, rc, err.msg);
+    rc = pf_call(pc, k, v, q, 0, pc->n, 4, NULL, o4, &err);
+    CHECKF(rc == 0, "%s: whole call, 4 rows per CTA: %d %s", pc->name, rc, err.msg);
+    /* the split calls, each at the kernel's own rows per CTA */
+    uint32_t a = 0, n_calls = 0;
+    for (int ci = 0; ci <= 6; ci++) {
+        const uint32_t b = ci < 6 && pc->cuts[ci] ? pc->cuts[ci] : pc->n;
+        rc = pf_call(pc, k, v, q, a, b, 0, sp_plain + (size_t)a * PF_QD, sp_tc + (size_t)a * PF_QD, &err);
+        CHECKF(rc == 0, "%s: rows %u .. %u: %d %s", pc->name, a, b - 1, rc, err.msg);
+        n_calls++;
+        a = b;
+        if (b == pc->n) break;
+    }
+    /* V is in [-1, 1] (max |V| = 1), so these are errors per unit of the output's scale */
+    const double e_tc = pf_maxdiff(o8, o_plain, NQ), e_sp = pf_maxdiff(sp_tc, sp_plain, NQ);
+    const double e_pp = pf_maxdiff(sp_plain, o_plain, NQ);
+    const int same4 = !memcmp(o4, o8, NQ * sizeof(float)), same_sp = !memcmp(sp_tc, o8, NQ * sizeof(float));
+    double r_tc = 0, r_pl = 0;
+    const uint32_t rows[3] = {0, pc->n / 2, pc->n - 1};
+    for (int ri = 0; ri < 3; ri++) {
+        pf_reference(pc, kf, vf, q, rows[ri], ref);
+        for (uint32_t j = 0; j < PF_QD; j++) {
+            const double dt = fabs(o8[(size_t)rows[ri] * PF_QD + j] - ref[j]);
+            const double dp = fabs(o_plain[(size_t)rows[ri] * PF_QD + j] - ref[j]);
+            if (!(dt <= r_tc)) r_tc = dt;
+            if (!(dp <= r_pl)) r_pl = dp;
+        }
+    }
+    printf("%-34s tc-plain %.3e (split calls %.3e)  f64: tc %.3e plain %.3e  qt 4 = 8: %s, %u calls = 1: %s\n",
+           pc->name, e_tc, e_sp, r_tc, r_pl, same4 ? "yes" : "NO", n_calls, same_sp ? "yes" : "NO");
+    CHECKF(e_tc <= BOUND && e_sp <= BOUND, "%s: tc against plain %.3e / %.3e > %.0e", pc->name, e_tc, e_sp, BOUND);
+    CHECKF(r_tc <= BOUND && r_pl <= BOUND, "%s: against f64: tc %.3e plain %.3e > %.0e", pc->name, r_tc, r_pl, BOUND);
+    CHECKF(e_pp <= BOUND, "%s: plain split against plain whole %.3e", pc->name, e_pp);
+    CHECKF(same4, "%s: tc rows differ between 4 and 8 rows per CTA", pc->name);
+    CHECKF(same_sp, "%s: tc rows differ between one call and %u calls (chunk invariance)", pc->name, n_calls);
+    free(k);
+    free(v);
+    free(q);
+    free(o_plain);
+    free(o8);
+    free(o4);
+    free(sp_plain);
+    free(sp_tc);
+    free(ref);
+    free(kf);
+    free(vf);
+}
+
+static void pf_checks(void)
+{
+    static const pcase cases[] = {
+        /* FULL planes: from position 0 (calls of n 1 — one key —, 7, 34, 28 and 442 rows: 4 and 8
+         * rows per CTA, partial row tiles) and deep (p0 5000: most keys from the plane) */
+        {"full p0 0, n 512", 0, 0, 0, 0, 0, 512, {1, 8, 42, 70, 0}},
+        {"full p0 5000, n 70", 0, 0, 0, 0, 5000, 70, {1, 7, 41, 0}},
+        {"full p0 5000, n 512", 0, 0, 0, 0, 5000, 512, {256, 300, 0}},
+        {"full p0 4999, n 1", 0, 0, 0, 0, 4999, 1, {0}},
+        /* rings: window 128 from position 0 (rows at pos+1 = window and window+1 as a call of their
+         * own; the ring fills, then wraps), Glimmer's 2048 wrapped and deep, a window that is not a
+         * multiple of the tile in a ring that holds more than the window */
+        {"ring W 128, p0 0, n 300", 1, 128, 128, 0, 0, 300, {127, 129, 200, 0}},
+        {"ring W 2048 wrapped, p0 5000, n 512", 1, 2048, 2048, 1234, 5000, 512, {1, 7, 41, 70, 0}},
+        {"ring W 100 cap 160, p0 5000, n 70", 1, 100, 160, 77, 5000, 70, {7, 41, 0}},
+        {"ring W 2048, p0 2040, n 20", 1, 2048, 2048, 5, 2040, 20, {7, 8, 9, 0}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) pf_case(&cases[i]);
+
+    /* a geometry the tc kernel does not take (GQA 4:1, D 64): refused, the plain kernel runs it */
+    {
+        const uint32_t H = 8, HKV = 2, D = 64, n = 3;
+        uint16_t *kp = calloc(64 * HKV * D, 2), *kst = calloc(n * HKV * D, 2);
+        float *q = calloc(n * H * D, sizeof(float)), *o = malloc(n * H * D * sizeof(float));
+        muser_cuda_pfattn_case c;
+        memset(&c, 0, sizeof c);
+        c.n_head = H;
+        c.n_head_kv = HKV;
+        c.head_dim = D;
+        c.scale = 0.125f;
+        c.p0 = 10;
+        c.n = n;
+        c.len = 10;
+        c.capacity = 64;
+        c.k_plane = c.v_plane = kp;
+        c.k_stage = c.v_stage = kst;
+        c.q = q;
+        muser_error err = {0};
+        const int rc = muser_cuda_pfattn_check(&c, o, o, &err);
+        CHECKF(rc == 1, "gqa 4:1 D 64: pf_attention_tc returned %d (%s), not a refusal", rc, err.msg);
+        free(kp);
+        free(kst);
+        free(q);
+        free(o);
+    }
+}
 #endif
 
 int main(void)
@@ -334,6 +564,8 @@ int main(void)
         fuse_case(&cases[i], cases[i].ring);
         if (cases[i].len == 33 || cases[i].len == 1000) fuse_case(&cases[i], !cases[i].ring);
     }
+    /* the prefill route's attention on tensor cores */
+    pf_checks();
     printf("test_cuda_attn: %d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;
 #endif

@@ -21,6 +21,7 @@
  * where the geometry allows, v1 elsewhere; the test entry points can ask for either. bench/kernels/attention.cu times both; tests/test_cuda_attn.c checks
  * both against an f64 reference. */
 #include "cuda/ops.cuh"
+#include "cuda/tc.cuh"
 
 #include <cuda_fp16.h>
 #include <math.h>
@@ -632,43 +633,6 @@ static int launch_combine(cudaStream_t st, const float *pml, const float *pacc, 
 #define ATT_PDL true
 #define TC_P_SCALE 32768.f                                         /* 2^15 */
 
-__device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void tc_ldm(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
-}
-__device__ __forceinline__ void tc_ldm_t(uint32_t a, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
-}
-/* d += a · b, m16n8k16, f16 inputs, f32 accumulator */
-__device__ __forceinline__ void tc_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/* (x0, x1) -> f16x2 hi and lo with hi + lo = x to 22 bits (x − hi is exact in f32) */
-__device__ __forceinline__ void tc_split(float x0, float x1, uint32_t &hi, uint32_t &lo)
-{
-    const __half2 h = __floats2half2_rn(x0, x1);
-    const float2 hf = __half22float2(h);
-    const __half2 l = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
-    hi = *(const uint32_t *)&h;
-    lo = *(const uint32_t *)&l;
-}
-__device__ __forceinline__ float tc_pow2(int e) { return __int_as_float((127 + e) << 23); } /* e in [-126, 127] */
-
 /* Start the copy of warp-local tile i (positions j0 .. j0+15) into its stage. Lane l copies
  * 16-byte chunk l % 16 of rows 2k + l / 16, k = 0..7: each instruction reads two whole rows. */
 template <bool RING>
@@ -886,12 +850,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
 #pragma unroll
         for (int kk = 0; kk < 8; kk++) {
             const int row = (lm >> 1) * 8 + lr, ch = 2 * kk + (lm & 1);
-            uint32_t b0, b1, b2, b3;
-            tc_ldm(ks + row * 256 + ((ch ^ lr) << 4), b0, b1, b2, b3);
-            tc_mma(sc[0], qhi[kk], b0, b1);
-            tc_mma(sc[0], qlo[kk], b0, b1);
-            tc_mma(sc[1], qhi[kk], b2, b3);
-            tc_mma(sc[1], qlo[kk], b2, b3);
+            tc_ldm_mma2<false>(ks + row * 256 + ((ch ^ lr) << 4), qhi[kk], qlo[kk], sc[0], sc[1]);
         }
         /* scores (exact 2^-e undo, then the f32 scale), mask, online softmax per head */
 #pragma unroll
@@ -934,12 +893,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 2) k_attn_split_tc(const float 
 #pragma unroll
         for (int nn = 0; nn < 8; nn++) {
             const int row = (lm & 1) * 8 + lr, ch = 2 * nn + (lm >> 1);
-            uint32_t b0, b1, b2, b3;
-            tc_ldm_t(vs + row * 256 + ((ch ^ lr) << 4), b0, b1, b2, b3);
-            tc_mma(o[2 * nn], ph, b0, b1);
-            tc_mma(o[2 * nn], pl, b0, b1);
-            tc_mma(o[2 * nn + 1], ph, b2, b3);
-            tc_mma(o[2 * nn + 1], pl, b2, b3);
+            tc_ldm_mma2<true>(vs + row * 256 + ((ch ^ lr) << 4), ph, pl, o[2 * nn], o[2 * nn + 1]);
         }
         __syncwarp();
     }

@@ -28,6 +28,7 @@ extern "C" {
 #include "cuda/cuda_backend.h"
 #include "cuda/ops.cuh"
 #include "cuda/prefill.cuh"
+#include "cuda/pfattn.cuh"
 
 #define CU_TRY(call, what)                                                                          \
     do {                                                                                            \
@@ -1528,11 +1529,33 @@ static void pfo_matmul(void *be, const fwd_rows *r, fwd_buf src, const fwd_matmu
 {
     cu_ctx *c = (cu_ctx *)be;
     cu_pf *pf = c->pf;
+    /* matrices that lie back to back (the stacked q, k, gate) run as one launch */
     int have = -1;
-    for (uint32_t i = 0; i < n_mm; i++) {
+    bool done[8] = {false};
+    for (uint32_t i = 0; i < n_mm && i < 8; i++) {
+        if (done[i]) continue;
         const mv_mat *mat = pf_mat(c, mm[i].w);
         pf_split_for(c, mat, pf->buf[src], pf->width[src], r->n, &have);
-        pf_matmul(c, mat, r->n, pf->buf[mm[i].dst], pf->width[mm[i].dst], MV_OP_STORE, 1.f, 0.f);
+        mv_mat ws[4] = {*mat};
+        float *ys[4] = {pf->buf[mm[i].dst]};
+        uint64_t lds[4] = {pf->width[mm[i].dst]};
+        uint32_t nw = 1;
+        for (bool more = pf_kq_ok(mat); more && nw < 4;) {
+            more = false;
+            for (uint32_t j = i + 1; j < n_mm && j < 8; j++)
+                if (!done[j] && pf_kq_adjacent(&ws[nw - 1], pf_mat(c, mm[j].w))) {
+                    done[j] = more = true;
+                    ws[nw] = *pf_mat(c, mm[j].w);
+                    ys[nw] = pf->buf[mm[j].dst];
+                    lds[nw++] = pf->width[mm[j].dst];
+                    break;
+                }
+        }
+        if (nw > 1)
+            PF_T(pf, PFP_GEMM, pf_gemm_kq_n(c->st, pf->xh, pf->xl, pf->xsh, pf->xsl, pf->rs, r->n, ws, nw, ys, lds,
+                                            MV_OP_STORE, 1.f, 0.f));
+        else
+            pf_matmul(c, mat, r->n, ys[0], lds[0], MV_OP_STORE, 1.f, 0.f);
     }
 }
 
@@ -1556,9 +1579,14 @@ static void pfo_attention(void *be, const fwd_rows *r, uint32_t l, uint32_t wind
     const kv_plane *pl = &pf->sq->kv.planes[l];
     const cu_plane_meta meta = pf_meta(pl);
     const size_t st = (size_t)l * pf->rows * hp->n_head_kv * hp->head_dim;
-    PF_T(pf, PFP_ATTN, pf_attention(c->st, pf->buf[FWD_Q], pf->sk + st, pf->sv + st, pf->sq->pl[l].kp, pf->sq->pl[l].vp, &meta,
-                                    pl->ring, r->pos[0], r->n, window, scale, hp->n_head, hp->n_head_kv, hp->head_dim,
-                                    pf->buf[FWD_O]));
+    /* the tensor-core kernel where it takes the geometry (pfattn.cuh), else the plain one */
+    PF_T(pf, PFP_ATTN, {
+        if (pf_attention_tc(c->st, pf->buf[FWD_Q], pf->sk + st, pf->sv + st, pf->sq->pl[l].kp, pf->sq->pl[l].vp, &meta,
+                            pl->ring, r->pos[0], r->n, window, scale, hp->n_head, hp->n_head_kv, hp->head_dim,
+                            pf->buf[FWD_O]))
+            pf_attention(c->st, pf->buf[FWD_Q], pf->sk + st, pf->sv + st, pf->sq->pl[l].kp, pf->sq->pl[l].vp, &meta,
+                         pl->ring, r->pos[0], r->n, window, scale, hp->n_head, hp->n_head_kv, hp->head_dim, pf->buf[FWD_O]);
+    });
 }
 
 static void pfo_gate(void *be, const fwd_rows *r)

@@ -54,6 +54,29 @@ int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, cons
  * sampler's step hands back), for tests: v and id [rows][64], best first. n <= 262,144. */
 int muser_cuda_topk_check(const float *logits, uint32_t n, uint32_t rows, float *v, int32_t *id, muser_error *err);
 
+/* One chunk of the prefill route's attention (prefill.cuh's pf_attention, and pfattn.cuh's
+ * pf_attention_tc on tensor cores), for tests: rows p0 .. p0+n−1 over a plane (SPEC §3 layouts,
+ * metadata as before the chunk) and the chunk's staged rows. */
+typedef struct muser_cuda_pfattn_case {
+    uint32_t n_head, n_head_kv, head_dim;
+    int ring;                          /* 1: SWA ring (token-major), 0: FULL plane (head-major) */
+    uint32_t window;                   /* keys pos+1−window .. pos once pos+1 > window; 0: none */
+    float scale;
+    uint64_t p0;                       /* the chunk's first position */
+    uint32_t n;                        /* its rows */
+    uint64_t origin_logical, origin_physical, len, capacity; /* the plane's metadata */
+    const uint16_t *k_plane, *v_plane; /* f16 bits, capacity·HKV·D each */
+    const uint16_t *k_stage, *v_stage; /* f16 bits, [n][HKV·D]: positions p0 .. p0+n−1 */
+    const float *q;                    /* [n][H·D] */
+    uint32_t qt;                       /* pf_attention_tc's rows per CTA: 4 or 8, 0 its own choice */
+} muser_cuda_pfattn_case;
+
+/* Runs pf_attention into out_plain and pf_attention_tc into out_tc ([n][H·D] each; either NULL:
+ * not run), each on an output poisoned with NaN. 0 ok; 1 when pf_attention_tc refused the
+ * geometry (out_tc untouched); 77 without a CUDA device; else a MUSER_E_* code with err filled.
+ * Allocates and frees per call. */
+int muser_cuda_pfattn_check(const muser_cuda_pfattn_case *c, float *out_plain, float *out_tc, muser_error *err);
+
 #ifdef __cplusplus
 }
 #endif

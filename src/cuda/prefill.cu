@@ -1,5 +1,6 @@
 /* prefill.cu — the prefill route's kernels (declarations and numerics: prefill.cuh). */
 #include <math.h>
+#include <string.h>
 
 #include "cuda/prefill.cuh"
 
@@ -185,7 +186,7 @@ __device__ __forceinline__ void pf_ldsm_x4(uint32_t r[4], const __half *p)
 
 __device__ __forceinline__ void pf_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -339,9 +340,10 @@ void pf_gemm(cudaStream_t st, const __half *xh, const __half *xl, const float *r
  * unit slice are its A fragments of four k16 steps: low nibbles to f16 by (q | 0x6400) − 1024
  * folded into one HFMA2 with the scale, high nibbles by (16q | 0x6400)·sc/16 − 64·sc.
  * CTA tile KQ_TW weight rows × KQ_TX x rows, k in slices of 64, a KQ_STAGES cp.async pipeline;
- * 16 warps as 8 (weight rows) × 2 (x rows), each 32 × 32: 2 × 4 mma tiles. Each output's sum
+ * 8 warps as 4 (weight rows) × 2 (x rows), each 32 × 32: 2 × 4 mma tiles, two CTAs per SM (the
+ * contenders and their numbers: bench/kernels/pfgemm.cu, NOTES.md). Each output's sum
  * runs over k in one order whatever rows share the call: a row's bytes do not depend on n. */
-#define KQ_TW 256
+#define KQ_TW 128
 #define KQ_TX 64
 #define KQ_BK 64
 #define KQ_STAGES 4
@@ -411,13 +413,16 @@ void pf_split_kq(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint
     pf_split_kq_kernel<<<n, PF_ROW_T, 0, st>>>(x, ldx, K, q6, xh, xl, xsh, xsl, rs);
 }
 
+#define KQ_SEGS 4
 struct pf_kq_args {
     const __half *xh, *xl, *xsh, *xsl;
     const float *rs;
     const uint8_t *w;
     uint32_t n, M, K;
-    float *y;
-    uint64_t ldy;
+    /* the output of weight rows seg_end[s−1] .. seg_end[s]: y[s], row stride ldy[s] */
+    uint32_t nseg, seg_end[KQ_SEGS];
+    float *y[KQ_SEGS];
+    uint64_t ldy[KQ_SEGS];
     uint32_t op;
     float scale, cap;
 };
@@ -431,7 +436,7 @@ __device__ __forceinline__ void pf_cp8(void *smem, const void *gmem, bool valid)
 
 __device__ __forceinline__ void pf_mma_k8(float c[4], uint32_t a0, uint32_t a1, uint32_t b0)
 {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
                  "{%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(b0));
@@ -530,13 +535,55 @@ __device__ __forceinline__ uint32_t pf_q4_mn(const uint8_t *hd, uint32_t ts, uin
     return q == 0 ? (sw >> 24) & 63u : q == 1 ? hw & 63u : q == 2 ? (hw >> 6) & 63u : ((sw >> 30) << 4) | (hw >> 12);
 }
 
+/* The A fragments (mma.sync m16n8k16, rows g and g + 8 of unit u, logical k 2t, 2t+1 | +8, +9)
+ * of k16 step `step` of slice s from the unit slice ws and the block's header hb: Q4_K sc·q,
+ * Q6_K q − 32, exact f16 integers. */
 template <bool Q6>
-static __global__ void __launch_bounds__(512, 1) pf_kq_kernel(const pf_kq_args A)
+__device__ __forceinline__ void pf_kq_frag(const uint8_t *ws, const uint8_t *hb, uint32_t u, uint32_t s, uint32_t step,
+                                           uint32_t lane, uint32_t a[4])
+{
+    const uint32_t g = lane >> 2, t = lane & 3;
+    const uint8_t *wu = ws + u * KQ_WU;
+    if (!Q6) {
+        /* low nibbles of sub-block 2P (header lane t >> 1), high ones of 2P + 1 (lane 2 + (t >> 1)) */
+        const uint8_t *hd = hb + u * KQ_HU + 32 * g;
+        const uint32_t hi = step >> 1, ts = hi ? 2 + (t >> 1) : t >> 1;
+        const float sc0 = (float)pf_q4_sc(hd, ts, s >> 1), sc1 = (float)pf_q4_sc(hd, ts, 2 + (s >> 1));
+        const uint32_t mul0 = pf_h2(hi ? sc0 * 0.0625f : sc0), add0 = pf_h2(hi ? -64.f * sc0 : -1024.f * sc0);
+        const uint32_t mul1 = pf_h2(hi ? sc1 * 0.0625f : sc1), add1 = pf_h2(hi ? -64.f * sc1 : -1024.f * sc1);
+        const uint32_t mask = hi ? 0x00F000F0u : 0x000F000Fu;
+        const uint32_t w0 = *(const uint32_t *)(wu + 16 * lane + 8 * (step & 1)),
+                       w1 = *(const uint32_t *)(wu + 16 * lane + 8 * (step & 1) + 4);
+        a[0] = pf_h2fma(pf_lop_or(w0, mask, 0x64006400u), mul0, add0);
+        a[1] = pf_h2fma(pf_lop_or(w1, mask, 0x64006400u), mul1, add1);
+        a[2] = pf_h2fma(pf_lop_or(w0 >> 8, mask, 0x64006400u), mul0, add0);
+        a[3] = pf_h2fma(pf_lop_or(w1 >> 8, mask, 0x64006400u), mul1, add1);
+    } else {
+        const uint32_t c = 2 * s + (step >> 1), hh = step & 1, wo = 8 * lane + 4 * (c & 1);
+        const uint32_t W0 = *(const uint32_t *)(wu + wo), W1 = *(const uint32_t *)(wu + 256 + wo),
+                       W2 = *(const uint32_t *)(wu + 512 + wo);
+        uint32_t r0, r8; /* the 6-bit Q of rows g and g + 8, one per byte */
+        if (!hh) {
+            r0 = W0 >> 2, r8 = W1 >> 2;
+        } else {
+            r0 = W2 >> 2;
+            r8 = (W0 & 0x03030303u) | (W1 & 0x03030303u) << 2 | (W2 & 0x03030303u) << 4;
+        }
+        const uint32_t off = pf_h2(-1056.f), one = pf_h2(1.f);
+        a[0] = pf_h2fma(pf_lop_xor(r0, 0x003F003Fu, 0x64206420u), one, off);
+        a[1] = pf_h2fma(pf_lop_xor(r8, 0x003F003Fu, 0x64206420u), one, off);
+        a[2] = pf_h2fma(pf_lop_xor(r0 >> 8, 0x003F003Fu, 0x64206420u), one, off);
+        a[3] = pf_h2fma(pf_lop_xor(r8 >> 8, 0x003F003Fu, 0x64206420u), one, off);
+    }
+}
+
+template <bool Q6>
+static __global__ void __launch_bounds__(2 * KQ_TW, 2) pf_kq_kernel(const pf_kq_args A)
 {
     extern __shared__ __align__(16) uint8_t kq_sm[];
     uint8_t *hbuf = kq_sm + KQ_STAGES * KQ_STAGE_BYTES;
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t wm = wid % 8, wn = wid / 8; /* the warp's 32 weight rows (units 2wm, 2wm+1) and 32 x rows */
+    const uint32_t wm = wid % (KQ_TW / 32), wn = wid / (KQ_TW / 32); /* the warp's 32 weight rows (units 2wm, 2wm+1), 32 x rows */
     const uint32_t m0 = blockIdx.x * KQ_TX, n0 = blockIdx.y * KQ_TW;
     const uint32_t NS = A.K / 64;
     float acc[2][4][4], tmp[2][4][4];
@@ -546,33 +593,24 @@ static __global__ void __launch_bounds__(512, 1) pf_kq_kernel(const pf_kq_args A
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int k = 0; k < 4; k++) acc[i][j][k] = tmp[i][j][k] = 0.f;
+#define KQ_STAGE_AT(i) (kq_sm + ((i) % KQ_STAGES) * KQ_STAGE_BYTES)
+#define KQ_HB_AT(i) (hbuf + (((i) / 4) % 2) * (KQ_TW / 16) * KQ_HU)
 #pragma unroll
     for (uint32_t s = 0; s < KQ_STAGES - 1; s++) {
-        if (s < NS) pf_kq_load<Q6>(A, kq_sm + s * KQ_STAGE_BYTES, hbuf + ((s / 4) % 2) * (KQ_TW / 16) * KQ_HU, m0, n0, s);
+        if (s < NS) pf_kq_load<Q6>(A, KQ_STAGE_AT(s), KQ_HB_AT(s), m0, n0, s);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (uint32_t i = 0; i < NS; i++) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(KQ_STAGES - 2));
         __syncthreads();
         const uint32_t nk = i + KQ_STAGES - 1;
-        if (nk < NS)
-            pf_kq_load<Q6>(A, kq_sm + (nk % KQ_STAGES) * KQ_STAGE_BYTES, hbuf + ((nk / 4) % 2) * (KQ_TW / 16) * KQ_HU, m0,
-                           n0, nk);
+        if (nk < NS) pf_kq_load<Q6>(A, KQ_STAGE_AT(nk), KQ_HB_AT(nk), m0, n0, nk);
         asm volatile("cp.async.commit_group;\n" ::);
-        const uint8_t *sm = kq_sm + (i % KQ_STAGES) * KQ_STAGE_BYTES;
+        const uint8_t *sm = KQ_STAGE_AT(i);
         const __half *xh = (const __half *)sm, *xl = (const __half *)(sm + KQ_X_BYTES);
         const uint8_t *ws = sm + 2 * KQ_X_BYTES, *xs = ws + (KQ_TW / 16) * KQ_WU;
-        const uint8_t *hb = hbuf + ((i / 4) % 2) * (KQ_TW / 16) * KQ_HU;
+        const uint8_t *hb = KQ_HB_AT(i);
         const uint32_t s = i % 4;
-        uint32_t W[2][4]; /* the lane's words of each unit slice: Q4_K w0..w3; Q6_K W0..W2 of chunk 2s + (step>>1) */
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-            const uint8_t *wu = ws + (2 * wm + mt) * KQ_WU;
-            if (!Q6) {
-                const uint4 v = *(const uint4 *)(wu + 16 * lane);
-                W[mt][0] = v.x, W[mt][1] = v.y, W[mt][2] = v.z, W[mt][3] = v.w;
-            }
-        }
 #pragma unroll
         for (uint32_t step = 0; step < 4; step++) {
             uint32_t bh[2][4], bl[2][4];
@@ -582,64 +620,53 @@ static __global__ void __launch_bounds__(512, 1) pf_kq_kernel(const pf_kq_args A
                 pf_ldsm_x4(bh[p], xh + r * KQ_LDX + c);
                 pf_ldsm_x4(bl[p], xl + r * KQ_LDX + c);
             }
+            uint32_t a[2][4];
+            float f[2][2]; /* Q6_K: d·sc of rows g and g + 8 */
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 const uint32_t u = 2 * wm + mt;
-                uint32_t a[4];
-                float f0, f1; /* Q6_K: d·sc of rows g and g + 8 */
-                if (!Q6) {
-                    /* low nibbles of sub-block 2P (header lane t >> 1), high of 2P + 1 (lane 2 + (t >> 1)) */
-                    const uint8_t *hd = hb + u * KQ_HU + 32 * g;
-                    const uint32_t hi = step >> 1, ts = hi ? 2 + (t >> 1) : t >> 1;
-                    const float sc0 = (float)pf_q4_sc(hd, ts, s >> 1), sc1 = (float)pf_q4_sc(hd, ts, 2 + (s >> 1));
-                    const uint32_t mul0 = pf_h2(hi ? sc0 * 0.0625f : sc0), add0 = pf_h2(hi ? -64.f * sc0 : -1024.f * sc0);
-                    const uint32_t mul1 = pf_h2(hi ? sc1 * 0.0625f : sc1), add1 = pf_h2(hi ? -64.f * sc1 : -1024.f * sc1);
-                    const uint32_t mask = hi ? 0x00F000F0u : 0x000F000Fu;
-                    const uint32_t w0 = W[mt][2 * (step & 1)], w1 = W[mt][2 * (step & 1) + 1];
-                    a[0] = pf_h2fma(pf_lop_or(w0, mask, 0x64006400u), mul0, add0);
-                    a[1] = pf_h2fma(pf_lop_or(w1, mask, 0x64006400u), mul1, add1);
-                    a[2] = pf_h2fma(pf_lop_or(w0 >> 8, mask, 0x64006400u), mul0, add0);
-                    a[3] = pf_h2fma(pf_lop_or(w1 >> 8, mask, 0x64006400u), mul1, add1);
-                    f0 = f1 = 0.f;
-                } else {
-                    const uint8_t *wu = ws + u * KQ_WU;
-                    const uint32_t c = 2 * s + (step >> 1), hh = step & 1, wo = 8 * lane + 4 * (c & 1);
-                    const uint32_t W0 = *(const uint32_t *)(wu + wo), W1 = *(const uint32_t *)(wu + 256 + wo),
-                                   W2 = *(const uint32_t *)(wu + 512 + wo);
-                    uint32_t r0, r8; /* the 6-bit Q of rows g and g + 8, one per byte */
-                    if (!hh) {
-                        r0 = W0 >> 2, r8 = W1 >> 2;
-                    } else {
-                        r0 = W2 >> 2;
-                        r8 = (W0 & 0x03030303u) | (W1 & 0x03030303u) << 2 | (W2 & 0x03030303u) << 4;
-                    }
-                    const uint32_t off = pf_h2(-1056.f), one = pf_h2(1.f);
-                    a[0] = pf_h2fma(pf_lop_xor(r0, 0x003F003Fu, 0x64206420u), one, off);
-                    a[1] = pf_h2fma(pf_lop_xor(r8, 0x003F003Fu, 0x64206420u), one, off);
-                    a[2] = pf_h2fma(pf_lop_xor(r0 >> 8, 0x003F003Fu, 0x64206420u), one, off);
-                    a[3] = pf_h2fma(pf_lop_xor(r8 >> 8, 0x003F003Fu, 0x64206420u), one, off);
+                pf_kq_frag<Q6>(ws, hb, u, s, step, lane, a[mt]);
+                if (Q6) {
                     const uint8_t *hd = hb + u * KQ_HU;
+                    const uint32_t c = 2 * s + (step >> 1), hh = step & 1;
                     const uint32_t dw = *(const uint32_t *)(hd + 256 + 4 * g);
                     const uint8_t *scp = hd + 32 * g + 16 * hh + 2 * c;
-                    f0 = __half2float(__ushort_as_half((unsigned short)(dw & 0xFFFFu))) * (float)(int8_t)scp[0];
-                    f1 = __half2float(__ushort_as_half((unsigned short)(dw >> 16))) * (float)(int8_t)scp[1];
+                    f[mt][0] = __half2float(__ushort_as_half((unsigned short)(dw & 0xFFFFu))) * (float)(int8_t)scp[0];
+                    f[mt][1] = __half2float(__ushort_as_half((unsigned short)(dw >> 16))) * (float)(int8_t)scp[1];
                 }
+            }
+            if (!Q6) {
+                /* the x-hi products of every tile, then the x-lo ones: no product waits on the one before */
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    const int p = nt / 2, o = 2 * (nt % 2);
-                    if (!Q6) {
-                        pf_mma(tmp[mt][nt], a, bh[p][o], bh[p][o + 1]);
-                        pf_mma(tmp[mt][nt], a, bl[p][o], bl[p][o + 1]);
-                    } else {
-                        float c4[4] = {0.f, 0.f, 0.f, 0.f};
-                        pf_mma(c4, a, bh[p][o], bh[p][o + 1]);
-                        pf_mma(c4, a, bl[p][o], bl[p][o + 1]);
-                        acc[mt][nt][0] = fmaf(f0, c4[0], acc[mt][nt][0]);
-                        acc[mt][nt][1] = fmaf(f0, c4[1], acc[mt][nt][1]);
-                        acc[mt][nt][2] = fmaf(f1, c4[2], acc[mt][nt][2]);
-                        acc[mt][nt][3] = fmaf(f1, c4[3], acc[mt][nt][3]);
+                for (int lo = 0; lo < 2; lo++)
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                        for (int nt = 0; nt < 4; nt++) {
+                            const uint32_t(*bb)[4] = lo ? bl : bh;
+                            pf_mma(tmp[mt][nt], a[mt], bb[nt / 2][2 * (nt % 2)], bb[nt / 2][2 * (nt % 2) + 1]);
+                        }
+            } else {
+                float c4[2][4][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+#pragma unroll
+                        for (int k = 0; k < 4; k++) c4[mt][nt][k] = 0.f;
+                        pf_mma(c4[mt][nt], a[mt], bh[nt / 2][2 * (nt % 2)], bh[nt / 2][2 * (nt % 2) + 1]);
                     }
-                }
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        pf_mma(c4[mt][nt], a[mt], bl[nt / 2][2 * (nt % 2)], bl[nt / 2][2 * (nt % 2) + 1]);
+                        float *ac = acc[mt][nt];
+                        ac[0] = fmaf(f[mt][0], c4[mt][nt][0], ac[0]);
+                        ac[1] = fmaf(f[mt][0], c4[mt][nt][1], ac[1]);
+                        ac[2] = fmaf(f[mt][1], c4[mt][nt][2], ac[2]);
+                        ac[3] = fmaf(f[mt][1], c4[mt][nt][3], ac[3]);
+                    }
             }
         }
         if (!Q6 && s == 3) {
@@ -686,19 +713,23 @@ static __global__ void __launch_bounds__(512, 1) pf_kq_kernel(const pf_kq_args A
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+    for (int mt = 0; mt < 2; mt++) {
+        /* the 16 weight rows of this tile lie in one segment (each a multiple of 16 rows) */
+        const uint32_t c0 = n0 + wm * 32 + mt * 16;
+        if (c0 >= A.M) continue;
+        uint32_t sg = 0, sb = 0;
+        while (c0 >= A.seg_end[sg]) sb = A.seg_end[sg++];
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const uint32_t row = m0 + wn * 32 + nt * 8 + 2 * t + e;
-            if (row >= A.n) continue;
-            const float rs = A.rs[row];
-            float *yr = A.y + (size_t)row * A.ldy;
+        for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int e = 0; e < 2; e++) {
+                const uint32_t row = m0 + wn * 32 + nt * 8 + 2 * t + e;
+                if (row >= A.n) continue;
+                const float rs = A.rs[row];
+                float *yr = A.y[sg] + (size_t)row * A.ldy[sg] - sb;
 #pragma unroll
                 for (int hlf = 0; hlf < 2; hlf++) {
-                    const uint32_t col = n0 + wm * 32 + mt * 16 + g + 8 * hlf;
-                    if (col >= A.M) continue;
+                    const uint32_t col = c0 + g + 8 * hlf;
                     float v = acc[mt][nt][2 * hlf + e] * rs;
                     if (A.op == MV_OP_SOFTCAP) {
                         v = v * A.scale;
@@ -706,38 +737,64 @@ static __global__ void __launch_bounds__(512, 1) pf_kq_kernel(const pf_kq_args A
                     }
                     yr[col] = v;
                 }
-        }
+            }
+    }
+#undef KQ_STAGE_AT
+#undef KQ_HB_AT
 }
 
 bool pf_kq_ok(const mv_mat *w) { return (w->type == MV_T_Q4_KT || w->type == MV_T_Q6_KT) && w->cols % 256 == 0; }
 
-void pf_gemm_kq(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
-                const float *rs, uint32_t n, const mv_mat *w, float *y, uint64_t ldy, uint32_t op, float scale, float cap)
+static size_t pf_kq_bytes(const mv_mat *w)
 {
-    static bool attr = false;
+    return (size_t)w->rows / 16 * (w->cols / 256) * (w->type == MV_T_Q6_KT ? MMQ6_UNIT : MMQ_UNIT);
+}
+
+bool pf_kq_adjacent(const mv_mat *a, const mv_mat *b)
+{
+    return pf_kq_ok(a) && pf_kq_ok(b) && a->type == b->type && a->cols == b->cols && a->rows % 16 == 0 &&
+           b->data == a->data + pf_kq_bytes(a);
+}
+
+void pf_gemm_kq_n(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
+                  const float *rs, uint32_t n, const mv_mat *w, uint32_t nw, float *const *y, const uint64_t *ldy,
+                  uint32_t op, float scale, float cap)
+{
+    static bool attr = false; /* the dynamic shared memory limit, raised once per process */
     if (!attr) {
         cudaFuncSetAttribute(pf_kq_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)KQ_SMEM);
         cudaFuncSetAttribute(pf_kq_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)KQ_SMEM);
         attr = true;
     }
     pf_kq_args A;
+    memset(&A, 0, sizeof A);
     A.xh = xh;
     A.xl = xl;
     A.xsh = xsh;
     A.xsl = xsl;
     A.rs = rs;
-    A.w = w->data;
+    A.w = w[0].data;
     A.n = n;
-    A.M = w->rows;
-    A.K = w->cols;
-    A.y = y;
-    A.ldy = ldy;
+    A.K = w[0].cols;
+    A.nseg = nw;
+    for (uint32_t i = 0; i < nw; i++) {
+        A.M += w[i].rows;
+        A.seg_end[i] = A.M;
+        A.y[i] = y[i];
+        A.ldy[i] = ldy[i];
+    }
     A.op = op;
     A.scale = scale;
     A.cap = cap;
-    const dim3 grid((n + KQ_TX - 1) / KQ_TX, (w->rows + KQ_TW - 1) / KQ_TW);
-    if (w->type == MV_T_Q6_KT) pf_kq_kernel<true><<<grid, 512, KQ_SMEM, st>>>(A);
-    else pf_kq_kernel<false><<<grid, 512, KQ_SMEM, st>>>(A);
+    const dim3 grid((n + KQ_TX - 1) / KQ_TX, (A.M + KQ_TW - 1) / KQ_TW);
+    if (w[0].type == MV_T_Q6_KT) pf_kq_kernel<true><<<grid, 2 * KQ_TW, KQ_SMEM, st>>>(A);
+    else pf_kq_kernel<false><<<grid, 2 * KQ_TW, KQ_SMEM, st>>>(A);
+}
+
+void pf_gemm_kq(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
+                const float *rs, uint32_t n, const mv_mat *w, float *y, uint64_t ldy, uint32_t op, float scale, float cap)
+{
+    pf_gemm_kq_n(st, xh, xl, xsh, xsl, rs, n, w, 1, &y, &ldy, op, scale, cap);
 }
 
 /* ---- per-row operations ----------------------------------------------------------------------- */

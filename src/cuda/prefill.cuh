@@ -50,6 +50,14 @@ void pf_split_kq(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint
  * tensor-core layout: two f16 products of exact integer weights (numerics: prefill.cu). */
 void pf_gemm_kq(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
                 const float *rs, uint32_t n, const mv_mat *w, float *y, uint64_t ldy, uint32_t op, float scale, float cap);
+/* Whether b lies right after a in device memory in the same K-quant layout and width, so that
+ * both are one stacked matrix (the attention projections are uploaded so). */
+bool pf_kq_adjacent(const mv_mat *a, const mv_mat *b);
+/* pf_gemm_kq over nw (≤ 4) matrices w[0..nw) of which each lies right after the one before
+ * (pf_kq_adjacent), as one launch: matrix i's outputs into y[i], row stride ldy[i]. */
+void pf_gemm_kq_n(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
+                  const float *rs, uint32_t n, const mv_mat *w, uint32_t nw, float *const *y, const uint64_t *ldy,
+                  uint32_t op, float scale, float cap);
 
 /* h[i] = emb[tokens[i]] (then the weightless entry norm) for i < n; tokens in device memory. */
 void pf_embed(cudaStream_t st, const mv_mat *emb, const int32_t *tokens, uint32_t n, float *h, uint32_t E,
