@@ -27,7 +27,8 @@ if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     if [ -x "$TL/muser" ]; then cp "$TL/muser" .devbin/muser-tl; else rm -f .devbin/muser-tl; fi
     if [ "$1" = "--pack" ]; then
         mkdir -p .devbin-pack
-        tar cJf .devbin-pack/bin.tar.xz .devbin
+        # one xz dictionary larger than a binary: the binaries share most of their device code
+        XZ_OPT="--lzma2=preset=6,dict=128MiB" tar cJf .devbin-pack/bin.tar.xz .devbin
     fi
     ls -la .devbin .devbin-pack 2>/dev/null
     exit 0
