@@ -83,14 +83,6 @@ struct muser_engine {
                                 * made at the first tapped request */
 };
 
-static uint64_t seq_kv_bytes(const muser_hparams *hp, uint64_t n_ctx)
-{
-    uint64_t rows = 0;
-    for (uint32_t l = 0; l < hp->n_layer; l++)
-        rows += muser_layer_is_swa(hp, l) ? hp->swa_window : n_ctx;
-    return rows * hp->n_head_kv * hp->head_dim * 2 /* K, V */ * sizeof(uint16_t);
-}
-
 static void log_pass(muser_engine *e, muser_pass_kind kind, uint32_t rows, uint32_t seqs, uint32_t waiting,
                      uint64_t first, double t0, double t1)
 {
@@ -498,7 +490,7 @@ int muser_engine_open(muser_engine *e, uint64_t n_ctx, muser_seq **out, muser_er
     if (n_ctx > e->d->opts.n_ctx)
         return muser_errorf(err, MUSER_E_ARG, "engine: a context of %llu exceeds the engine's %llu",
                             (unsigned long long)n_ctx, (unsigned long long)e->d->opts.n_ctx);
-    const uint64_t bytes = seq_kv_bytes(&e->d->model->hp, n_ctx);
+    const uint64_t bytes = kv_cache_bytes(&e->d->model->hp, n_ctx);
     muser_seq *q = calloc(1, sizeof *q);
     if (!q) return muser_errorf(err, MUSER_E_NOMEM, "engine: out of memory");
     pthread_cond_init(&q->cv, NULL);

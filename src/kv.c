@@ -435,3 +435,11 @@ void kv_copy(muser_kv *dst, const muser_kv *src)
     }
     dst->has_checkpoint = false;
 }
+
+uint64_t kv_cache_bytes(const muser_hparams *hp, uint64_t n_ctx)
+{
+    uint64_t rows = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        rows += muser_layer_is_swa(hp, l) ? hp->swa_window : n_ctx;
+    return rows * hp->n_head_kv * hp->head_dim * 2 /* K, V */ * sizeof(uint16_t);
+}

@@ -49,6 +49,9 @@ typedef struct muser_kv {
 
 /* Layer l's plane geometry (ring or FULL, heads, capacity: the window or n_ctx), empty, no
  * storage: what kv_init gives each plane. */
+/* Bytes of f16 K and V one sequence of context n_ctx reserves: a ring of swa_window rows per SWA
+ * layer, n_ctx rows per FULL layer (the planes kv_init lays out). */
+uint64_t kv_cache_bytes(const muser_hparams *hp, uint64_t n_ctx);
 void kv_plane_shape(kv_plane *pl, const muser_hparams *hp, uint32_t l, uint64_t n_ctx);
 /* pl's metadata becomes that of n appends from empty, the shape a local prefill of n tokens
  * leaves (a ring: the last min(n, capacity) positions, origin_physical = origin_logical mod

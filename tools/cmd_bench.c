@@ -630,6 +630,8 @@ static int bench_cuda_prefill(const bench_opts *o, const muser_model *m)
         fprintf(stderr, "muser bench: %s\n", err.msg);
         return 1;
     }
+    printf("session: context %llu, KV cache %.1f MB (the prefill workspace: the backend's line on stderr)\n",
+           (unsigned long long)so.n_ctx, kv_cache_bytes(&m->hp, so.n_ctx) / 1e6);
     const uint32_t V = m->hp.n_vocab;
     const uint64_t n_tok = most + o->prompt;
     int32_t *tok = malloc(n_tok * sizeof *tok);

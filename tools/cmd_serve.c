@@ -12,6 +12,7 @@
 #include "chat_template.h"
 #include "cli.h"
 #include "generate.h"
+#include "kv.h"
 #include "handoff_cli.h"
 #include "serve_page.h"
 #include "serve_req.h"
@@ -1190,9 +1191,7 @@ int cmd_serve(int argc, char **argv)
         goto out;
     }
     const muser_hparams *hp = &sv.g.model->hp;
-    uint64_t rows = 0;
-    for (uint32_t l = 0; l < hp->n_layer; l++) rows += muser_layer_is_swa(hp, l) ? hp->swa_window : sv.n_ctx;
-    const double kv_mb = (double)rows * hp->n_head_kv * hp->head_dim * 4 * sv.slots / 1e6;
+    const double kv_mb = (double)kv_cache_bytes(hp, sv.n_ctx) * sv.slots / 1e6;
     const char *base = strrchr(path, '/');
     sv.model_name = base ? base + 1 : path;
     sv.backend = muser_backend_name(o.sess.backend);

@@ -2,6 +2,7 @@
  * sampling and the engine, opening everything with progress, chunked prefill, and the sample ->
  * print -> forward loop. See generate.h for the pending-token invariant. */
 #include "generate.h"
+#include "kv.h"
 
 #include "util.h"
 
@@ -253,9 +254,9 @@ int gen_start_session(gen_ctx *g, gen_opts *o, uint64_t n_ctx)
     g->n_ctx = n_ctx;
     const muser_device *d = muser_engine_device(g->eng);
     g->max_batch = d->opts.max_batch;
-    fprintf(stderr, "muser %s: %s backend, context %llu tokens, ready in %.2f s\n", g->cmd,
-            d->be && d->be->name ? d->be->name : muser_backend_name(o->sess.backend),
-            (unsigned long long)n_ctx, muser_now_s() - t0);
+    fprintf(stderr, "muser %s: %s backend, context %llu tokens (KV cache %.1f MB), ready in %.2f s\n", g->cmd,
+            d->be && d->be->name ? d->be->name : muser_backend_name(o->sess.backend), (unsigned long long)n_ctx,
+            kv_cache_bytes(&g->model->hp, n_ctx) / 1e6, muser_now_s() - t0);
     return 0;
 }
 

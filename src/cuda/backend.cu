@@ -1426,6 +1426,7 @@ static int pf_ws(cu_ctx *c, uint32_t rows, muser_error *err)
     const char *pp = getenv("MUSER_CUDA_PROFILE");
     pf->prof = pp && pp[0] == '1';
     c->pf = pf;
+    fprintf(stderr, "cuda: prefill workspace %.1f MB for chunks of %u rows (kept with the device)\n", off / 1e6, rows);
     return MUSER_OK;
 }
 
