@@ -119,16 +119,35 @@ __device__ __forceinline__ double pf_block_sum(double v, double *red)
     return s;
 }
 
+/* Element of a 256-block at position p (0..255) of x in the unit's k order: slice p/64, k16 step
+ * (p/16)%4, logical k l = p%16 of that step, whose thread t = (l%8)/2 holds bytes 0, 2 (l < 8)
+ * and 1, 3 (l ≥ 8) of its word. Q4_K step = 2·nibble + (chunk & 1); Q6_K step = 2·(chunk & 1) +
+ * half. */
+__host__ __device__ __forceinline__ uint32_t pf_kq_elem(bool q6, uint32_t p)
+{
+    const uint32_t s = p >> 6, step = (p >> 4) & 3, l = p & 15, t = (l & 7) >> 1;
+    const uint32_t kk = l < 8 ? 2 * (l & 1) : 1 + 2 * (l & 1);
+    if (q6) return 32 * (2 * s + (step >> 1)) + 16 * (step & 1) + 4 * t + kk;
+    const uint32_t P = 2 * (s >> 1) + (t >> 1), c = 2 * (s & 1) + (step & 1);
+    return 64 * P + 32 * (step >> 1) + 8 * c + 4 * (t & 1) + kk;
+}
+
+/* One row of x per block, scaled by a power of two so that max|x| < 2^15 and split into f16 pairs;
+ * kind 0 in x's order (pf_gemm), 1 in Q4_KT's k order with the sub-block sums, 2 in Q6_KT's k order
+ * (pf_gemm_kq). */
 static __global__ void __launch_bounds__(PF_ROW_T) pf_split_kernel(const float *__restrict__ x, uint64_t ldx, uint32_t K,
-                                                                   __half *__restrict__ xh, __half *__restrict__ xl,
-                                                                   float *__restrict__ rs)
+                                                                   int kind, __half *__restrict__ xh,
+                                                                   __half *__restrict__ xl, __half *__restrict__ xsh,
+                                                                   __half *__restrict__ xsl, float *__restrict__ rs)
 {
     __shared__ float red[PF_ROW_T / 32];
     const float *row = x + (size_t)blockIdx.x * ldx;
     float m = 0.f;
-    for (uint32_t k = threadIdx.x; k < K; k += PF_ROW_T) m = fmaxf(m, fabsf(row[k]));
     bool bad = false;
-    for (uint32_t k = threadIdx.x; k < K; k += PF_ROW_T) bad |= !isfinite(row[k]);
+    for (uint32_t k = threadIdx.x; k < K; k += PF_ROW_T) {
+        m = fmaxf(m, fabsf(row[k]));
+        bad |= !isfinite(row[k]);
+    }
     bad = __syncthreads_or(bad);
     m = pf_block_max(m, red);
     /* max|x| < 2^ex; s = 2^(15 − ex) (at most 2^126) so that |x·s| < 2^15, inside f16's range */
@@ -138,18 +157,30 @@ static __global__ void __launch_bounds__(PF_ROW_T) pf_split_kernel(const float *
     const float s = bad ? 0.f : ldexpf(1.f, e);
     if (threadIdx.x == 0) rs[blockIdx.x] = bad ? __int_as_float(0x7FC00000) : ldexpf(1.f, -e);
     __half *h = xh + (size_t)blockIdx.x * K, *l = xl + (size_t)blockIdx.x * K;
-    for (uint32_t k = threadIdx.x; k < K; k += PF_ROW_T) {
+    for (uint32_t p = threadIdx.x; p < K; p += PF_ROW_T) {
+        const uint32_t k = kind ? (p & ~255u) + pf_kq_elem(kind == 2, p & 255) : p;
         const float v = bad ? 0.f : row[k] * s;
         const __half hv = __float2half_rn(v);
-        h[k] = hv;
-        l[k] = __float2half_rn(v - __half2float(hv));
+        h[p] = hv;
+        l[p] = __float2half_rn(v - __half2float(hv));
+    }
+    if (kind != 1) return;
+    /* Q4_K's min term: per sub-block 2^-6·Σ x (|Σ| < 2^20 before the 2^-6), summed in f64 in order */
+    __half *sh = xsh + (size_t)blockIdx.x * (K / 32), *sl = xsl + (size_t)blockIdx.x * (K / 32);
+    for (uint32_t j = threadIdx.x; j < K / 32; j += PF_ROW_T) {
+        double a = 0;
+        for (uint32_t k = 0; k < 32; k++) a += bad ? 0.f : row[32 * j + k] * s;
+        const float v = (float)a * 0.015625f;
+        const __half hv = __float2half_rn(v);
+        sh[j] = hv;
+        sl[j] = __float2half_rn(v - __half2float(hv));
     }
 }
 
 void pf_split_x(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint32_t K, __half *xh, __half *xl,
                 float *rs)
 {
-    pf_split_kernel<<<n, PF_ROW_T, 0, st>>>(x, ldx, K, xh, xl, rs);
+    pf_split_kernel<<<n, PF_ROW_T, 0, st>>>(x, ldx, K, 0, xh, xl, NULL, NULL, rs);
 }
 
 /* ---- the GEMM ----------------------------------------------------------------------------------
@@ -354,63 +385,11 @@ void pf_gemm(cudaStream_t st, const __half *xh, const __half *xl, const float *r
 #define KQ_STAGE_BYTES (2 * KQ_X_BYTES + (KQ_TW / 16) * KQ_WU + 2 * KQ_TX * 16)
 #define KQ_SMEM ((size_t)KQ_STAGES * KQ_STAGE_BYTES + 2 * (KQ_TW / 16) * KQ_HU)
 
-/* Element of a 256-block at position p (0..255) of x in the unit's k order: slice p/64, k16 step
- * (p/16)%4, logical k l = p%16 of that step, whose thread t = (l%8)/2 holds bytes 0, 2 (l < 8)
- * and 1, 3 (l ≥ 8) of its word. Q4_K step = 2·nibble + (chunk & 1); Q6_K step = 2·(chunk & 1) +
- * half. */
-__host__ __device__ __forceinline__ uint32_t pf_kq_elem(bool q6, uint32_t p)
-{
-    const uint32_t s = p >> 6, step = (p >> 4) & 3, l = p & 15, t = (l & 7) >> 1;
-    const uint32_t kk = l < 8 ? 2 * (l & 1) : 1 + 2 * (l & 1);
-    if (q6) return 32 * (2 * s + (step >> 1)) + 16 * (step & 1) + 4 * t + kk;
-    const uint32_t P = 2 * (s >> 1) + (t >> 1), c = 2 * (s & 1) + (step & 1);
-    return 64 * P + 32 * (step >> 1) + 8 * c + 4 * (t & 1) + kk;
-}
-
-static __global__ void __launch_bounds__(PF_ROW_T) pf_split_kq_kernel(const float *__restrict__ x, uint64_t ldx, uint32_t K,
-                                                                      bool q6, __half *__restrict__ xh,
-                                                                      __half *__restrict__ xl, __half *__restrict__ xsh,
-                                                                      __half *__restrict__ xsl, float *__restrict__ rs)
-{
-    __shared__ float red[PF_ROW_T / 32];
-    const float *row = x + (size_t)blockIdx.x * ldx;
-    float m = 0.f;
-    bool bad = false;
-    for (uint32_t k = threadIdx.x; k < K; k += PF_ROW_T) {
-        m = fmaxf(m, fabsf(row[k]));
-        bad |= !isfinite(row[k]);
-    }
-    bad = __syncthreads_or(bad);
-    m = pf_block_max(m, red);
-    int ex = 0;
-    if (m > 0.f) frexpf(m, &ex);
-    const int e = min(15 - ex, 126);
-    const float s = bad ? 0.f : ldexpf(1.f, e);
-    if (threadIdx.x == 0) rs[blockIdx.x] = bad ? __int_as_float(0x7FC00000) : ldexpf(1.f, -e);
-    __half *h = xh + (size_t)blockIdx.x * K, *l = xl + (size_t)blockIdx.x * K;
-    for (uint32_t p = threadIdx.x; p < K; p += PF_ROW_T) {
-        const float v = bad ? 0.f : row[(p & ~255u) + pf_kq_elem(q6, p & 255)] * s;
-        const __half hv = __float2half_rn(v);
-        h[p] = hv;
-        l[p] = __float2half_rn(v - __half2float(hv));
-    }
-    if (q6) return;
-    /* Q4_K's min term: per sub-block 2^-6·Σ x (|Σ| < 2^20 before the 2^-6), summed in f64 in order */
-    __half *sh = xsh + (size_t)blockIdx.x * (K / 32), *sl = xsl + (size_t)blockIdx.x * (K / 32);
-    for (uint32_t j = threadIdx.x; j < K / 32; j += PF_ROW_T) {
-        double a = 0;
-        for (uint32_t k = 0; k < 32; k++) a += bad ? 0.f : row[32 * j + k] * s;
-        const float v = (float)a * 0.015625f;
-        const __half hv = __float2half_rn(v);
-        sh[j] = hv;
-        sl[j] = __float2half_rn(v - __half2float(hv));
-    }
-}
 
 void pf_split_kq(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint32_t K, bool q6, __half *xh, __half *xl,
                  __half *xsh, __half *xsl, float *rs)
 {
-    pf_split_kq_kernel<<<n, PF_ROW_T, 0, st>>>(x, ldx, K, q6, xh, xl, xsh, xsl, rs);
+    pf_split_kernel<<<n, PF_ROW_T, 0, st>>>(x, ldx, K, q6 ? 2 : 1, xh, xl, xsh, xsl, rs);
 }
 
 #define KQ_SEGS 4
