@@ -72,27 +72,13 @@ static AMX_TGT void amx_config(void)
     _tile_loadconfig(&amx_cfg);
 }
 
-static uint16_t bf16_rne(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf16_f(uint16_t h)
-{
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 /* v = p0 + p1 + p2 exactly (finite, normal v) */
 static void pieces(float v, uint16_t p[3])
 {
-    p[0] = bf16_rne(v);
-    const float r1 = v - bf16_f(p[0]);
-    p[1] = bf16_rne(r1);
-    p[2] = bf16_rne(r1 - bf16_f(p[1]));
+    p[0] = muser_f32_to_bf16(v);
+    const float r1 = v - muser_bf16_to_f32(p[0]);
+    p[1] = muser_f32_to_bf16(r1);
+    p[2] = muser_f32_to_bf16(r1 - muser_bf16_to_f32(p[1]));
 }
 
 /* C[rows][xrows] = W[rows][K] · X[xrows][K]ᵀ: W pieces wp[3][rows][K], X pieces in the pair layout
@@ -215,6 +201,28 @@ static AMX_TGT void split_rows(const float *w, uint64_t n, uint16_t *p0, uint16_
     }
 }
 
+/* the worst |C − Σ w·x| / Σ |w·x| over all outputs (C [xrows][rows]), the sums in f64; with f32
+ * non-NULL also the worst of a sequential f32 FMA chain, for scale */
+static double worst_error(const float *w, const float *x, const float *C, uint64_t rows, uint64_t xrows, uint64_t K,
+                          double *f32)
+{
+    double worst = 0, worst32 = 0;
+    for (uint64_t i = 0; i < xrows; i++)
+        for (uint64_t r = 0; r < rows; r++) {
+            double ref = 0, mag = 0;
+            float chain = 0;
+            for (uint64_t k = 0; k < K; k++) {
+                ref += (double)w[r * K + k] * x[i * K + k];
+                mag += fabs((double)w[r * K + k] * x[i * K + k]);
+                chain = fmaf(w[r * K + k], x[i * K + k], chain);
+            }
+            worst = fmax(worst, fabs(C[i * rows + r] - ref) / mag);
+            worst32 = fmax(worst32, fabs(chain - ref) / mag);
+        }
+    if (f32) *f32 = worst32;
+    return worst;
+}
+
 int main(int argc, char **argv)
 {
     uint64_t rows = 64, xrows = 128, K = 2048;
@@ -264,20 +272,8 @@ int main(int argc, char **argv)
                 xp[((xg * nks + ks) * 3 + j) * 512 + pr * 32 + (r % 16) * 2 + k % 2] = p[j];
         }
     gemm_amx(wp, rows, xp, xrows, K, C);
-    double worst = 0, worst_f32 = 0;
-    for (uint64_t i = 0; i < xrows; i++)
-        for (uint64_t r = 0; r < rows; r++) {
-            double ref = 0, mag = 0;
-            float f32 = 0;
-            for (uint64_t k = 0; k < K; k++) {
-                ref += (double)w[r * K + k] * x[i * K + k];
-                mag += fabs((double)w[r * K + k] * x[i * K + k]);
-                f32 = fmaf(w[r * K + k], x[i * K + k], f32);
-            }
-            const double e = fabs(C[i * rows + r] - ref) / mag, e32 = fabs(f32 - ref) / mag;
-            if (e > worst) worst = e;
-            if (e32 > worst_f32) worst_f32 = e32;
-        }
+    double worst_f32;
+    const double worst = worst_error(w, x, C, rows, xrows, K, &worst_f32);
     printf("error / sum|w·x|: amx six pieces %.3g, sequential f32 fma %.3g\n", worst, worst_f32);
     double best = 1e30;
     for (int i = 0; i < reps; i++) {
@@ -301,20 +297,10 @@ int main(int argc, char **argv)
                 const uint32_t q = (uint32_t)(s >> 60);
                 if (k % 32 == 0) sc[r * nks + k / 32] = (float)((s >> 20) % 63 + 1) * 1e-3f;
                 w[r * K + k] = sc[r * nks + k / 32] * (float)q;
-                wq[((r / 16) * nks + k / 32) * 512 + (r % 16) * 32 + k % 32] = bf16_rne((float)q);
+                wq[((r / 16) * nks + k / 32) * 512 + (r % 16) * 32 + k % 32] = muser_f32_to_bf16((float)q);
             }
         gemm_amx_int(wq, sc, rows, xp, xrows, K, C);
-        double worst_i = 0;
-        for (uint64_t i = 0; i < xrows; i++)
-            for (uint64_t r = 0; r < rows; r++) {
-                double ref = 0, mag = 0;
-                for (uint64_t k = 0; k < K; k++) {
-                    ref += (double)w[r * K + k] * x[i * K + k];
-                    mag += fabs((double)w[r * K + k] * x[i * K + k]);
-                }
-                const double e = fabs(C[i * rows + r] - ref) / mag;
-                if (e > worst_i) worst_i = e;
-            }
+        const double worst_i = worst_error(w, x, C, rows, xrows, K, NULL);
         double bi = 1e30;
         for (int i = 0; i < reps; i++) {
             const double t0 = muser_now_s();
