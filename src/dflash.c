@@ -310,6 +310,11 @@ int muser_dflash_run_new(muser_dflash_run **out, const muser_dflash *d, muser_df
         free(r);
         return rc;
     }
+    if (!impl->draft &&
+        !(r->scratch = malloc((size_t)(d->hp.block_size - 1) * d->target->hp.n_vocab * sizeof(float)))) {
+        muser_dflash_run_free(r);
+        return muser_errorf(err, MUSER_E_NOMEM, "dflash: out of memory for a block's logits");
+    }
     *out = r;
     return MUSER_OK;
 }
@@ -319,6 +324,7 @@ void muser_dflash_run_free(muser_dflash_run *r)
     if (!r)
         return;
     r->impl->free(r);
+    free(r->scratch);
     free(r);
 }
 
@@ -344,10 +350,9 @@ int muser_dflash_run_context(muser_dflash_run *r, uint64_t pos0, const float *fe
     return rc;
 }
 
-int muser_dflash_run_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err)
+/* the refusals muser_dflash_run_block and muser_dflash_run_draft share */
+static int block_args(const muser_dflash_run *r, int32_t t0, uint32_t n_out, muser_error *err)
 {
-    if (!r || !logits)
-        return muser_errorf(err, MUSER_E_ARG, "muser_dflash_run_block: NULL argument");
     if (t0 < 0 || (uint32_t)t0 >= r->d->target->hp.n_vocab)
         return muser_errorf(err, MUSER_E_ARG, "dflash: token %d is not in [0, %u)", t0, r->d->target->hp.n_vocab);
     if (n_out < 1 || n_out >= r->d->hp.block_size)
@@ -356,5 +361,41 @@ int muser_dflash_run_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, floa
     if (r->held + r->d->hp.block_size > r->n_ctx)
         return muser_errorf(err, MUSER_E_CONTEXT_FULL, "dflash: a block of %u at position %llu passes the context of %llu",
                             r->d->hp.block_size, (unsigned long long)r->held, (unsigned long long)r->n_ctx);
-    return r->impl->block(r, t0, n_out, logits, err);
+    return MUSER_OK;
+}
+
+int muser_dflash_run_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err)
+{
+    if (!r || !logits)
+        return muser_errorf(err, MUSER_E_ARG, "muser_dflash_run_block: NULL argument");
+    const int rc = block_args(r, t0, n_out, err);
+    return rc ? rc : r->impl->block(r, t0, n_out, logits, err);
+}
+
+int muser_dflash_run_draft(muser_dflash_run *r, int32_t t0, uint32_t n_out, int32_t *tokens, muser_error *err)
+{
+    if (!r || !tokens)
+        return muser_errorf(err, MUSER_E_ARG, "muser_dflash_run_draft: NULL argument");
+    int rc = block_args(r, t0, n_out, err);
+    if (rc)
+        return rc;
+    if (r->impl->draft)
+        return r->impl->draft(r, t0, n_out, tokens, err);
+    if ((rc = r->impl->block(r, t0, n_out, r->scratch, err)))
+        return rc;
+    const uint32_t V = r->d->target->hp.n_vocab;
+    for (uint32_t i = 0; i < n_out; i++) {
+        const float *row = r->scratch + (uint64_t)i * V;
+        uint32_t best = 0;
+        for (uint32_t t = 1; t < V; t++)
+            if (row[t] > row[best])
+                best = t;
+        tokens[i] = (int32_t)best;
+    }
+    return MUSER_OK;
+}
+
+bool muser_dflash_run_async(const muser_dflash_run *r)
+{
+    return r && r->impl->async;
 }

@@ -104,6 +104,14 @@ int muser_dflash_run_context(muser_dflash_run *r, uint64_t pos0, const float *fe
  * for rows past n_out, so a row's logits do not depend on n_out. MUSER_E_NUMERIC when one is not
  * finite; MUSER_E_CONTEXT_FULL when the block would pass the context. */
 int muser_dflash_run_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err);
+/* The same block's drafts: the argmax of each of rows 1..n_out (the first of equal maxima), exactly
+ * the argmax of muser_dflash_run_block's logits, without bringing the logits back where the backend
+ * can take it on the device. The same refusals and errors. */
+int muser_dflash_run_draft(muser_dflash_run *r, int32_t t0, uint32_t n_out, int32_t *tokens, muser_error *err);
+/* Whether muser_dflash_run_context returns before its work is done (the GPU's: it is queued behind
+ * nothing the host waits for, and the next block waits for it). A caller can then hand it rows early,
+ * while the host does other work, and cut them back later (a context call with n = 0). */
+bool muser_dflash_run_async(const muser_dflash_run *r);
 
 /* Backend entry points (src/cpu/dflash.c, src/cuda/dflash.cu, src/dflash_ref.c); muser_dflash_run_*
  * dispatch to them. */
@@ -113,6 +121,9 @@ typedef struct muser_dflash_impl {
     /* take positions [pos0, pos0 + n) (dflash.c checked them: pos0 <= held, within the context) */
     int (*context)(muser_dflash_run *r, uint64_t pos0, const float *feats, uint32_t n, muser_error *err);
     int (*block)(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err);
+    /* the argmax of rows 1..n_out on the backend (NULL: dflash.c takes it of block's logits) */
+    int (*draft)(muser_dflash_run *r, int32_t t0, uint32_t n_out, int32_t *tokens, muser_error *err);
+    bool async;      /* context returns before its work is done (muser_dflash_run_async) */
 } muser_dflash_impl;
 
 struct muser_dflash_run {
@@ -121,6 +132,7 @@ struct muser_dflash_run {
     uint64_t n_ctx;
     uint64_t held;
     void *state;
+    float *scratch;  /* [B-1][V] block logits for muser_dflash_run_draft where the backend has no draft */
 };
 
 const muser_dflash_impl *muser_dflash_impl_cpu(void);

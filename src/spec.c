@@ -226,30 +226,19 @@ _Static_assert(MUSER_DFLASH_MAX_TAP <= MUSER_TAP_MAX_LAYERS, "a drafter's target
 typedef struct dflash_drafter {
     muser_drafter base;
     muser_dflash_run *run;
-    float *logits;       /* [B-1][V] */
 } dflash_drafter;
 
 static int df_propose(muser_drafter *dr, const int32_t *ctx, uint64_t n, uint32_t k, int32_t *out, muser_error *err)
 {
     dflash_drafter *f = dr->self;
     const muser_dflash *df = f->run->d;
-    const uint32_t B = df->hp.block_size, V = df->target->hp.n_vocab;
+    const uint32_t B = df->hp.block_size;
     /* the block starts at the next token's position; every earlier position's features must be in */
     if (n == 0 || muser_dflash_run_held(f->run) != n - 1 || n - 1 + B > f->run->n_ctx)
         return 0;
     const uint32_t m = k < B - 1 ? k : B - 1; /* only the rows it will propose need the LM head */
-    int rc = muser_dflash_run_block(f->run, ctx[n - 1], m, f->logits, err);
-    if (rc)
-        return rc;
-    for (uint32_t i = 0; i < m; i++) {
-        const float *row = f->logits + (uint64_t)i * V;
-        uint32_t best = 0;
-        for (uint32_t t = 1; t < V; t++)
-            if (row[t] > row[best])
-                best = t;
-        out[i] = (int32_t)best;
-    }
-    return (int)m;
+    const int rc = muser_dflash_run_draft(f->run, ctx[n - 1], m, out, err);
+    return rc ? rc : (int)m;
 }
 
 static int df_observe(muser_drafter *dr, uint64_t pos0, const float *feats, uint32_t n, muser_error *err)
@@ -277,7 +266,6 @@ static void df_free(muser_drafter *dr)
 {
     dflash_drafter *f = dr->self;
     muser_dflash_run_free(f->run);
-    free(f->logits);
     free(f);
 }
 
@@ -288,17 +276,14 @@ int muser_drafter_dflash_new(muser_drafter **out, const muser_dflash *df, muser_
     dflash_drafter *f = calloc(1, sizeof *f);
     if (!f)
         return muser_errorf(err, MUSER_E_NOMEM, "dflash drafter: out of memory");
-    int rc = muser_dflash_run_new(&f->run, df, kind, n_ctx, err);
-    if (!rc && !(f->logits = malloc((size_t)(df->hp.block_size - 1) * df->target->hp.n_vocab * sizeof(float))))
-        rc = muser_errorf(err, MUSER_E_NOMEM, "dflash drafter: out of memory");
+    const int rc = muser_dflash_run_new(&f->run, df, kind, n_ctx, err);
     if (rc) {
-        muser_dflash_run_free(f->run);
         free(f);
         return rc;
     }
     f->base = (muser_drafter){.name = "dflash", .propose = df_propose, .free = df_free, .self = f,
                               .n_tap = df->hp.n_tap, .tap_layers = df->hp.tap_layers, .observe = df_observe,
-                              .round_macs = df_round_macs};
+                              .round_macs = df_round_macs, .observe_early = muser_dflash_run_async(f->run)};
     *out = &f->base;
     return MUSER_OK;
 }
@@ -463,6 +448,10 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
         return rc;
     }
     sp->st.rounds++;
+    /* a drafter whose observe is queued takes every verified row now, beside the acceptance below;
+     * the rows past the kept ones are cut after it (they are never read before) */
+    int r1 = sp->d->n_tap && sp->d->observe_early ? sp->d->observe(sp->d, p0, sp->feats, (uint32_t)kd + 1, err)
+                                                  : MUSER_OK;
     muser_sampler_accept(sp->smp, t0); /* fed: it counts for the penalties now */
     uint32_t keep = 1;                 /* rows of the block that stay: t0 and the accepted drafts */
     uint32_t n_acc = 0;                /* drafts accepted this round */
@@ -504,8 +493,14 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
         sp->acc_w = SPEC_DECAY * sp->acc_w + n_acc;
         sp->rej_w = SPEC_DECAY * sp->rej_w + (rejected ? 1.0 : 0.0);
     }
+    if (!rc)
+        rc = r1;
     int r2 = muser_seq_rollback(sp->q, p0 + keep, err);
-    if (!rc && !r2 && sp->d->n_tap) /* the kept rows' hidden states: the drafter's next context */
+    /* the kept rows' hidden states: the drafter's next context (an early observer is cut back to
+     * them whatever happened, as the cache is) */
+    if (!r2 && sp->d->n_tap && sp->d->observe_early)
+        r2 = sp->d->observe(sp->d, p0 + keep, NULL, 0, err);
+    else if (!rc && !r2 && sp->d->n_tap)
         r2 = sp->d->observe(sp->d, p0, sp->feats, keep, err);
     *n_out = n;
     return rc ? rc : r2;

@@ -32,6 +32,10 @@ struct muser_drafter {
     uint32_t n_tap;
     const uint32_t *tap_layers;
     int (*observe)(muser_drafter *d, uint64_t pos0, const float *feats, uint32_t n, muser_error *err);
+    /* observe returns before its work is done (the GPU drafter's): the round loop then hands it every
+     * verified row as soon as the verify pass returns, runs the acceptance on the host while the
+     * drafter takes them, and cuts it back to the kept rows after (observe with n = 0). */
+    bool observe_early;
     /* The multiply-adds of its matrices in a round that proposes k tokens (NULL: next to nothing,
      * as prompt lookup): the adaptive draft length weighs them against the target's per token. */
     double (*round_macs)(const muser_drafter *d, uint32_t k);

@@ -6,7 +6,14 @@
  * (the unused ones padding), since cuBLAS picks its kernel by shape: so a row's bits do not depend
  * on how many rows a call has, how a context was sliced, or how many logits rows were asked; norms, q/k norms with RoPE,
  * the block's attention over the cached context and itself, SwiGLU and the logits' scale and soft
- * cap are small kernels here. A round uploads one embedding row and copies its rows' logits back.
+ * cap are small kernels here, and the drafts' argmax. Each of the two calls is one CUDA graph,
+ * recorded at creation: a block (t0's embedding and the block's position up, the layers, the LM head,
+ * the argmax, the drafts and the non-finite counts back) and a context slice of up to ROWS positions
+ * (its tapped rows up, fc, every layer's keys and values into the planes). What changes between
+ * replays is read from pinned host staging the graph copies up first (`df_params`), so a replay is
+ * one launch: a round's dozens of small kernels would otherwise cost more than the target's step on
+ * a small target. A context call returns once its slice is queued (muser_dflash_run_async): the
+ * round loop hands it the verified rows while the host runs the acceptance.
  * Drafts only decide how fast speculation goes, never what it emits (spec.h), and the forward
  * stays within SPEC §4's contract of the f64 oracle (test_dflash).
  *
@@ -31,9 +38,31 @@ typedef struct cu_dflash_layer {
     float *attn_norm, *q, *k, *v, *q_norm, *k_norm, *o, *ffn_norm, *gate, *up, *down;
 } cu_dflash_layer;
 
+/* what a replay reads that the recording does not fix: the block's position (the number of held
+ * positions) or a context slice's first position and rows */
+typedef struct df_params {
+    uint64_t pos;
+    uint32_t m;
+    uint32_t pad;
+} df_params;
+
+/* pinned host staging of a context slice: the parameters, then [ROWS][M·E] tapped rows */
+typedef struct df_ctx_stage {
+    df_params prm;
+    float feats[];
+} df_ctx_stage;
+
 typedef struct cu_dflash {
     cudaStream_t st;
     cublasHandle_t blas;
+    void *blas_ws;             /* cuBLAS's workspace, fixed before recording */
+    cudaGraphExec_t g_block, g_ctx;
+    cudaEvent_t ctx_done;      /* the last context replay: its staging is free again */
+    df_params *prm_block, *prm_ctx;  /* on the device */
+    df_params *h_prm_block;    /* pinned, beside h_x0 */
+    df_ctx_stage *h_ctx;       /* pinned */
+    int32_t *tok;              /* [ROWS] the drafts' argmax, on the device */
+    int32_t *h_out;            /* pinned [2·ROWS]: the drafts, then the rows' non-finite counts */
     uint32_t E, F, H, HKV, D, QD, KVD, B, M, V;
     float *fc, *hidden_norm, *mask_embd, *output_norm, *head; /* f32 matrices [out][in], vectors */
     cu_dflash_layer *layers;
@@ -45,9 +74,8 @@ typedef struct cu_dflash {
     float *fg, *fu;            /* [ROWS][F] */
     float *logits;             /* [ROWS][V] */
     float *scores;             /* [ROWS][H][n_ctx + ROWS] the attention weights */
-    int32_t *bad;              /* non-finite logits of a round */
+    int32_t *bad;              /* [ROWS] each logits row's non-finite count */
     float *h_x0;               /* pinned [E]: t0's embedding on its way up */
-    int32_t *h_bad;            /* pinned */
     double *inv_freq;          /* [D/2] theta^(-2i/D), on the device */
     void **allocs;             /* every device allocation, freed together */
     uint32_t n_allocs;
@@ -82,10 +110,11 @@ __global__ void k_df_rms(const float *x, const float *w, float eps, float *y, ui
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] * r * w[i];
 }
 
-/* per (row, head): rmsnorm over D with w, then RoPE (NORM pairs) at pos0 + row; x [rows][heads·D] */
+/* per (row, head): rmsnorm over D with w, then RoPE (NORM pairs) at prm->pos + row; x [rows][heads·D] */
 __global__ void k_df_head_norm_rope(float *x, uint32_t heads, uint32_t D, const float *w, float eps,
-                                    const double *inv_freq, uint64_t pos0)
+                                    const double *inv_freq, const df_params *prm)
 {
+    const uint64_t pos0 = prm->pos;
     const uint32_t row = blockIdx.x / heads, h = blockIdx.x % heads;
     float *xh = x + ((size_t)row * heads + h) * D;
     __shared__ double part[128];
@@ -102,9 +131,10 @@ __global__ void k_df_head_norm_rope(float *x, uint32_t heads, uint32_t D, const 
 /* one (block row, head) per block: softmax over the context's p keys, then the block's B, without a
  * causal mask; o = Σ w_j v_j. scores: [rows][H][p + B] scratch */
 __global__ void k_df_attend(const float *q, const float *ck, const float *cv, const float *bk, const float *bv, float *o,
-                            float *scores, uint64_t p, uint32_t B, uint32_t H, uint32_t group, uint32_t D, uint32_t KVD,
-                            float scale)
+                            float *scores, const df_params *prm, uint32_t B, uint32_t H, uint32_t group, uint32_t D,
+                            uint32_t KVD, float scale)
 {
+    const uint64_t p = prm->pos;
     const uint32_t i = blockIdx.x / H, h = blockIdx.x % H, hk = h / group;
     const uint64_t n = p + B;
     const float *qh = q + ((size_t)i * H + h) * D;
@@ -167,15 +197,58 @@ __global__ void k_df_mask_rows(float *x, const float *mask, uint32_t E, uint32_t
     if (i < (size_t)(B - 1) * E) x[E + i] = mask[i % E];
 }
 
-/* logits · scale, then cap·tanh(x/cap) when cap > 0; *bad counts the non-finite ones */
-__global__ void k_df_logit_finish(float *z, size_t n, float scale, float cap, int32_t *bad)
+/* logits · scale, then cap·tanh(x/cap) when cap > 0; bad[row] counts a row's non-finite ones */
+__global__ void k_df_logit_finish(float *z, size_t n, uint32_t V, float scale, float cap, int32_t *bad)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = z[i] * scale;
     if (cap > 0.0f) v = cap * tanhf(v / cap);
     z[i] = v;
-    if (!isfinite(v)) atomicAdd(bad, 1);
+    if (!isfinite(v)) atomicAdd(&bad[i / V], 1);
+}
+
+/* (v, i) ahead of (bv, bi): the larger value, the lower id among equal ones (-0 equals +0), as the
+ * host's first-maximum scan over a finite row */
+__device__ bool df_ahead(float v, uint32_t i, float bv, uint32_t bi)
+{
+    return v > bv || (v == bv && i < bi);
+}
+
+/* tok[row] = the argmax of logits row `row` (one block of 1024 threads per row); a row holding a
+ * NaN is refused by its non-finite count, so its token is never read */
+__global__ void __launch_bounds__(1024) k_df_argmax(const float *z, uint32_t V, int32_t *tok)
+{
+    const float *row = z + (size_t)blockIdx.x * V;
+    float bv = -INFINITY;
+    uint32_t bi = 0xffffffffu;
+    for (uint32_t i = threadIdx.x; i < V; i += blockDim.x)
+        if (df_ahead(row[i], i, bv, bi)) {
+            bv = row[i];
+            bi = i;
+        }
+    __shared__ float sv[1024];
+    __shared__ uint32_t si[1024];
+    sv[threadIdx.x] = bv;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (uint32_t k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k && df_ahead(sv[threadIdx.x + k], si[threadIdx.x + k], sv[threadIdx.x], si[threadIdx.x])) {
+            sv[threadIdx.x] = sv[threadIdx.x + k];
+            si[threadIdx.x] = si[threadIdx.x + k];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) tok[blockIdx.x] = si[0] < V ? (int32_t)si[0] : 0;
+}
+
+/* rows 0..prm->m of k and v into a layer's context planes at positions prm->pos.. */
+__global__ void k_df_store(float *ck, float *cv, const float *k, const float *v, const df_params *prm, uint32_t KVD)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)prm->m * KVD) return;
+    ck[prm->pos * KVD + i] = k[i];
+    cv[prm->pos * KVD + i] = v[i];
 }
 
 /* ---- host ---- */
@@ -223,15 +296,107 @@ static void cu_dflash_free(muser_dflash_run *r)
 {
     cu_dflash *c = (cu_dflash *)r->state;
     if (!c) return;
+    if (c->st) cudaStreamSynchronize(c->st);
+    if (c->g_block) cudaGraphExecDestroy(c->g_block);
+    if (c->g_ctx) cudaGraphExecDestroy(c->g_ctx);
+    if (c->ctx_done) cudaEventDestroy(c->ctx_done);
     for (uint32_t i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
     if (c->h_x0) cudaFreeHost(c->h_x0);
-    if (c->h_bad) cudaFreeHost(c->h_bad);
+    if (c->h_prm_block) cudaFreeHost(c->h_prm_block);
+    if (c->h_ctx) cudaFreeHost(c->h_ctx);
+    if (c->h_out) cudaFreeHost(c->h_out);
     if (c->blas) cublasDestroy(c->blas);
     if (c->st) cudaStreamDestroy(c->st);
     free(c->allocs);
     free(c->layers);
     free(c);
     r->state = NULL;
+}
+
+static int cuda_fail(cudaError_t e, const char *what, muser_error *err)
+{
+    return muser_errorf(err, MUSER_E_BACKEND, "dflash cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+/* The context slice as recorded: the staging up, u = rmsnorm(fc · feats, hidden_norm), then every
+ * layer's K (normed, rotated at pos..) and V, rows 0..m stored into the planes. All ROWS rows are
+ * computed (the rest are padding the GEMMs run anyway), so a row's bits do not depend on m. */
+static int record_context(muser_dflash_run *r, cu_dflash *c)
+{
+    const muser_dflash *d = r->d;
+    const size_t ME = (size_t)c->M * c->E;
+    if (cudaMemcpyAsync(c->prm_ctx, &c->h_ctx->prm, sizeof(df_params), cudaMemcpyHostToDevice, c->st) ||
+        cudaMemcpyAsync(c->feats, c->h_ctx->feats, ROWS * ME * sizeof(float), cudaMemcpyHostToDevice, c->st) ||
+        gemm(c, c->fc, c->E, (uint32_t)ME, c->feats, c->sub))
+        return 1;
+    k_df_rms<<<ROWS, 256, 0, c->st>>>(c->sub, c->hidden_norm, d->hp.rms_eps, c->a, c->E);
+    for (uint32_t l = 0; l < d->hp.n_layer; l++) {
+        const cu_dflash_layer *G = &c->layers[l];
+        if (gemm(c, G->k, c->KVD, c->E, c->a, c->k) || gemm(c, G->v, c->KVD, c->E, c->a, c->v)) return 1;
+        k_df_head_norm_rope<<<ROWS * c->HKV, 128, 0, c->st>>>(c->k, c->HKV, c->D, G->k_norm, d->hp.rms_eps, c->inv_freq,
+                                                             c->prm_ctx);
+        k_df_store<<<grid((size_t)ROWS * c->KVD), 256, 0, c->st>>>(c->ctx_k + (size_t)l * r->n_ctx * c->KVD,
+                                                                  c->ctx_v + (size_t)l * r->n_ctx * c->KVD, c->k, c->v,
+                                                                  c->prm_ctx, c->KVD);
+    }
+    return 0;
+}
+
+/* The block as recorded: t0's embedding and the position up, the mask rows, the layers, the final
+ * norm and the LM head for rows 1..B-1, the logits' scale and cap with each row's non-finite count,
+ * the argmax, and the drafts and counts back to h_out. The logits stay on the device. */
+static int record_block(muser_dflash_run *r, cu_dflash *c)
+{
+    const muser_dflash *d = r->d;
+    const muser_model *t = d->target;
+    const uint32_t B = c->B, E = c->E;
+    const float eps = d->hp.rms_eps;
+    if (cudaMemcpyAsync(c->prm_block, c->h_prm_block, sizeof(df_params), cudaMemcpyHostToDevice, c->st) ||
+        cudaMemcpyAsync(c->x, c->h_x0, E * sizeof(float), cudaMemcpyHostToDevice, c->st))
+        return 1;
+    k_df_mask_rows<<<grid((size_t)(B - 1) * E), 256, 0, c->st>>>(c->x, c->mask_embd, E, B);
+    for (uint32_t l = 0; l < d->hp.n_layer; l++) {
+        const cu_dflash_layer *G = &c->layers[l];
+        k_df_rms<<<B, 256, 0, c->st>>>(c->x, G->attn_norm, eps, c->a, E);
+        if (gemm(c, G->q, c->QD, E, c->a, c->q) || gemm(c, G->k, c->KVD, E, c->a, c->k) ||
+            gemm(c, G->v, c->KVD, E, c->a, c->v))
+            return 1;
+        k_df_head_norm_rope<<<B * c->H, 128, 0, c->st>>>(c->q, c->H, c->D, G->q_norm, eps, c->inv_freq, c->prm_block);
+        k_df_head_norm_rope<<<B * c->HKV, 128, 0, c->st>>>(c->k, c->HKV, c->D, G->k_norm, eps, c->inv_freq, c->prm_block);
+        k_df_attend<<<B * c->H, 256, 0, c->st>>>(c->q, c->ctx_k + (size_t)l * r->n_ctx * c->KVD,
+                                                c->ctx_v + (size_t)l * r->n_ctx * c->KVD, c->k, c->v, c->o, c->scores,
+                                                c->prm_block, B, c->H, c->H / c->HKV, c->D, c->KVD, d->hp.attn_scale);
+        if (gemm(c, G->o, E, c->QD, c->o, c->sub)) return 1;
+        k_df_add<<<grid((size_t)B * E), 256, 0, c->st>>>(c->x, c->sub, (size_t)B * E);
+        k_df_rms<<<B, 256, 0, c->st>>>(c->x, G->ffn_norm, eps, c->a, E);
+        if (gemm(c, G->gate, c->F, E, c->a, c->fg) || gemm(c, G->up, c->F, E, c->a, c->fu)) return 1;
+        k_df_swiglu<<<grid((size_t)B * c->F), 256, 0, c->st>>>(c->fg, c->fu, (size_t)B * c->F);
+        if (gemm(c, G->down, E, c->F, c->fg, c->sub)) return 1;
+        k_df_add<<<grid((size_t)B * E), 256, 0, c->st>>>(c->x, c->sub, (size_t)B * E);
+    }
+    /* rows 1..B-1: the drafter's final norm, then the target's LM head */
+    k_df_rms<<<B - 1, 256, 0, c->st>>>(c->x + E, c->output_norm, eps, c->a, E);
+    if (gemm(c, c->head, c->V, E, c->a, c->logits) || cudaMemsetAsync(c->bad, 0, ROWS * sizeof(int32_t), c->st)) return 1;
+    k_df_logit_finish<<<grid((size_t)(B - 1) * c->V), 256, 0, c->st>>>(c->logits, (size_t)(B - 1) * c->V, c->V,
+                                                                       t->hp.logit_scale, t->hp.final_softcap, c->bad);
+    k_df_argmax<<<B - 1, 1024, 0, c->st>>>(c->logits, c->V, c->tok);
+    return cudaMemcpyAsync(c->h_out, c->tok, ROWS * sizeof(int32_t), cudaMemcpyDeviceToHost, c->st) ||
+           cudaMemcpyAsync(c->h_out + ROWS, c->bad, ROWS * sizeof(int32_t), cudaMemcpyDeviceToHost, c->st);
+}
+
+/* capture what rec enqueues on c's stream as one executable graph */
+static int record(muser_dflash_run *r, cu_dflash *c, int (*rec)(muser_dflash_run *, cu_dflash *), cudaGraphExec_t *out,
+                  const char *what, muser_error *err)
+{
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal);
+    if (e) return cuda_fail(e, what, err);
+    const int bad = rec(r, c);
+    e = cudaStreamEndCapture(c->st, &g);
+    if (!e && bad) e = cudaErrorStreamCaptureInvalidated;
+    if (!e) e = cudaGraphInstantiate(out, g, 0);
+    if (g) cudaGraphDestroy(g);
+    return e ? cuda_fail(e, what, err) : MUSER_OK;
 }
 
 static int cu_dflash_init(muser_dflash_run *r, muser_error *err)
@@ -252,7 +417,7 @@ static int cu_dflash_init(muser_dflash_run *r, muser_error *err)
     c->B = hp->block_size;
     c->M = hp->n_tap;
     c->V = t->hp.n_vocab;
-    c->allocs = (void **)calloc(32 + 16 * (size_t)hp->n_layer, sizeof(void *));
+    c->allocs = (void **)calloc(40 + 16 * (size_t)hp->n_layer, sizeof(void *));
     c->layers = (cu_dflash_layer *)calloc(hp->n_layer, sizeof *c->layers);
     if (!c->allocs || !c->layers) {
         cu_dflash_free(r);
@@ -263,13 +428,18 @@ static int cu_dflash_init(muser_dflash_run *r, muser_error *err)
         cu_dflash_free(r);
         return muser_errorf(err, MUSER_E_BACKEND, "dflash cuda: no CUDA device");
     }
+    /* cuBLAS gets its workspace before anything is recorded, so no replay allocates */
+    const size_t ws = 32u << 20;
     cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
+    if (!e) e = dev_alloc(c, &c->blas_ws, ws);
     if (!e && (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(c->blas, c->st) != CUBLAS_STATUS_SUCCESS ||
+               cublasSetWorkspace(c->blas, c->blas_ws, ws) != CUBLAS_STATUS_SUCCESS ||
                cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS))
         e = cudaErrorUnknown;
+    if (!e) e = cudaEventCreateWithFlags(&c->ctx_done, cudaEventDisableTiming);
     if (e) {
         cu_dflash_free(r);
-        return muser_errorf(err, MUSER_E_BACKEND, "dflash cuda: stream or cuBLAS: %s", cudaGetErrorString(e));
+        return muser_errorf(err, MUSER_E_BACKEND, "dflash cuda: stream, event or cuBLAS: %s", cudaGetErrorString(e));
     }
     int rc = upload(c, &d->fc, &c->fc, err);
     if (!rc) rc = upload(c, &d->hidden_norm, &c->hidden_norm, err);
@@ -290,9 +460,11 @@ static int cu_dflash_init(muser_dflash_run *r, muser_error *err)
     }
     const size_t plane = (size_t)hp->n_layer * r->n_ctx * c->KVD * sizeof(float);
     const size_t ctx_rows = r->n_ctx + ROWS;
+    const size_t ME = (size_t)c->M * c->E;
+    const size_t stage = sizeof(df_ctx_stage) + ROWS * ME * sizeof(float);
     e = dev_alloc(c, &c->ctx_k, plane);
     if (!e) e = dev_alloc(c, &c->ctx_v, plane);
-    if (!e) e = dev_alloc(c, &c->feats, (size_t)ROWS * c->M * c->E * sizeof(float));
+    if (!e) e = dev_alloc(c, &c->feats, ROWS * ME * sizeof(float));
     if (!e) e = dev_alloc(c, &c->x, (size_t)ROWS * c->E * sizeof(float));
     if (!e) e = dev_alloc(c, &c->a, (size_t)ROWS * c->E * sizeof(float));
     if (!e) e = dev_alloc(c, &c->sub, (size_t)ROWS * c->E * sizeof(float));
@@ -304,14 +476,25 @@ static int cu_dflash_init(muser_dflash_run *r, muser_error *err)
     if (!e) e = dev_alloc(c, &c->fu, (size_t)ROWS * c->F * sizeof(float));
     if (!e) e = dev_alloc(c, &c->logits, (size_t)ROWS * c->V * sizeof(float));
     if (!e) e = dev_alloc(c, &c->scores, (size_t)ROWS * c->H * ctx_rows * sizeof(float));
-    if (!e) e = dev_alloc(c, &c->bad, sizeof(int32_t));
+    if (!e) e = dev_alloc(c, &c->bad, ROWS * sizeof(int32_t));
+    if (!e) e = dev_alloc(c, &c->tok, ROWS * sizeof(int32_t));
+    if (!e) e = dev_alloc(c, &c->prm_block, sizeof(df_params));
+    if (!e) e = dev_alloc(c, &c->prm_ctx, sizeof(df_params));
     if (!e) e = cudaMallocHost((void **)&c->h_x0, c->E * sizeof(float));
-    if (!e) e = cudaMallocHost((void **)&c->h_bad, sizeof(int32_t));
+    if (!e) e = cudaMallocHost((void **)&c->h_prm_block, sizeof(df_params));
+    if (!e) e = cudaMallocHost((void **)&c->h_ctx, stage);
+    if (!e) e = cudaMallocHost((void **)&c->h_out, 2 * ROWS * sizeof(int32_t));
+    /* the buffers the padding rows read start zero, so they stay finite */
+    if (!e) e = cudaMemsetAsync(c->x, 0, (size_t)ROWS * c->E * sizeof(float), c->st);
+    if (!e) e = cudaMemsetAsync(c->fg, 0, (size_t)ROWS * c->F * sizeof(float), c->st);
+    if (!e) e = cudaMemsetAsync(c->o, 0, (size_t)ROWS * c->QD * sizeof(float), c->st);
+    if (!e) e = cudaMemsetAsync(c->a, 0, (size_t)ROWS * c->E * sizeof(float), c->st);
     if (e) {
         cu_dflash_free(r);
         return muser_errorf(err, MUSER_E_NOMEM, "dflash cuda: a context of %llu positions: %s",
                             (unsigned long long)r->n_ctx, cudaGetErrorString(e));
     }
+    memset(c->h_ctx, 0, stage);
     double inv[MUSER_DFLASH_MAX_HEAD_DIM / 2];
     if (c->D > MUSER_DFLASH_MAX_HEAD_DIM) {
         cu_dflash_free(r);
@@ -320,100 +503,74 @@ static int cu_dflash_init(muser_dflash_run *r, muser_error *err)
     for (uint32_t i = 0; i < c->D / 2; i++) inv[i] = pow((double)hp->rope_theta, -2.0 * (double)i / (double)c->D);
     e = dev_alloc(c, &c->inv_freq, c->D / 2 * sizeof(double));
     if (!e) e = cudaMemcpy(c->inv_freq, inv, c->D / 2 * sizeof(double), cudaMemcpyHostToDevice);
+    if (!e) e = cudaStreamSynchronize(c->st);
     if (e) {
         cu_dflash_free(r);
         return muser_errorf(err, MUSER_E_NOMEM, "dflash cuda: the RoPE table: %s", cudaGetErrorString(e));
     }
-    return MUSER_OK;
+    rc = record(r, c, record_context, &c->g_ctx, "recording the context graph", err);
+    if (!rc) rc = record(r, c, record_block, &c->g_block, "recording the block graph", err);
+    if (rc) cu_dflash_free(r);
+    return rc;
 }
 
-static int cuda_fail(cudaError_t e, const char *what, muser_error *err)
-{
-    return muser_errorf(err, MUSER_E_BACKEND, "dflash cuda: %s: %s", what, cudaGetErrorString(e));
-}
-
-/* positions [pos0, pos0 + n): u = rmsnorm(fc · feats, hidden_norm), then every layer's K (normed,
- * rotated) and V into the context planes, ROWS rows at a time */
+/* positions [pos0, pos0 + n), ROWS at a time through the context graph; returns once the last
+ * slice is queued (a slice waits only for the staging the previous one copied up) */
 static int cu_dflash_context(muser_dflash_run *r, uint64_t pos0, const float *feats, uint32_t n, muser_error *err)
 {
     cu_dflash *c = (cu_dflash *)r->state;
-    const muser_dflash *d = r->d;
     const size_t ME = (size_t)c->M * c->E;
     for (uint32_t s = 0; s < n; s += ROWS) {
         const uint32_t m = n - s < ROWS ? n - s : ROWS;
-        cudaError_t e = cudaMemcpyAsync(c->feats, feats + s * ME, m * ME * sizeof(float), cudaMemcpyHostToDevice, c->st);
-        if (e) return cuda_fail(e, "context upload", err);
-        if (gemm(c, c->fc, c->E, (uint32_t)ME, c->feats, c->sub)) return cuda_fail(cudaErrorUnknown, "fc", err);
-        k_df_rms<<<m, 256, 0, c->st>>>(c->sub, c->hidden_norm, d->hp.rms_eps, c->a, c->E);
-        for (uint32_t l = 0; l < d->hp.n_layer; l++) {
-            const cu_dflash_layer *G = &c->layers[l];
-            float *ck = c->ctx_k + ((size_t)l * r->n_ctx + pos0 + s) * c->KVD;
-            float *cv = c->ctx_v + ((size_t)l * r->n_ctx + pos0 + s) * c->KVD;
-            if (gemm(c, G->k, c->KVD, c->E, c->a, c->k) || gemm(c, G->v, c->KVD, c->E, c->a, c->v))
-                return cuda_fail(cudaErrorUnknown, "context keys", err);
-            k_df_head_norm_rope<<<m * c->HKV, 128, 0, c->st>>>(c->k, c->HKV, c->D, G->k_norm, d->hp.rms_eps, c->inv_freq,
-                                                              pos0 + s);
-            cudaError_t e2 = cudaMemcpyAsync(ck, c->k, (size_t)m * c->KVD * sizeof(float), cudaMemcpyDeviceToDevice, c->st);
-            if (!e2) e2 = cudaMemcpyAsync(cv, c->v, (size_t)m * c->KVD * sizeof(float), cudaMemcpyDeviceToDevice, c->st);
-            if (e2) return cuda_fail(e2, "context planes", err);
-        }
+        cudaError_t e = cudaEventSynchronize(c->ctx_done);
+        if (e) return cuda_fail(e, "context", err);
+        c->h_ctx->prm.pos = pos0 + s;
+        c->h_ctx->prm.m = m;
+        memcpy(c->h_ctx->feats, feats + s * ME, m * ME * sizeof(float));
+        e = cudaGraphLaunch(c->g_ctx, c->st);
+        if (!e) e = cudaEventRecord(c->ctx_done, c->st);
+        if (e) return cuda_fail(e, "context", err);
     }
-    const cudaError_t e = cudaStreamSynchronize(c->st);
-    return e ? cuda_fail(e, "context", err) : MUSER_OK;
+    return MUSER_OK;
+}
+
+/* one replay of the block graph at t0; the drafts and the non-finite counts are in h_out after */
+static int run_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, muser_error *err)
+{
+    cu_dflash *c = (cu_dflash *)r->state;
+    const muser_model *t = r->d->target;
+    /* the last replay was waited for, so its staging is free */
+    int rc = quant_dequantize_row(t->tok_embd.type, muser_tensor_row(&t->tok_embd, (uint64_t)t0), c->h_x0, c->E);
+    if (rc) return muser_errorf(err, (muser_status)rc, "dflash cuda: cannot read token %d's embedding", t0);
+    c->h_prm_block->pos = r->held;
+    cudaError_t e = cudaGraphLaunch(c->g_block, c->st);
+    if (!e) e = cudaStreamSynchronize(c->st);
+    if (e) return cuda_fail(e, "block", err);
+    for (uint32_t i = 0; i < n_out; i++)
+        if (c->h_out[ROWS + i])
+            return muser_errorf(err, MUSER_E_NUMERIC, "dflash cuda: the logits of block row %u hold NaN or Inf", i + 1);
+    return MUSER_OK;
 }
 
 static int cu_dflash_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, float *logits, muser_error *err)
 {
     cu_dflash *c = (cu_dflash *)r->state;
-    const muser_dflash *d = r->d;
-    const muser_model *t = d->target;
-    const uint32_t B = c->B, E = c->E;
-    const float eps = d->hp.rms_eps;
-    const uint64_t p = r->held;
-    int rc = quant_dequantize_row(t->tok_embd.type, muser_tensor_row(&t->tok_embd, (uint64_t)t0), c->h_x0, E);
-    if (rc) return muser_errorf(err, (muser_status)rc, "dflash cuda: cannot read token %d's embedding", t0);
-    cudaError_t e = cudaMemcpyAsync(c->x, c->h_x0, E * sizeof(float), cudaMemcpyHostToDevice, c->st);
-    if (e) return cuda_fail(e, "embedding upload", err);
-    k_df_mask_rows<<<grid((size_t)(B - 1) * E), 256, 0, c->st>>>(c->x, c->mask_embd, E, B);
-    for (uint32_t l = 0; l < d->hp.n_layer; l++) {
-        const cu_dflash_layer *G = &c->layers[l];
-        k_df_rms<<<B, 256, 0, c->st>>>(c->x, G->attn_norm, eps, c->a, E);
-        if (gemm(c, G->q, c->QD, E, c->a, c->q) || gemm(c, G->k, c->KVD, E, c->a, c->k) ||
-            gemm(c, G->v, c->KVD, E, c->a, c->v))
-            return cuda_fail(cudaErrorUnknown, "q/k/v", err);
-        k_df_head_norm_rope<<<B * c->H, 128, 0, c->st>>>(c->q, c->H, c->D, G->q_norm, eps, c->inv_freq, p);
-        k_df_head_norm_rope<<<B * c->HKV, 128, 0, c->st>>>(c->k, c->HKV, c->D, G->k_norm, eps, c->inv_freq, p);
-        k_df_attend<<<B * c->H, 256, 0, c->st>>>(c->q, c->ctx_k + (size_t)l * r->n_ctx * c->KVD,
-                                                c->ctx_v + (size_t)l * r->n_ctx * c->KVD, c->k, c->v, c->o, c->scores, p, B,
-                                                c->H, c->H / c->HKV, c->D, c->KVD, d->hp.attn_scale);
-        if (gemm(c, G->o, E, c->QD, c->o, c->sub)) return cuda_fail(cudaErrorUnknown, "o_proj", err);
-        k_df_add<<<grid((size_t)B * E), 256, 0, c->st>>>(c->x, c->sub, (size_t)B * E);
-        k_df_rms<<<B, 256, 0, c->st>>>(c->x, G->ffn_norm, eps, c->a, E);
-        if (gemm(c, G->gate, c->F, E, c->a, c->fg) || gemm(c, G->up, c->F, E, c->a, c->fu))
-            return cuda_fail(cudaErrorUnknown, "gate/up", err);
-        k_df_swiglu<<<grid((size_t)B * c->F), 256, 0, c->st>>>(c->fg, c->fu, (size_t)B * c->F);
-        if (gemm(c, G->down, E, c->F, c->fg, c->sub)) return cuda_fail(cudaErrorUnknown, "down", err);
-        k_df_add<<<grid((size_t)B * E), 256, 0, c->st>>>(c->x, c->sub, (size_t)B * E);
-    }
-    /* rows 1..n_out: the drafter's final norm, then the target's LM head */
-    k_df_rms<<<n_out, 256, 0, c->st>>>(c->x + E, c->output_norm, eps, c->a, E);
-    if (gemm(c, c->head, c->V, E, c->a, c->logits)) return cuda_fail(cudaErrorUnknown, "LM head", err);
-    cudaMemsetAsync(c->bad, 0, sizeof(int32_t), c->st);
-    k_df_logit_finish<<<grid((size_t)n_out * c->V), 256, 0, c->st>>>(c->logits, (size_t)n_out * c->V, t->hp.logit_scale,
-                                                                     t->hp.final_softcap, c->bad);
-    e = cudaMemcpyAsync(logits, c->logits, (size_t)n_out * c->V * sizeof(float), cudaMemcpyDeviceToHost, c->st);
-    if (!e) e = cudaMemcpyAsync(c->h_bad, c->bad, sizeof(int32_t), cudaMemcpyDeviceToHost, c->st);
-    if (!e) e = cudaStreamSynchronize(c->st);
-    if (e) return cuda_fail(e, "block", err);
-    if (c->h_bad[0]) return muser_errorf(err, MUSER_E_NUMERIC, "dflash cuda: a block's logits hold NaN or Inf");
-    return MUSER_OK;
+    int rc = run_block(r, t0, n_out, err);
+    if (rc) return rc;
+    const cudaError_t e = cudaMemcpy(logits, c->logits, (size_t)n_out * c->V * sizeof(float), cudaMemcpyDeviceToHost);
+    return e ? cuda_fail(e, "block logits", err) : MUSER_OK;
+}
+
+static int cu_dflash_draft(muser_dflash_run *r, int32_t t0, uint32_t n_out, int32_t *tokens, muser_error *err)
+{
+    cu_dflash *c = (cu_dflash *)r->state;
+    const int rc = run_block(r, t0, n_out, err);
+    if (!rc) memcpy(tokens, c->h_out, n_out * sizeof(int32_t));
+    return rc;
 }
 
 static const muser_dflash_impl cuda_impl = {
-    cu_dflash_init,
-    cu_dflash_free,
-    cu_dflash_context,
-    cu_dflash_block,
+    cu_dflash_init, cu_dflash_free, cu_dflash_context, cu_dflash_block, cu_dflash_draft, true,
 };
 
 extern "C" const muser_dflash_impl *muser_dflash_impl_cuda(void)
