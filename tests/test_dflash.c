@@ -143,6 +143,18 @@ static void against_oracle(const muser_model *m, const muser_dflash *d, const ch
             top1 &= ok;
         }
         distinct |= memcmp(a, a + V, V * sizeof(float)) != 0;
+        /* the draft's tokens are the block's per-row argmax, the lower id on a tie */
+        int32_t ids[MUSER_DFLASH_MAX_BLOCK];
+        CHECK_OK(muser_dflash_run_draft(cpu, toks[L], B - 1, ids, &err), &err);
+        for (uint32_t r = 0; r + 1 < B; r++) {
+            const float *row_r = a + (uint64_t)r * V;
+            int32_t best = 0;
+            for (uint32_t v = 1; v < V; v++)
+                if (row_r[v] > row_r[best]) best = (int32_t)v;
+            CHECKF(ids[r] == best, "%s: context %u row %u: draft token %d, the logits' argmax %d", what, L, r, ids[r],
+                   best);
+        }
+        CHECK(muser_dflash_run_held(cpu) == L);
         /* a context taken whole, after a longer one was truncated back, gives the same bytes */
         CHECK_OK(muser_dflash_run_context(again, 0, feats, np - 1, &err), &err);
         CHECK_OK(muser_dflash_run_context(again, 0, feats, L, &err), &err);
@@ -247,7 +259,9 @@ static int cheat_observe(muser_drafter *dr, uint64_t pos0, const float *feats, u
     return muser_dflash_run_context(c->run, pos0, feats, n, err);
 }
 
-static void kept_rows(const muser_model *m, const int32_t *prompt, uint32_t np)
+/* early: the cheat's observe is early (spec.h), as the GPU drafter's: every verified row is handed
+ * on right after the verify and the rejected ones are cut back after acceptance */
+static void kept_rows(const muser_model *m, const int32_t *prompt, uint32_t np, muser_dflash_kind kind, bool early)
 {
     muser_dflash *df = synth_drafter(m, 8, 1, GGML_TYPE_F32, 3);
     muser_engine *e = engine(m);
@@ -260,9 +274,14 @@ static void kept_rows(const muser_model *m, const int32_t *prompt, uint32_t np)
     plain(e, prompt, np, 0.0f, 1, &ref);
     muser_error err = {0};
     cheat c = {.ref = &ref, .np = np};
-    CHECK_OK(muser_dflash_run_new(&c.run, df, MUSER_DFLASH_CPU, CTX, &err), &err);
+    CHECK_OK(muser_dflash_run_new(&c.run, df, kind, CTX, &err), &err);
     c.base = (muser_drafter){.name = "cheat", .propose = cheat_propose, .self = &c, .n_tap = df->hp.n_tap,
-                             .tap_layers = df->hp.tap_layers, .observe = cheat_observe};
+                             .tap_layers = df->hp.tap_layers, .observe = cheat_observe, .observe_early = early};
+    if (!c.run) {
+        muser_engine_free(e);
+        muser_dflash_free(df);
+        return;
+    }
     speculate(e, &c.base, 5, prompt, np, 0.0f, 1, &got);
     CHECKF(same_output(&got, &ref), "kept rows: the output differs from plain decoding");
     CHECKF(got.st.accepted > got.st.rounds, "kept rows: %llu accepted over %llu rounds: too few to test",
@@ -280,7 +299,7 @@ static void kept_rows(const muser_model *m, const int32_t *prompt, uint32_t np)
         CHECK_OK(muser_step(s->dev, &s, &t, 1, NULL, NULL, &tap, &err), &err);
     }
     muser_dflash_run *fresh = NULL;
-    CHECK_OK(muser_dflash_run_new(&fresh, df, MUSER_DFLASH_CPU, CTX, &err), &err);
+    CHECK_OK(muser_dflash_run_new(&fresh, df, kind, CTX, &err), &err);
     if (fresh) CHECK_OK(muser_dflash_run_context(fresh, 0, f, (uint32_t)got.pos, &err), &err);
     const uint32_t V = m->hp.n_vocab;
     float *a = malloc(7 * (size_t)V * sizeof(float)), *b = malloc(7 * (size_t)V * sizeof(float));
@@ -290,9 +309,10 @@ static void kept_rows(const muser_model *m, const int32_t *prompt, uint32_t np)
         CHECKF(!memcmp(a, b, 7 * (size_t)V * sizeof(float)),
                "kept rows: the drafter's context after speculation differs from plain decoding's taps");
     }
-    printf("kept rows: %llu rounds keeping %llu drafts; the drafter's %llu-position context is plain decoding's, byte "
-           "for byte\n",
-           (unsigned long long)got.st.rounds, (unsigned long long)got.st.accepted, (unsigned long long)got.pos);
+    printf("kept rows (%s drafter, %s observe): %llu rounds keeping %llu drafts; the drafter's %llu-position context "
+           "is plain decoding's, byte for byte\n",
+           kind == MUSER_DFLASH_CUDA ? "CUDA" : "CPU", early ? "early" : "late", (unsigned long long)got.st.rounds,
+           (unsigned long long)got.st.accepted, (unsigned long long)got.pos);
     free(a);
     free(b);
     free(f);
@@ -616,8 +636,10 @@ int main(void)
     for (uint32_t i = 0; i < 120; i++) prompt[i] = (int32_t)(40 + (i % 23) * 7 + (i / 46));
     greedy(tiny, "tiny", prompt, 30);
     if (def) greedy(def, "default (trained)", prompt, 100);
-    kept_rows(tiny, prompt, 30);
-    if (def) kept_rows(def, prompt, 100);
+    for (int early = 0; early < 2; early++) {
+        kept_rows(tiny, prompt, 30, MUSER_DFLASH_CPU, early);
+        if (def) kept_rows(def, prompt, 100, MUSER_DFLASH_CPU, early);
+    }
     packed(tiny, prompt);
     /* 1 and 2 on the GPU where there is one: the drafter's CUDA forward against the oracle, then
      * speculation with the target there (its tap on prefill and verify), the drafter on the CPU and on
@@ -631,6 +653,9 @@ int main(void)
         g_dkind = MUSER_DFLASH_CUDA;
         greedy(tiny, "tiny (cuda)", prompt, 30);
         if (def) greedy(def, "default (trained, cuda)", prompt, 100);
+        g_backend = MUSER_BACKEND_CPU;
+        for (int early = 0; early < 2; early++) kept_rows(tiny, prompt, 30, MUSER_DFLASH_CUDA, early);
+        if (def) kept_rows(def, prompt, 100, MUSER_DFLASH_CUDA, true);
         g_backend = MUSER_BACKEND_CPU;
         g_dkind = MUSER_DFLASH_CPU;
     } else {
