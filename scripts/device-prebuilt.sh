@@ -127,8 +127,9 @@ for step in $steps; do
         sed 's/^/    /' "$OUT/sampler.log" >>"$S"
         ;;
     dflash)
-        # DFlash with the target on the GPU (its tap) and the drafter on the CPU: test_dflash's CUDA
-        # half, then every drafter beside plain decoding on the default model (scripts/spec-bench.sh)
+        # DFlash with the target on the GPU (its tap): test_dflash's CUDA half (the drafter's CUDA
+        # forward, speculation with it on the CPU and on the GPU), then every drafter beside plain
+        # decoding on the default model, the target and the drafters on the GPU (scripts/spec-bench.sh)
         (cd "$W" && MUSER_SOURCE_DIR="$OLDPWD" timeout -k 5 300 "$OLDPWD/$D/test_dflash") >"$OUT/test_dflash.log" 2>&1
         note "test_dflash rc=$? :: $(grep -E 'cuda|SKIP|test_dflash' "$OUT/test_dflash.log" | tr '\n' ';')"
         mkdir -p "$W/sb" && ln -sf "$PWD/$D/muser" "$W/sb/muser"
