@@ -35,8 +35,10 @@
  *   [2048, 2176) per row pair g: the 8 sub-block scales of row g, then of row g + 8 (bytes)
  *   [2176, 2304) per lane (g, t): m of rows g, g+8 at sub-blocks 2t, 2t+1 (the k8 mma's A, bytes)
  *   [2304, 2368) per row pair g: d_g, d_g8, dmin_g, dmin_g8 (f16)
- * x, per row and block, MMH_XBLK = 1088 bytes: [h][t][step][4 halves] (lane (g, t)'s B fragments
- * of piece h = g & 1: 128 contiguous bytes), then [h][t] the f16 pair of Σv over sub-blocks 2t, 2t+1,
+ * x, per row and block, MMH_XBLK = 1088 bytes: [step pair k][h][t][2 steps][4 halves] (lane (g, t)'s
+ * B fragments of piece h = g & 1 for steps 2k, 2k+1: 16 bytes, so one load instruction of a warp
+ * touches one 128-byte line — with the 128 bytes of a lane contiguous instead, each touched eight
+ * and L1 ran at 91% with DRAM at 22%: ncu), then [h][t] the f16 pair of Σv over sub-blocks 2t, 2t+1,
  * then s (f32).
  *
  * Launch: a CTA of 8 warps = (8 / KW) tile groups × KW warps splitting the blocks (warp kw takes
@@ -148,13 +150,14 @@ __global__ void mmh_prep(const float *x, uint32_t K, uint32_t nx, uint8_t *xq)
         const __half hi = __float2half_rn(w), lo = __float2half_rn(w - __half2float(hi));
         /* position p = 32i + lane = 16 step + k: k = 2t + e (+8 for b1) */
         const uint32_t p = 32 * i + lane, st = p >> 4, k = p & 15, t = (k & 7) >> 1, e = k & 1, half = k >> 3;
-        const uint32_t idx = (t * 16 + st) * 4 + half * 2 + e;
+        const uint32_t idx = (st >> 1) * 64 + t * 8 + (st & 1) * 4 + half * 2 + e; /* in halves; piece h at +32h */
         hp[idx] = hi;
-        hp[4 * 16 * 4 + idx] = lo;
+        hp[idx + 32] = lo;
         float sum = w;
 #pragma unroll
         for (int q = 16; q; q >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, q);
-        if (lane == 0) {
+        if (lane == 0) { /* Σv / 32 (< 2^14, exact scaling): the fold multiplies dmin by 32 */
+            sum *= 0.03125f;
             const __half shi = __float2half_rn(sum), slo = __float2half_rn(sum - __half2float(shi));
             __half *sp = (__half *)(o + 1024);
             sp[(0 * 4 + (i >> 1)) * 2 + (i & 1)] = shi;
@@ -187,6 +190,21 @@ __device__ __forceinline__ __half2 mmh_bytes_h2(uint32_t w, uint32_t sel)
     return __hsub2(u2h(__byte_perm(w, 0x64646464u, sel)), u2h(0x64006400u));
 }
 
+template <int TW>
+__device__ __forceinline__ void mmh_load_units(const uint8_t *__restrict__ W, uint32_t nb, uint32_t tile0, uint32_t b, uint32_t lane,
+                                               uint4 q[TW][4], uint4 sc[TW], uint32_t mn[TW], uint2 dd[TW])
+{
+#pragma unroll
+    for (int i = 0; i < TW; i++) {
+        const uint8_t *unit = W + ((size_t)(tile0 + i) * nb + b) * MMH_UNIT;
+#pragma unroll
+        for (int u = 0; u < 4; u++) q[i][u] = __ldg((const uint4 *)(unit + (u * 32 + lane) * 16));
+        sc[i] = __ldg((const uint4 *)(unit + 2048 + 16 * (lane >> 2)));
+        mn[i] = __ldg((const uint32_t *)(unit + 2176 + 4 * lane));
+        dd[i] = __ldg((const uint2 *)(unit + 2304 + 8 * (lane >> 2)));
+    }
+}
+
 template <int CG, int TW, int KW>
 __global__ void __launch_bounds__(256, 2)
     mmh_kernel(const uint8_t *__restrict__ W, uint32_t nb, const uint8_t *__restrict__ xq, uint32_t nx, float *__restrict__ y,
@@ -203,6 +221,11 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int c = 0; c < CG; c++) acc[i][c][0] = acc[i][c][1] = 0.f;
     const bool live = tile0 * 16 < rows;
+    /* the next block's units, loaded one block ahead */
+    uint4 nq[TW][4], nsc[TW];
+    uint32_t nmn[TW];
+    uint2 ndd[TW];
+    if (live && kw < nb) mmh_load_units<TW>(W, nb, tile0, kw, lane, nq, nsc, nmn, ndd);
     for (uint32_t b = kw; live && b < nb; b += KW) {
         /* x: this lane's B column (row 4c + g/2, piece g & 1) and its own fold row 4c + t */
         const uint8_t *xb[CG];
@@ -212,21 +235,26 @@ __global__ void __launch_bounds__(256, 2)
         for (int c = 0; c < CG; c++) {
             const uint32_t rb = min(4 * c + (g >> 1), nx - 1), ro = min(4 * c + t, nx - 1);
             const uint8_t *base = xq + ((size_t)rb * nb + b) * MMH_XBLK;
-            xb[c] = base + (g & 1) * 512 + t * 128;
+            xb[c] = base + ((g & 1) * 4 + t) * 16;
             bm[c] = __ldg((const uint32_t *)(base + 1024 + ((g & 1) * 4 + t) * 4));
             sx[c] = __ldg((const float *)(xq + ((size_t)ro * nb + b) * MMH_XBLK + 1056));
         }
-        const uint8_t *unit[TW];
-        uint4 scw[TW];
+        uint4 scw[TW], q4[TW][4];
         uint32_t mnw[TW];
         uint2 ddw[TW];
 #pragma unroll
         for (int i = 0; i < TW; i++) {
-            unit[i] = W + ((size_t)(tile0 + i) * nb + b) * MMH_UNIT;
-            scw[i] = __ldg((const uint4 *)(unit[i] + 2048 + 16 * g));
-            mnw[i] = __ldg((const uint32_t *)(unit[i] + 2176 + 4 * lane));
-            ddw[i] = __ldg((const uint2 *)(unit[i] + 2304 + 8 * g));
+            scw[i] = nsc[i];
+            mnw[i] = nmn[i];
+            ddw[i] = ndd[i];
+#pragma unroll
+            for (int u = 0; u < 4; u++) q4[i][u] = nq[i][u];
         }
+        if (b + KW < nb) mmh_load_units<TW>(W, nb, tile0, b + KW, lane, nq, nsc, nmn, ndd);
+        uint4 xall[CG == 1 ? 8 : 1];
+        if (CG == 1)
+#pragma unroll
+            for (int k = 0; k < 8; k++) xall[k] = __ldg((const uint4 *)(xb[0] + 128 * k));
         float C[TW][CG][4];
 #pragma unroll
         for (int i = 0; i < TW; i++)
@@ -237,13 +265,12 @@ __global__ void __launch_bounds__(256, 2)
             uint4 xv[CG][2]; /* steps 4u..4u+3: (b0, b1) pairs */
 #pragma unroll
             for (int c = 0; c < CG; c++) {
-                xv[c][0] = __ldg((const uint4 *)(xb[c] + 32 * u));
-                xv[c][1] = __ldg((const uint4 *)(xb[c] + 32 * u + 16));
+                xv[c][0] = CG == 1 ? xall[2 * u] : __ldg((const uint4 *)(xb[c] + 256 * u));
+                xv[c][1] = CG == 1 ? xall[2 * u + 1] : __ldg((const uint4 *)(xb[c] + 256 * u + 128));
             }
 #pragma unroll
             for (int i = 0; i < TW; i++) {
-                const uint4 q4 = __ldg((const uint4 *)(unit[i] + (u * 32 + lane) * 16));
-                const uint32_t qw[4] = {q4.x, q4.y, q4.z, q4.w};
+                const uint32_t qw[4] = {q4[i][u].x, q4[i][u].y, q4[i][u].z, q4[i][u].w};
 #pragma unroll
                 for (int ss = 0; ss < 4; ss++) {
                     const int s = 4 * u + ss, j = s >> 1;
@@ -271,7 +298,7 @@ __global__ void __launch_bounds__(256, 2)
         for (int i = 0; i < TW; i++) {
             const uint32_t am0 = h2u(mmh_bytes_h2(mnw[i], 0x4140u)), am1 = h2u(mmh_bytes_h2(mnw[i], 0x4342u));
             const float d0 = __half2float(u2h(ddw[i].x).x), d8 = __half2float(u2h(ddw[i].x).y);
-            const float m0 = __half2float(u2h(ddw[i].y).x), m8 = __half2float(u2h(ddw[i].y).y);
+            const float m0 = 32.f * __half2float(u2h(ddw[i].y).x), m8 = 32.f * __half2float(u2h(ddw[i].y).y);
 #pragma unroll
             for (int c = 0; c < CG; c++) {
                 float M[4] = {0.f, 0.f, 0.f, 0.f};
@@ -436,14 +463,14 @@ int main(int argc, char **argv)
         mmq_prep_launch_t<mmqd_prep>(0, x, xed, cols, false, NX, cols, (uint32_t)mmqd_x_bytes(cols));
         CK(cudaGetLastError());
         /* KW 2 everywhere (26 and 78 blocks: 13 / 39 a warp): a row's bits depend on KW */
-        const variant vars[] = {V(1, 1, 2), V(1, 2, 2), V(1, 4, 2), V(2, 1, 2), V(2, 2, 2), V(4, 1, 2),
+        const variant vars[] = {V(1, 1, 2), V(1, 2, 2), V(2, 1, 2), V(4, 1, 2),
                                 /* other splits of the blocks, timed only (other bits) */
                                 V(1, 1, 4), V(1, 1, 8), V(4, 1, 4), V(4, 1, 8)};
         printf("\n%u x %u Q4_K (%.1f MB repacked, %d copies)\n", rows, cols, bytes / 1e6, ncopy);
         /* correctness: R = 16 against f64 per row; every row bit-identical to it alone (R = 1) and
          * in every variant */
         std::vector<float> h16((size_t)NX * rows), h1(rows), hv((size_t)NX * rows);
-        launch(vars[5], m, 0, xq, NX, y);
+        launch(vars[3], m, 0, xq, NX, y); /* 4x4 rows, KW 2 */
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(h16.data(), y, h16.size() * 4, cudaMemcpyDeviceToHost));
         double worst = 0;
@@ -463,6 +490,12 @@ int main(int argc, char **argv)
             const kb_errs e = kb_check(m.ref, ref, hy, NULL);
             if (e.max < 0 || e.max > worst_e) worst_e = e.max < 0 ? 1e30 : e.max;
         }
+        {
+            size_t bad = 0;
+            for (float v : h16) bad += !isfinite(v);
+            if (bad) printf("  %zu of %zu outputs not finite; row 0: %g %g %g, the engine's %g %g %g\n", bad, h16.size(),
+                            h16[0], h16[1], h16[8], hv[0], hv[1], hv[8]);
+        }
         printf("  vs f64: max |dy| / max |y| %.2e over 16 rows (x scaled 2^-8 .. 2^7, one 300x outlier a row); the "
                "engine's mmqd %.2e\n", worst, worst_e);
         if (!(worst < 1e-6)) {
@@ -472,7 +505,7 @@ int main(int argc, char **argv)
         int mism = 0;
         for (uint32_t r = 0; r < NX; r++) {
             CK(cudaMemcpy(xq1, xq + (size_t)r * nb * MMH_XBLK, (size_t)nb * MMH_XBLK, cudaMemcpyDeviceToDevice));
-            for (int vi = 0; vi < 3; vi++) {
+            for (int vi = 0; vi < 2; vi++) {
                 CK(cudaMemset(y1, 0xFF, rows * 4));
                 launch(vars[vi], m, 0, xq1, 1, y1);
                 CK(cudaDeviceSynchronize());
@@ -489,7 +522,7 @@ int main(int argc, char **argv)
             CK(cudaMemcpy(hv.data(), y, (size_t)n * rows * 4, cudaMemcpyDeviceToHost));
             mism += memcmp(hv.data(), h16.data(), (size_t)n * rows * 4) != 0;
         }
-        printf("  row invariance: %d mismatches (each row alone in 3 variants; 4, 8, 16 rows together in 6)\n", mism);
+        printf("  row invariance: %d mismatches (each row alone in 2 variants; 4, 8, 16 rows together in 3)\n", mism);
         if (mism) fails++;
         /* speed */
         printf("  %-26s %6s %9s %8s %7s\n", "variant", "rows", "us", "GB/s", "% read");
