@@ -205,12 +205,33 @@ __device__ __forceinline__ void mmh_load_units(const uint8_t *__restrict__ W, ui
     }
 }
 
-template <int CG, int TW, int KW>
+/* SMX: x through shared memory. The TG warps of one kw take the same block at the same time, so
+ * they copy its 16 rows' B fragments (16 KB) into shared memory once (cp.async, two buffers: the
+ * next block's copy runs while this one is used) instead of each reading them through L1. Needs
+ * every tile group live (the grid exact) and 64 KB of dynamic shared memory at KW 2. */
+__device__ __forceinline__ void mmh_cp16(void *smem, const void *g)
+{
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(g));
+}
+template <int TG>
+__device__ __forceinline__ void mmh_stage(uint4 *dst, const uint8_t *xq, uint32_t nb, uint32_t b, uint32_t nx, uint32_t gi)
+{
+#pragma unroll
+    for (int k = 0; k < 1024 / (TG * 32); k++) {
+        const uint32_t q = gi + k * TG * 32, r = q >> 6, o = q & 63;
+        mmh_cp16(dst + q, xq + ((size_t)min(r, nx - 1) * nb + b) * MMH_XBLK + 16 * o);
+    }
+    asm volatile("cp.async.commit_group;");
+}
+
+template <int CG, int TW, int KW, bool SMX = false>
 __global__ void __launch_bounds__(256, 2)
     mmh_kernel(const uint8_t *__restrict__ W, uint32_t nb, const uint8_t *__restrict__ xq, uint32_t nx, float *__restrict__ y,
                uint32_t rows)
 {
     constexpr int TG = 8 / KW;
+    extern __shared__ uint4 xsm[]; /* SMX: [kw][2][16 rows][64] */
     __shared__ float red[KW > 1 ? KW - 1 : 1][TG][TW][CG][2][32];
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint32_t kw = warp % KW, tg = warp / KW;
@@ -226,7 +247,20 @@ __global__ void __launch_bounds__(256, 2)
     uint32_t nmn[TW];
     uint2 ndd[TW];
     if (live && kw < nb) mmh_load_units<TW>(W, nb, tile0, kw, lane, nq, nsc, nmn, ndd);
-    for (uint32_t b = kw; live && b < nb; b += KW) {
+    const uint32_t gi = tg * 32 + lane;
+    if (SMX && kw < nb) mmh_stage<TG>(xsm + (size_t)kw * 2 * 1024, xq, nb, kw, nx, gi);
+    uint32_t it = 0;
+    for (uint32_t b = kw; live && b < nb; b += KW, it++) {
+        const uint4 *xs = xsm + ((size_t)kw * 2 + (it & 1)) * 1024;
+        if (SMX) {
+            if (b + KW < nb) {
+                mmh_stage<TG>(xsm + ((size_t)kw * 2 + ((it + 1) & 1)) * 1024, xq, nb, b + KW, nx, gi);
+                asm volatile("cp.async.wait_group 1;" ::: "memory");
+            } else {
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
+            }
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + kw), "r"(TG * 32) : "memory");
+        }
         /* x: this lane's B column (row 4c + g/2, piece g & 1) and its own fold row 4c + t */
         const uint8_t *xb[CG];
         float sx[CG];
@@ -252,7 +286,7 @@ __global__ void __launch_bounds__(256, 2)
         }
         if (b + KW < nb) mmh_load_units<TW>(W, nb, tile0, b + KW, lane, nq, nsc, nmn, ndd);
         uint4 xall[CG == 1 ? 8 : 1];
-        if (CG == 1)
+        if (CG == 1 && !SMX)
 #pragma unroll
             for (int k = 0; k < 8; k++) xall[k] = __ldg((const uint4 *)(xb[0] + 128 * k));
         float C[TW][CG][4];
@@ -265,8 +299,14 @@ __global__ void __launch_bounds__(256, 2)
             uint4 xv[CG][2]; /* steps 4u..4u+3: (b0, b1) pairs */
 #pragma unroll
             for (int c = 0; c < CG; c++) {
-                xv[c][0] = CG == 1 ? xall[2 * u] : __ldg((const uint4 *)(xb[c] + 256 * u));
-                xv[c][1] = CG == 1 ? xall[2 * u + 1] : __ldg((const uint4 *)(xb[c] + 256 * u + 128));
+                if (SMX) {
+                    const uint4 *xr = xs + min(4 * c + (g >> 1), nx - 1) * 64 + (g & 1) * 4 + t;
+                    xv[c][0] = xr[16 * u];
+                    xv[c][1] = xr[16 * u + 8];
+                } else {
+                    xv[c][0] = CG == 1 ? xall[2 * u] : __ldg((const uint4 *)(xb[c] + 256 * u));
+                    xv[c][1] = CG == 1 ? xall[2 * u + 1] : __ldg((const uint4 *)(xb[c] + 256 * u + 128));
+                }
             }
 #pragma unroll
             for (int i = 0; i < TW; i++) {
@@ -311,6 +351,7 @@ __global__ void __launch_bounds__(256, 2)
                 acc[i][c][1] = __fmaf_rn(sx[c], v8, acc[i][c][1]);
             }
         }
+        if (SMX) asm volatile("bar.sync %0, %1;" ::"r"(1 + kw), "r"(TG * 32) : "memory"); /* before it is refilled */
     }
     if (KW > 1) {
         if (kw > 0) {
@@ -390,13 +431,22 @@ struct variant {
     const char *name;
     int cg, tw, kw;
     kern_fn fn;
+    bool smx;
 };
-#define V(CG, TW, KW) {#CG "x4 rows, TW " #TW ", KW " #KW, CG, TW, KW, mmh_kernel<CG, TW, KW>}
+#define V(CG, TW, KW) {#CG "x4 rows, TW " #TW ", KW " #KW, CG, TW, KW, mmh_kernel<CG, TW, KW>, false}
+#define VS(CG, TW, KW) {#CG "x4 rows, TW " #TW ", KW " #KW ", smem x", CG, TW, KW, mmh_kernel<CG, TW, KW, true>, true}
 
 static void launch(const variant &v, const mat &m, int copy, const uint8_t *xq, uint32_t nx, float *y)
 {
     const uint32_t tiles = m.rows / 16, per = (8 / v.kw) * v.tw;
-    v.fn<<<(tiles + per - 1) / per, 256>>>(m.unit[copy], m.cols / 256, xq, nx, y, m.rows);
+    const size_t smem = v.smx ? (size_t)v.kw * 2 * 1024 * 16 : 0;
+    if (v.smx) {
+        static bool set[16];
+        const int k = v.cg * 4 + v.kw / 2;
+        if (!set[k]) CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        set[k] = true;
+    }
+    v.fn<<<(tiles + per - 1) / per, 256, smem>>>(m.unit[copy], m.cols / 256, xq, nx, y, m.rows);
 }
 
 /* the engine's kernels for the same matrix: one row mmq_launch_auto (x in mmq's layout), more rows
@@ -463,7 +513,7 @@ int main(int argc, char **argv)
         mmq_prep_launch_t<mmqd_prep>(0, x, xed, cols, false, NX, cols, (uint32_t)mmqd_x_bytes(cols));
         CK(cudaGetLastError());
         /* KW 2 everywhere (26 and 78 blocks: 13 / 39 a warp): a row's bits depend on KW */
-        const variant vars[] = {V(1, 1, 2), V(1, 2, 2), V(2, 1, 2), V(4, 1, 2),
+        const variant vars[] = {V(1, 1, 2), V(1, 2, 2), V(2, 1, 2), V(4, 1, 2), VS(1, 1, 2), VS(2, 1, 2), VS(4, 1, 2),
                                 /* other splits of the blocks, timed only (other bits) */
                                 V(1, 1, 4), V(1, 1, 8), V(4, 1, 4), V(4, 1, 8)};
         printf("\n%u x %u Q4_K (%.1f MB repacked, %d copies)\n", rows, cols, bytes / 1e6, ncopy);
