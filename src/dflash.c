@@ -9,6 +9,7 @@
 #include "dflash.h"
 
 #include "quant.h"
+#include "util.h"
 
 #include <math.h>
 #include <openssl/evp.h>
@@ -384,14 +385,8 @@ int muser_dflash_run_draft(muser_dflash_run *r, int32_t t0, uint32_t n_out, int3
     if ((rc = r->impl->block(r, t0, n_out, r->scratch, err)))
         return rc;
     const uint32_t V = r->d->target->hp.n_vocab;
-    for (uint32_t i = 0; i < n_out; i++) {
-        const float *row = r->scratch + (uint64_t)i * V;
-        uint32_t best = 0;
-        for (uint32_t t = 1; t < V; t++)
-            if (row[t] > row[best])
-                best = t;
-        tokens[i] = (int32_t)best;
-    }
+    for (uint32_t i = 0; i < n_out; i++) /* finite rows: block refused any other */
+        tokens[i] = muser_argmax(r->scratch + (uint64_t)i * V, V);
     return MUSER_OK;
 }
 

@@ -449,6 +449,20 @@ static void launch(const variant &v, const mat &m, int copy, const uint8_t *xq, 
     v.fn<<<(tiles + per - 1) / per, 256, smem>>>(m.unit[copy], m.cols / 256, xq, nx, y, m.rows);
 }
 
+/* the largest max |Δy| / max |y| of rows 0..refs.size() of y ([row][m.rows]) against their f64
+ * references (1e30 where a row holds a non-finite output) */
+static double worst_rel(const mat &m, const std::vector<std::vector<double>> &refs, const std::vector<float> &y)
+{
+    double worst = 0;
+    for (size_t r = 0; r < refs.size(); r++) {
+        const std::vector<float> hy(y.begin() + r * m.rows, y.begin() + (r + 1) * m.rows);
+        const kb_errs e = kb_check(m.ref, refs[r], hy, NULL);
+        worst = e.max < 0 ? 1e30 : std::max(worst, e.max);
+        if (e.max < 0) break;
+    }
+    return worst;
+}
+
 /* the engine's kernels for the same matrix: one row mmq_launch_auto (x in mmq's layout), more rows
  * mmqd_launch_auto (x in mmqd's) */
 static void launch_engine(const mat &m, int copy, const uint8_t *xe1, const uint8_t *xed, uint32_t nx, float *y)
@@ -523,23 +537,13 @@ int main(int argc, char **argv)
         launch(vars[3], m, 0, xq, NX, y); /* 4x4 rows, KW 2 */
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(h16.data(), y, h16.size() * 4, cudaMemcpyDeviceToHost));
-        double worst = 0;
-        for (uint32_t r = 0; r < NX; r++) {
-            const std::vector<double> ref = kb_reference(m.ref, hx.data() + (size_t)r * cols);
-            std::vector<float> hy(h16.begin() + (size_t)r * rows, h16.begin() + (size_t)(r + 1) * rows);
-            const kb_errs e = kb_check(m.ref, ref, hy, NULL);
-            if (e.max < 0 || e.max > worst) worst = e.max < 0 ? 1e30 : e.max;
-        }
-        double worst_e = 0;
+        std::vector<std::vector<double>> refs;
+        for (uint32_t r = 0; r < NX; r++) refs.push_back(kb_reference(m.ref, hx.data() + (size_t)r * cols));
+        const double worst = worst_rel(m, refs, h16);
         launch_engine(m, 0, xe1, xed, NX, y);
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(hv.data(), y, hv.size() * 4, cudaMemcpyDeviceToHost));
-        for (uint32_t r = 0; r < NX; r++) {
-            const std::vector<double> ref = kb_reference(m.ref, hx.data() + (size_t)r * cols);
-            std::vector<float> hy(hv.begin() + (size_t)r * rows, hv.begin() + (size_t)(r + 1) * rows);
-            const kb_errs e = kb_check(m.ref, ref, hy, NULL);
-            if (e.max < 0 || e.max > worst_e) worst_e = e.max < 0 ? 1e30 : e.max;
-        }
+        const double worst_e = worst_rel(m, refs, hv);
         {
             size_t bad = 0;
             for (float v : h16) bad += !isfinite(v);

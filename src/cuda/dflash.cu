@@ -8,7 +8,7 @@
  * the block's attention over the cached context and itself, SwiGLU and the logits' scale and soft
  * cap are small kernels here, and the drafts' argmax. Each of the two calls is one CUDA graph,
  * recorded at creation: a block (t0's embedding and the block's position up, the layers, the LM head,
- * the argmax, the drafts and the non-finite counts back) and a context slice of up to ROWS positions
+ * the argmax, the drafts and the rows' non-finite flags back) and a context slice of up to ROWS positions
  * (its tapped rows up, fc, every layer's keys and values into the planes). What changes between
  * replays is read from pinned host staging the graph copies up first (`df_params`), so a replay is
  * one launch: a round's dozens of small kernels would otherwise cost more than the target's step on
@@ -24,6 +24,8 @@ extern "C" {
 #include "dflash.h"
 #include "quant.h"
 }
+
+#include "cuda/ops.cuh"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -62,7 +64,9 @@ typedef struct cu_dflash {
     df_params *h_prm_block;    /* pinned, beside h_x0 */
     df_ctx_stage *h_ctx;       /* pinned */
     int32_t *tok;              /* [ROWS] the drafts' argmax, on the device */
-    int32_t *h_out;            /* pinned [2·ROWS]: the drafts, then the rows' non-finite counts */
+    float *am_v, *best;        /* cu_argmax's partials [ROWS][256] (am_i beside them) and logits [ROWS] */
+    int32_t *am_i;
+    int32_t *h_out;            /* pinned [2·ROWS]: the drafts, then the rows' non-finite flags */
     uint32_t E, F, H, HKV, D, QD, KVD, B, M, V;
     float *fc, *hidden_norm, *mask_embd, *output_norm, *head; /* f32 matrices [out][in], vectors */
     cu_dflash_layer *layers;
@@ -74,7 +78,7 @@ typedef struct cu_dflash {
     float *fg, *fu;            /* [ROWS][F] */
     float *logits;             /* [ROWS][V] */
     float *scores;             /* [ROWS][H][n_ctx + ROWS] the attention weights */
-    int32_t *bad;              /* [ROWS] each logits row's non-finite count */
+    int32_t *bad;              /* [ROWS] non-zero where a logits row holds NaN or Inf (cu_argmax) */
     float *h_x0;               /* pinned [E]: t0's embedding on its way up */
     double *inv_freq;          /* [D/2] theta^(-2i/D), on the device */
     void **allocs;             /* every device allocation, freed together */
@@ -197,49 +201,14 @@ __global__ void k_df_mask_rows(float *x, const float *mask, uint32_t E, uint32_t
     if (i < (size_t)(B - 1) * E) x[E + i] = mask[i % E];
 }
 
-/* logits · scale, then cap·tanh(x/cap) when cap > 0; bad[row] counts a row's non-finite ones */
-__global__ void k_df_logit_finish(float *z, size_t n, uint32_t V, float scale, float cap, int32_t *bad)
+/* logits · scale, then cap·tanh(x/cap) when cap > 0 */
+__global__ void k_df_logit_finish(float *z, size_t n, float scale, float cap)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = z[i] * scale;
     if (cap > 0.0f) v = cap * tanhf(v / cap);
     z[i] = v;
-    if (!isfinite(v)) atomicAdd(&bad[i / V], 1);
-}
-
-/* (v, i) ahead of (bv, bi): the larger value, the lower id among equal ones (-0 equals +0), as the
- * host's first-maximum scan over a finite row */
-__device__ bool df_ahead(float v, uint32_t i, float bv, uint32_t bi)
-{
-    return v > bv || (v == bv && i < bi);
-}
-
-/* tok[row] = the argmax of logits row `row` (one block of 1024 threads per row); a row holding a
- * NaN is refused by its non-finite count, so its token is never read */
-__global__ void __launch_bounds__(1024) k_df_argmax(const float *z, uint32_t V, int32_t *tok)
-{
-    const float *row = z + (size_t)blockIdx.x * V;
-    float bv = -INFINITY;
-    uint32_t bi = 0xffffffffu;
-    for (uint32_t i = threadIdx.x; i < V; i += blockDim.x)
-        if (df_ahead(row[i], i, bv, bi)) {
-            bv = row[i];
-            bi = i;
-        }
-    __shared__ float sv[1024];
-    __shared__ uint32_t si[1024];
-    sv[threadIdx.x] = bv;
-    si[threadIdx.x] = bi;
-    __syncthreads();
-    for (uint32_t k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k && df_ahead(sv[threadIdx.x + k], si[threadIdx.x + k], sv[threadIdx.x], si[threadIdx.x])) {
-            sv[threadIdx.x] = sv[threadIdx.x + k];
-            si[threadIdx.x] = si[threadIdx.x + k];
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) tok[blockIdx.x] = si[0] < V ? (int32_t)si[0] : 0;
 }
 
 /* rows 0..prm->m of k and v into a layer's context planes at positions prm->pos.. */
@@ -343,8 +312,9 @@ static int record_context(muser_dflash_run *r, cu_dflash *c)
 }
 
 /* The block as recorded: t0's embedding and the position up, the mask rows, the layers, the final
- * norm and the LM head for rows 1..B-1, the logits' scale and cap with each row's non-finite count,
- * the argmax, and the drafts and counts back to h_out. The logits stay on the device. */
+ * norm and the LM head for rows 1..B-1, the logits' scale and cap, each row's argmax and non-finite
+ * flag (cu_argmax, the decode route's), and the drafts and flags back to h_out.
+ * The logits stay on the device. */
 static int record_block(muser_dflash_run *r, cu_dflash *c)
 {
     const muser_dflash *d = r->d;
@@ -376,10 +346,10 @@ static int record_block(muser_dflash_run *r, cu_dflash *c)
     }
     /* rows 1..B-1: the drafter's final norm, then the target's LM head */
     k_df_rms<<<B - 1, 256, 0, c->st>>>(c->x + E, c->output_norm, eps, c->a, E);
-    if (gemm(c, c->head, c->V, E, c->a, c->logits) || cudaMemsetAsync(c->bad, 0, ROWS * sizeof(int32_t), c->st)) return 1;
-    k_df_logit_finish<<<grid((size_t)(B - 1) * c->V), 256, 0, c->st>>>(c->logits, (size_t)(B - 1) * c->V, c->V,
-                                                                       t->hp.logit_scale, t->hp.final_softcap, c->bad);
-    k_df_argmax<<<B - 1, 1024, 0, c->st>>>(c->logits, c->V, c->tok);
+    if (gemm(c, c->head, c->V, E, c->a, c->logits)) return 1;
+    k_df_logit_finish<<<grid((size_t)(B - 1) * c->V), 256, 0, c->st>>>(c->logits, (size_t)(B - 1) * c->V,
+                                                                       t->hp.logit_scale, t->hp.final_softcap);
+    cu_argmax(c->st, c->logits, c->V, c->am_v, c->am_i, c->tok, c->bad, c->best, B - 1);
     return cudaMemcpyAsync(c->h_out, c->tok, ROWS * sizeof(int32_t), cudaMemcpyDeviceToHost, c->st) ||
            cudaMemcpyAsync(c->h_out + ROWS, c->bad, ROWS * sizeof(int32_t), cudaMemcpyDeviceToHost, c->st);
 }
@@ -478,6 +448,9 @@ static int cu_dflash_init(muser_dflash_run *r, muser_error *err)
     if (!e) e = dev_alloc(c, &c->scores, (size_t)ROWS * c->H * ctx_rows * sizeof(float));
     if (!e) e = dev_alloc(c, &c->bad, ROWS * sizeof(int32_t));
     if (!e) e = dev_alloc(c, &c->tok, ROWS * sizeof(int32_t));
+    if (!e) e = dev_alloc(c, &c->am_v, (size_t)ROWS * 256 * sizeof(float));
+    if (!e) e = dev_alloc(c, &c->am_i, (size_t)ROWS * 256 * sizeof(int32_t));
+    if (!e) e = dev_alloc(c, &c->best, ROWS * sizeof(float));
     if (!e) e = dev_alloc(c, &c->prm_block, sizeof(df_params));
     if (!e) e = dev_alloc(c, &c->prm_ctx, sizeof(df_params));
     if (!e) e = cudaMallocHost((void **)&c->h_x0, c->E * sizeof(float));
@@ -534,7 +507,7 @@ static int cu_dflash_context(muser_dflash_run *r, uint64_t pos0, const float *fe
     return MUSER_OK;
 }
 
-/* one replay of the block graph at t0; the drafts and the non-finite counts are in h_out after */
+/* one replay of the block graph at t0; the drafts and the non-finite flags are in h_out after */
 static int run_block(muser_dflash_run *r, int32_t t0, uint32_t n_out, muser_error *err)
 {
     cu_dflash *c = (cu_dflash *)r->state;
