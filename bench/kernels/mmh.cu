@@ -308,16 +308,16 @@ __global__ void __launch_bounds__(32 * NW, MINB)
         uint4 scw[TW], q4[TW][4];
         uint32_t mnw[TW];
         uint2 ddw[TW];
+        const uint8_t *st = wst + (size_t)(it % STN) * TW * MMH_UNIT; /* ST: this block's stage */
         if (ST) {
             mmh_copy_units<TW>(wst + (size_t)((it + STN - 1) % STN) * TW * MMH_UNIT, W, nb, tile0, b + (STN - 1) * KW, lane, true);
             asm volatile("cp.async.wait_group %0;" ::"n"(STN - 1) : "memory");
             __syncwarp();
-            const uint8_t *st = wst + (size_t)(it % STN) * TW * MMH_UNIT;
 #pragma unroll
             for (int i = 0; i < TW; i++) {
                 const uint8_t *unit = st + (size_t)i * MMH_UNIT;
 #pragma unroll
-                for (int u = 0; u < 4; u++) q4[i][u] = *(const uint4 *)(unit + (u * 32 + lane) * 16);
+                for (int u = 0; ST < 3 && u < 4; u++) q4[i][u] = *(const uint4 *)(unit + (u * 32 + lane) * 16);
                 scw[i] = *(const uint4 *)(unit + 2048 + 16 * (lane >> 2));
                 mnw[i] = *(const uint32_t *)(unit + 2176 + 4 * lane);
                 ddw[i] = *(const uint2 *)(unit + 2304 + 8 * (lane >> 2));
@@ -360,7 +360,9 @@ __global__ void __launch_bounds__(32 * NW, MINB)
             }
 #pragma unroll
             for (int i = 0; i < TW; i++) {
-                const uint32_t qw[4] = {q4[i][u].x, q4[i][u].y, q4[i][u].z, q4[i][u].w};
+                /* ST ≥ 3: each step quad's words read from the stage where they are used (fewer registers) */
+                const uint4 qv = ST >= 3 ? *(const uint4 *)(st + (size_t)i * MMH_UNIT + (u * 32 + lane) * 16) : q4[i][u];
+                const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
                 for (int ss = 0; ss < 4; ss++) {
                     const int s = 4 * u + ss, j = s >> 1;
@@ -572,9 +574,10 @@ int main(int argc, char **argv)
     const cudaDeviceProp prop = kb_device();
     const double ceil_gbs = kb_read_ceiling(prop.multiProcessorCount, kb_fill_q4k);
     int fails = 0;
-    /* Glimmer's ffn_gate (19968 × 6656, 26 blocks a row) and ffn_down's shape as Q4_K (6656 × 19968) */
-    const uint32_t shapes[2][2] = {{19968, 6656}, {6656, 19968}};
-    for (int sh = 0; sh < 2; sh++) {
+    /* Glimmer's ffn_gate (19968 × 6656, 26 blocks a row), ffn_down's shape as Q4_K (6656 × 19968),
+     * attn_output (6656 × 4096, 16 blocks) and attn_q (4096 × 6656) */
+    const uint32_t shapes[4][2] = {{19968, 6656}, {6656, 19968}, {6656, 4096}, {4096, 6656}};
+    for (int sh = 0; sh < 4; sh++) {
         const uint32_t rows = shapes[sh][0], cols = shapes[sh][1], nb = cols / 256;
         const size_t bytes = (size_t)rows / 16 * nb * MMH_UNIT;
         const int ncopy = kb_n_copy(bytes, 8);
@@ -620,7 +623,8 @@ int main(int argc, char **argv)
                                 VNS(1, 1, 8, 4, 8), VNS(1, 1, 16, 2, 16), VNS(4, 1, 8, 2, 8),
                                 /* the units through per-warp shared-memory stages */
                                 VST(1, 1, 8, 4, 8, 2), VST(1, 1, 8, 3, 8, 3), VST(1, 1, 8, 2, 8, 4), VST(1, 1, 16, 2, 16, 2),
-                                VST(1, 1, 16, 1, 16, 4), VST(4, 1, 8, 2, 8, 2), VST(4, 1, 8, 2, 8, 3), VST(4, 2, 8, 2, 8, 2)};
+                                VST(1, 1, 16, 1, 16, 4), VST(4, 1, 8, 2, 8, 2), VST(4, 1, 8, 2, 8, 3), VST(4, 2, 8, 2, 8, 3),
+                                VST(4, 2, 8, 1, 8, 3), VST(4, 2, 8, 1, 8, 2)};
         printf("\n%u x %u Q4_K (%.1f MB repacked, %d copies)\n", rows, cols, bytes / 1e6, ncopy);
         /* correctness: R = 16 against f64 per row; every row bit-identical to it alone (R = 1) and
          * in every variant */
