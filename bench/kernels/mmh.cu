@@ -45,30 +45,12 @@
  * blocks kw, kw + KW, …); each warp does TW tiles and CG column groups (4·CG x rows). KW warps'
  * partial sums are added in smem in kw order.
  *   usage: kbench_mmh [reps]   (exit 1 if a check fails) */
-#include "cuda/mmqd.cuh"
-
-#include "kbench.cuh"
+#include "kbench_q4k.cuh"
 
 #define MMH_UNIT 2368u
 #define MMH_XBLK 1088u
 
 /* ---- the weight repack ------------------------------------------------------------------------ */
-__device__ __forceinline__ void mmh_scale_min(const uint8_t *sc, int j, int &s, int &m)
-{
-    if (j < 4) {
-        s = sc[j] & 63;
-        m = sc[j + 4] & 63;
-    } else {
-        s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-        m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-    }
-}
-__device__ __forceinline__ int mmh_q(const uint8_t *blk, int p) /* raw Q4_K block (144 B), position p */
-{
-    const int c = p >> 6, l = p & 63;
-    const uint8_t byte = blk[16 + 32 * c + (l & 31)];
-    return l < 32 ? byte & 15 : byte >> 4;
-}
 /* one thread per (tile, block, row pair g): lanes 4g..4g+3 of the unit, and pair g's header */
 __global__ void mmh_repack(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint32_t nb)
 {
@@ -84,16 +66,16 @@ __global__ void mmh_repack(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint
             for (int a = 0; a < 4; a++) {
                 const uint8_t *rb = (a & 1) ? r8 : r0;
                 const int k = (a < 2 ? 2 * (int)t : 2 * (int)t + 8);
-                w |= (uint32_t)mmh_q(rb, 16 * s + k) << (4 * a);
-                w |= (uint32_t)mmh_q(rb, 16 * s + k + 1) << (16 + 4 * a);
+                w |= (uint32_t)kq4_q(rb, 16 * s + k) << (4 * a);
+                w |= (uint32_t)kq4_q(rb, 16 * s + k + 1) << (16 + 4 * a);
             }
             ((uint32_t *)u)[((s >> 2) * 32 + lane) * 4 + (s & 3)] = w;
         }
         int sc, m0, m1, m2, m3;
-        mmh_scale_min(r0 + 4, 2 * t, sc, m0);
-        mmh_scale_min(r0 + 4, 2 * t + 1, sc, m1);
-        mmh_scale_min(r8 + 4, 2 * t, sc, m2);
-        mmh_scale_min(r8 + 4, 2 * t + 1, sc, m3);
+        kq4_scale_min(r0 + 4, 2 * t, sc, m0);
+        kq4_scale_min(r0 + 4, 2 * t + 1, sc, m1);
+        kq4_scale_min(r8 + 4, 2 * t, sc, m2);
+        kq4_scale_min(r8 + 4, 2 * t + 1, sc, m3);
         uint8_t *mn = u + 2176 + 4 * lane;
         mn[0] = (uint8_t)m0;
         mn[1] = (uint8_t)m1;
@@ -102,9 +84,9 @@ __global__ void mmh_repack(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint
     }
     for (int j = 0; j < 8; j++) {
         int sc, m;
-        mmh_scale_min(r0 + 4, j, sc, m);
+        kq4_scale_min(r0 + 4, j, sc, m);
         u[2048 + 16 * g + j] = (uint8_t)sc;
-        mmh_scale_min(r8 + 4, j, sc, m);
+        kq4_scale_min(r8 + 4, j, sc, m);
         u[2048 + 16 * g + 8 + j] = (uint8_t)sc;
     }
     uint16_t *dd = (uint16_t *)(u + 2304 + 8 * g);
@@ -156,13 +138,7 @@ __global__ void mmh_prep(const float *x, uint32_t K, uint32_t nx, uint8_t *xq)
         float sum = w;
 #pragma unroll
         for (int q = 16; q; q >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, q);
-        if (lane == 0) { /* Σv / 32 (< 2^14, exact scaling): the fold multiplies dmin by 32 */
-            sum *= 0.03125f;
-            const __half shi = __float2half_rn(sum), slo = __float2half_rn(sum - __half2float(shi));
-            __half *sp = (__half *)(o + 1024);
-            sp[(0 * 4 + (i >> 1)) * 2 + (i & 1)] = shi;
-            sp[(1 * 4 + (i >> 1)) * 2 + (i & 1)] = slo;
-        }
+        if (lane == 0) kq4_sum_pieces(o + 1024, i, sum * 0.03125f); /* Σv / 32 (< 2^14, exact scaling): the fold multiplies dmin by 32 */
     }
     if (lane == 0) *(float *)(o + 1056) = s;
 }
@@ -175,21 +151,6 @@ __device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t 
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void mma8(float c[4], uint32_t a0, uint32_t a1, uint32_t b0)
-{
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(b0));
-}
-__device__ __forceinline__ uint32_t h2u(__half2 h) { return *(uint32_t *)&h; }
-__device__ __forceinline__ __half2 u2h(uint32_t u) { return *(__half2 *)&u; }
-
-/* bytes b0, b1 of w (selector nibbles) as the f16 pair (w.b0, w.b1), exactly */
-__device__ __forceinline__ __half2 mmh_bytes_h2(uint32_t w, uint32_t sel)
-{
-    return __hsub2(u2h(__byte_perm(w, 0x64646464u, sel)), u2h(0x64006400u));
-}
-
 template <int TW>
 __device__ __forceinline__ void mmh_load_units(const uint8_t *__restrict__ W, uint32_t nb, uint32_t tile0, uint32_t b, uint32_t lane,
                                                uint4 q[TW][4], uint4 sc[TW], uint32_t mn[TW], uint2 dd[TW])
@@ -370,23 +331,23 @@ __global__ void __launch_bounds__(32 * NW, MINB)
                     /* NS: the byte 0x64 from magic (bytes 1, 3), so the selector can be the immediate */
                     const uint32_t sel = NS ? (uint32_t)(j & 3) | 0x5050u | ((uint32_t)(j & 3) << 8)
                                             : (uint32_t)(j & 3) | 0x4040u | ((uint32_t)(j & 3) << 8);
-                    const __half2 s0 = NS ? __hsub2(u2h(__byte_perm(w0, magic, sel)), u2h(0x64006400u)) : mmh_bytes_h2(w0, sel);
-                    const __half2 s8 = NS ? __hsub2(u2h(__byte_perm(w8, magic, sel)), u2h(0x64006400u)) : mmh_bytes_h2(w8, sel);
-                    const __half2 n0 = __hmul2(s0, u2h(0xE400E400u)), n8 = __hmul2(s8, u2h(0xE400E400u)); /* −1024 */
+                    const __half2 s0 = NS ? __hsub2(kq4_u2h(__byte_perm(w0, magic, sel)), kq4_u2h(0x64006400u)) : kq4_bytes_h2(w0, sel);
+                    const __half2 s8 = NS ? __hsub2(kq4_u2h(__byte_perm(w8, magic, sel)), kq4_u2h(0x64006400u)) : kq4_bytes_h2(w8, sel);
+                    const __half2 n0 = __hmul2(s0, kq4_u2h(0xE400E400u)), n8 = __hmul2(s8, kq4_u2h(0xE400E400u)); /* −1024 */
                     const uint32_t w = qw[ss];
                     uint32_t a[4];
                     if (NS) {
-                        const __half2 s8h = __hmul2(s8, u2h(0x2C002C00u)), n8h = __hmul2(s8, u2h(0xD400D400u)); /* 1/16, −64 */
+                        const __half2 s8h = __hmul2(s8, kq4_u2h(0x2C002C00u)), n8h = __hmul2(s8, kq4_u2h(0xD400D400u)); /* 1/16, −64 */
                         const uint32_t w8 = w >> 8;
-                        a[0] = h2u(__hfma2(u2h((w & 0x000F000Fu) | magic), s0, n0));
-                        a[1] = h2u(__hfma2(u2h((w & 0x00F000F0u) | magic), s8h, n8h));
-                        a[2] = h2u(__hfma2(u2h((w8 & 0x000F000Fu) | magic), s0, n0));
-                        a[3] = h2u(__hfma2(u2h((w8 & 0x00F000F0u) | magic), s8h, n8h));
+                        a[0] = kq4_h2u(__hfma2(kq4_u2h((w & 0x000F000Fu) | magic), s0, n0));
+                        a[1] = kq4_h2u(__hfma2(kq4_u2h((w & 0x00F000F0u) | magic), s8h, n8h));
+                        a[2] = kq4_h2u(__hfma2(kq4_u2h((w8 & 0x000F000Fu) | magic), s0, n0));
+                        a[3] = kq4_h2u(__hfma2(kq4_u2h((w8 & 0x00F000F0u) | magic), s8h, n8h));
                     } else {
-                        a[0] = h2u(__hfma2(u2h((w & 0x000F000Fu) | 0x64006400u), s0, n0));
-                        a[1] = h2u(__hfma2(u2h(((w >> 4) & 0x000F000Fu) | 0x64006400u), s8, n8));
-                        a[2] = h2u(__hfma2(u2h(((w >> 8) & 0x000F000Fu) | 0x64006400u), s0, n0));
-                        a[3] = h2u(__hfma2(u2h(((w >> 12) & 0x000F000Fu) | 0x64006400u), s8, n8));
+                        a[0] = kq4_h2u(__hfma2(kq4_u2h((w & 0x000F000Fu) | 0x64006400u), s0, n0));
+                        a[1] = kq4_h2u(__hfma2(kq4_u2h(((w >> 4) & 0x000F000Fu) | 0x64006400u), s8, n8));
+                        a[2] = kq4_h2u(__hfma2(kq4_u2h(((w >> 8) & 0x000F000Fu) | 0x64006400u), s0, n0));
+                        a[3] = kq4_h2u(__hfma2(kq4_u2h(((w >> 12) & 0x000F000Fu) | 0x64006400u), s8, n8));
                     }
 #pragma unroll
                     for (int c = 0; c < CG; c++) {
@@ -400,13 +361,13 @@ __global__ void __launch_bounds__(32 * NW, MINB)
         /* the min term and the fold */
 #pragma unroll
         for (int i = 0; i < TW; i++) {
-            const uint32_t am0 = h2u(mmh_bytes_h2(mnw[i], 0x4140u)), am1 = h2u(mmh_bytes_h2(mnw[i], 0x4342u));
-            const float d0 = __half2float(u2h(ddw[i].x).x), d8 = __half2float(u2h(ddw[i].x).y);
-            const float m0 = 32.f * __half2float(u2h(ddw[i].y).x), m8 = 32.f * __half2float(u2h(ddw[i].y).y);
+            const uint32_t am0 = kq4_h2u(kq4_bytes_h2(mnw[i], 0x4140u)), am1 = kq4_h2u(kq4_bytes_h2(mnw[i], 0x4342u));
+            const float d0 = __half2float(kq4_u2h(ddw[i].x).x), d8 = __half2float(kq4_u2h(ddw[i].x).y);
+            const float m0 = 32.f * __half2float(kq4_u2h(ddw[i].y).x), m8 = 32.f * __half2float(kq4_u2h(ddw[i].y).y);
 #pragma unroll
             for (int c = 0; c < CG; c++) {
                 float M[4] = {0.f, 0.f, 0.f, 0.f};
-                mma8(M, am0, am1, bm[c]);
+                kq4_mma8(M, am0, am1, bm[c]);
                 const float v0 = __fsub_rn(__fmul_rn(d0, __fadd_rn(C[i][c][0], C[i][c][1])),
                                            __fmul_rn(m0, __fadd_rn(M[0], M[1])));
                 const float v8 = __fsub_rn(__fmul_rn(d8, __fadd_rn(C[i][c][2], C[i][c][3])),
@@ -545,40 +506,14 @@ static double worst_rel(const mat &m, const std::vector<std::vector<double>> &re
     return worst;
 }
 
-/* the engine's kernels for the same matrix: one row mmq_launch_auto (x in mmq's layout), more rows
- * mmqd_launch_auto (x in mmqd's) */
-static void launch_engine(const mat &m, int copy, const uint8_t *xe1, const uint8_t *xed, uint32_t nx, float *y)
-{
-    mmq_args A;
-    memset(&A, 0, sizeof A);
-    A.a = m.kt[copy];
-    A.rows = m.rows;
-    A.K = m.cols;
-    A.out = y;
-    A.op = MV_OP_STORE;
-    if (nx <= 1) {
-        A.x = xe1;
-        mmq_launch_auto(A, false, 0, false, 132);
-    } else {
-        A.x = xed;
-        A.nx = nx;
-        A.xs = (uint32_t)mmqd_x_bytes(m.cols);
-        A.os = m.rows;
-        mmqd_launch_auto(A, 0, false);
-    }
-}
-
 int main(int argc, char **argv)
 {
     const int reps = argc > 1 ? atoi(argv[1]) : 9;
     const cudaDeviceProp prop = kb_device();
     const double ceil_gbs = kb_read_ceiling(prop.multiProcessorCount, kb_fill_q4k);
     int fails = 0;
-    /* Glimmer's ffn_gate (19968 × 6656, 26 blocks a row), ffn_down's shape as Q4_K (6656 × 19968),
-     * attn_output (6656 × 4096, 16 blocks) and attn_q (4096 × 6656) */
-    const uint32_t shapes[4][2] = {{19968, 6656}, {6656, 19968}, {6656, 4096}, {4096, 6656}};
     for (int sh = 0; sh < 4; sh++) {
-        const uint32_t rows = shapes[sh][0], cols = shapes[sh][1], nb = cols / 256;
+        const uint32_t rows = kq4_shapes[sh][0], cols = kq4_shapes[sh][1], nb = cols / 256;
         const size_t bytes = (size_t)rows / 16 * nb * MMH_UNIT;
         const int ncopy = kb_n_copy(bytes, 8);
         mat m;
@@ -591,15 +526,7 @@ int main(int argc, char **argv)
         CK(cudaMalloc(&y1, (size_t)rows * 4));
         CK(cudaMalloc(&xq, (size_t)NX * nb * MMH_XBLK));
         CK(cudaMalloc(&xq1, (size_t)nb * MMH_XBLK));
-        /* x rows: uniform [-1, 1) with one heavy outlier per row, scaled per row by 2^(r - 8) */
-        std::vector<float> hx((size_t)NX * cols);
-        for (uint32_t r = 0; r < NX; r++)
-            for (uint32_t c = 0; c < cols; c++) {
-                const uint32_t h = (uint32_t)((r * 7919u + c) * 2654435761u);
-                float v = (float)((int)(h >> 8) % 200001 - 100000) / 100000.f;
-                if (c == (r * 997u) % cols) v *= 300.f;
-                hx[(size_t)r * cols + c] = ldexpf(v, (int)r - 8);
-            }
+        const std::vector<float> hx = kq4_x_rows(NX, cols);
         CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
         mmh_prep<<<(NX * nb * 32 + 255) / 256, 256>>>(x, cols, NX, xq);
         CK(cudaGetLastError());
@@ -635,7 +562,7 @@ int main(int argc, char **argv)
         std::vector<std::vector<double>> refs;
         for (uint32_t r = 0; r < NX; r++) refs.push_back(kb_reference(m.ref, hx.data() + (size_t)r * cols));
         const double worst = worst_rel(m, refs, h16);
-        launch_engine(m, 0, xe1, xed, NX, y);
+        kq4_engine(m.kt[0], rows, cols, xe1, xed, NX, y);
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(hv.data(), y, hv.size() * 4, cudaMemcpyDeviceToHost));
         const double worst_e = worst_rel(m, refs, hv);
@@ -713,7 +640,7 @@ int main(int argc, char **argv)
             float e1 = 0;
             for (int k = 0; k < 4; k++) {
                 const uint32_t n = nxs[k];
-                const float ms = kb_time_launches([&](int c) { launch_engine(m, c, xe1, xed, n, y); }, ncopy, reps);
+                const float ms = kb_time_launches([&](int c) { kq4_engine(m.kt[c], rows, cols, xe1, xed, n, y); }, ncopy, reps);
                 if (n == 1) e1 = ms;
                 printf("  %-26s %6u %9.1f %8.1f %6.1f%%   %.2fx its 1-row time\n", "engine (mmq / mmqd)", n, ms * 1e3,
                        m.ref.bytes / (ms * 1e-3) / 1e9, 100 * m.ref.bytes / (ms * 1e-3) / 1e9 / ceil_gbs, ms / e1);

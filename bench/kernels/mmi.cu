@@ -1,0 +1,380 @@
+/* mmi.cu — workbench for the exact-integer-per-block matvec (#19; bench/kernels/NOTES.md, "mmh",
+ * the redesign it points to). Nothing here is used by the engine.
+ *
+ * The question: can a one-row kernel and a 16-row kernel give bit-identical rows while each takes
+ * its own fastest shape? They can if every value that depends on the summation order is an exact
+ * integer, so that the only roundings are a fold per (weight row, x row, block) done in one fixed
+ * order by both. Q4_K, w = d·sc_j·q − dmin·m_j per sub-block j of 32.
+ *
+ * Numerics. x per (row, block): a power of two s with |x|/s < 2^30, v = rint(x/s) (31 bits of the
+ * block's largest), v = d0 + 2^8·d1 + 2^16·d2 + 2^24·d3 in balanced digits (|d_k| ≤ 128). The main
+ * term per digit, T_k = Σ_j sc_j·Σ_{p∈j} q_p·d_k,p, is an exact int32 (|T_k| < 256·945·128 < 2^25):
+ * one m16n8k32 (u8 nibbles × s8 digits, exact int32) per sub-block, then one IMAD by sc_j. The min
+ * term M = Σ_j m_j·Σ_{p∈j} x̂_p (x̂ = v·s) goes through one m16n8k8 (f16 m against the f16 hi/lo of
+ * the sub-block sums the x writer made once): not exact, but the same operands in the same
+ * instruction give the same bits in any column (the mmh check showed it). Then, per (weight row,
+ * x row, block), in f64: y += s·(d·Σ_k 2^8k·T_k − dmin·2^20·M) (the Σ exact: < 2^49), the blocks of
+ * a warp in order, the KW warps in order, one rounding to f32 at the end.
+ *
+ * mma m16n8k32 (u8 × s8 → s32): lane (g, t) holds A rows g, g+8 at k 4t..4t+3 (a0, a1) and
+ * 16+4t..+3 (a2, a3), B column g at k 4t..4t+3 (b0) and 16+4t..+3 (b1), C rows g, g+8 at columns
+ * 2t, 2t+1. Column c of n-tile n is x row 2n + c/4, digit c%4: lane t ends with digits 2(t&1),
+ * 2(t&1)+1 of x row 2n + t/2, and its partner t^1 with the other two.
+ *
+ * Weights, repacked (mmi_repack): units of (16-row tile, block), MMI_UNIT = 2368 bytes:
+ *   [0, 2048)    [u 0..3][lane][4 words]: word 2j + r (r 0: row g, 1: row g+8) of lane (g, t), byte i
+ *                = q at 32j + 4t + i (low nibble) and at 32j + 16 + 4t + i (high nibble)
+ *   [2048, 2176) per row pair g: the 8 sub-block scales of row g, then of row g + 8
+ *   [2176, 2304) per row pair g: the 8 mins of row g, then of row g + 8
+ *   [2304, 2368) per row pair g: d_g, d_g8, dmin_g, dmin_g8 (f16)
+ * x, per row and block, MMI_XBLK = 1072 bytes: [j][digit][t][b0 4 bytes, b1 4 bytes] (1024), then
+ * [piece][t] the f16 pair of 2^-20·Σ v over sub-blocks 2t, 2t+1 (32), then s (f32), padding.
+ *
+ * Launch: a CTA of 8 warps = (8 / KW) tiles × KW warps splitting the blocks (warp kw takes blocks
+ * kw, kw + KW, …); a warp does NT n-tiles (2·NT x rows). KW is the matrix's; NT only what fits.
+ *   usage: kbench_mmi [reps]   (exit 1 if a check fails) */
+#include "kbench_q4k.cuh"
+
+#define MMI_UNIT 2368u
+#define MMI_XBLK 1072u
+
+/* ---- the weight repack: one thread per (tile, block, row pair g) ------------------------------ */
+__global__ void mmi_repack(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint32_t nb)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows / 16 * nb * 8) return;
+    const uint32_t g = (uint32_t)(i & 7), b = (uint32_t)((i >> 3) % nb), T = (uint32_t)((i >> 3) / nb);
+    const uint8_t *rw[2] = {raw + ((size_t)(16 * T + g) * nb + b) * 144, raw + ((size_t)(16 * T + g + 8) * nb + b) * 144};
+    uint8_t *u = dst + ((size_t)T * nb + b) * MMI_UNIT;
+    for (uint32_t t = 0; t < 4; t++) {
+        const uint32_t lane = 4 * g + t;
+        for (uint32_t w = 0; w < 16; w++) {
+            const uint32_t j = w >> 1, r = w & 1;
+            uint32_t word = 0;
+            for (uint32_t by = 0; by < 4; by++) {
+                const uint32_t lo = kq4_q(rw[r], (int)(32 * j + 4 * t + by)), hi = kq4_q(rw[r], (int)(32 * j + 16 + 4 * t + by));
+                word |= (lo | hi << 4) << (8 * by);
+            }
+            ((uint32_t *)u)[((w >> 2) * 32 + lane) * 4 + (w & 3)] = word;
+        }
+    }
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 8; j++) {
+            int s, m;
+            kq4_scale_min(rw[r] + 4, j, s, m);
+            u[2048 + 16 * g + 8 * r + j] = (uint8_t)s;
+            u[2176 + 16 * g + 8 * r + j] = (uint8_t)m;
+        }
+    uint16_t *dd = (uint16_t *)(u + 2304 + 8 * g);
+    dd[0] = *(const uint16_t *)rw[0];
+    dd[1] = *(const uint16_t *)rw[1];
+    dd[2] = *(const uint16_t *)(rw[0] + 2);
+    dd[3] = *(const uint16_t *)(rw[1] + 2);
+}
+
+/* ---- the x writer: one warp per (row, block); lane l holds positions 32i + l (sub-block i) ------ */
+__global__ void mmi_prep(const float *x, uint32_t K, uint32_t nx, uint8_t *xq)
+{
+    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31, nb = K / 256;
+    if (warp >= nx * nb) return;
+    const uint32_t r = warp / nb, b = warp % nb;
+    const float *xb = x + (size_t)r * K + 256 * b;
+    float v[8], mx = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[i] = xb[32 * i + lane];
+        mx = fmaxf(mx, fabsf(v[i]));
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+    float s = 1.f; /* |x| / s < 2^30 (1 for an all-zero block) */
+    if (mx > 0.f) {
+        int e;
+        frexpf(mx, &e); /* mx < 2^e */
+        s = ldexpf(1.f, e - 30);
+    }
+    uint8_t *o = xq + ((size_t)r * nb + b) * MMI_XBLK;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int32_t q = __float2int_rn(v[i] / s); /* exact division by a power of two, then rint */
+        const int32_t d0 = (int8_t)(q & 0xFF), q1 = (q - d0) >> 8, d1 = (int8_t)(q1 & 0xFF), q2 = (q1 - d1) >> 8,
+                      d2 = (int8_t)(q2 & 0xFF), d3 = (q2 - d2) >> 8;
+        const int32_t dg[4] = {d0, d1, d2, d3};
+        const uint32_t kk = lane, t = (kk & 15) >> 2, half = kk >> 4, by = kk & 3;
+#pragma unroll
+        for (int c = 0; c < 4; c++) o[((i * 4 + c) * 4 + t) * 8 + half * 4 + by] = (uint8_t)(int8_t)dg[c];
+        /* the sub-block's Σ v (exact in f64: < 2^35), as 2^-20·Σ in two f16 pieces */
+        double sum = (double)q;
+#pragma unroll
+        for (int w = 16; w; w >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, w);
+        if (lane == 0) kq4_sum_pieces(o + 1024, i, (float)(sum * 0x1p-20));
+    }
+    if (lane == 0) *(float *)(o + 1056) = s;
+}
+
+/* ---- the kernel ------------------------------------------------------------------------------- */
+__device__ __forceinline__ void mmi_imma(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <int NT, int KW, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+    mmi_kernel(const uint8_t *__restrict__ W, uint32_t nb, const uint8_t *__restrict__ xq, uint32_t nx, float *__restrict__ y,
+               uint32_t rows)
+{
+    constexpr int TG = 8 / KW, NM = (2 * NT + 3) / 4; /* min n-tiles: 4 x rows (hi, lo) each */
+    __shared__ double red[KW > 1 ? KW - 1 : 1][TG][NT][2][32];
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t kw = warp % KW, tg = warp / KW, tile = blockIdx.x * TG + tg;
+    const bool live = tile * 16 < rows;
+    double yacc[NT][2];
+#pragma unroll
+    for (int n = 0; n < NT; n++) yacc[n][0] = yacc[n][1] = 0.0;
+    for (uint32_t b = kw; live && b < nb; b += KW) {
+        const uint8_t *unit = W + ((size_t)tile * nb + b) * MMI_UNIT;
+        uint4 q[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) q[u] = __ldg((const uint4 *)(unit + (u * 32 + lane) * 16));
+        const uint4 sc = __ldg((const uint4 *)(unit + 2048 + 16 * g)), mn = __ldg((const uint4 *)(unit + 2176 + 16 * g));
+        const uint2 dd = __ldg((const uint2 *)(unit + 2304 + 8 * g));
+        /* this lane's B column: x row 2n + g/4, digit g%4 */
+        const uint8_t *xb[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            xb[n] = xq + ((size_t)min(2 * n + (g >> 2), nx - 1) * nb + b) * MMI_XBLK + ((g & 3) * 4 + t) * 8;
+        int acc[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint4 &qq = q[j >> 1];
+            const uint32_t w0 = (j & 1) ? qq.z : qq.x, w1 = (j & 1) ? qq.w : qq.y;
+            const uint32_t a[4] = {w0 & 0x0F0F0F0Fu, w1 & 0x0F0F0F0Fu, (w0 >> 4) & 0x0F0F0F0Fu, (w1 >> 4) & 0x0F0F0F0Fu};
+            const int s0 = (int)(((j < 4 ? sc.x : sc.y) >> (8 * (j & 3))) & 0xFF);
+            const int s8 = (int)(((j < 4 ? sc.z : sc.w) >> (8 * (j & 3))) & 0xFF);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const uint2 bx = __ldg((const uint2 *)(xb[n] + j * 128));
+                int c[4] = {0, 0, 0, 0};
+                mmi_imma(c, a, bx.x, bx.y);
+                acc[n][0] += s0 * c[0];
+                acc[n][1] += s0 * c[1];
+                acc[n][2] += s8 * c[2];
+                acc[n][3] += s8 * c[3];
+            }
+        }
+        /* the min term: A = m of rows g, g+8 at sub-blocks 2t, 2t+1 (f16), B = the sums' pieces */
+        const uint32_t mw0 = t < 2 ? mn.x : mn.y, mw8 = t < 2 ? mn.z : mn.w, sh = 2 * (t & 1);
+        const uint32_t am0 = kq4_h2u(kq4_bytes_h2(mw0, (sh | (sh + 1) << 8) | 0x4040u));
+        const uint32_t am1 = kq4_h2u(kq4_bytes_h2(mw8, (sh | (sh + 1) << 8) | 0x4040u));
+        float Mv[NM][4];
+#pragma unroll
+        for (int k = 0; k < NM; k++) {
+            const uint32_t xr = min(4 * k + (g >> 1), nx - 1);
+            const uint32_t bm = __ldg((const uint32_t *)(xq + ((size_t)xr * nb + b) * MMI_XBLK + 1024 + ((g & 1) * 4 + t) * 4));
+            Mv[k][0] = Mv[k][1] = Mv[k][2] = Mv[k][3] = 0.f;
+            kq4_mma8(Mv[k], am0, am1, bm);
+        }
+        const double d0 = (double)__half2float(__ushort_as_half((unsigned short)(dd.x & 0xFFFF))),
+                     d8 = (double)__half2float(__ushort_as_half((unsigned short)(dd.x >> 16))),
+                     m0 = 0x1p20 * (double)__half2float(__ushort_as_half((unsigned short)(dd.y & 0xFFFF))),
+                     m8 = 0x1p20 * (double)__half2float(__ushort_as_half((unsigned short)(dd.y >> 16)));
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            /* this lane's two digits, exact; the partner's two; x row xr = 2n + t/2 */
+            const double p0 = (double)acc[n][0] + 256.0 * (double)acc[n][1];
+            const double p8 = (double)acc[n][2] + 256.0 * (double)acc[n][3];
+            const double q0 = __shfl_xor_sync(0xFFFFFFFFu, p0, 1), q8 = __shfl_xor_sync(0xFFFFFFFFu, p8, 1);
+            const double T0 = (t & 1) ? q0 + 65536.0 * p0 : p0 + 65536.0 * q0;
+            const double T8 = (t & 1) ? q8 + 65536.0 * p8 : p8 + 65536.0 * q8;
+            /* the min of x row xr is in lane (g, xr % 4) of min tile xr / 4 = n / 2 */
+            const uint32_t xr = 2 * n + (t >> 1), src = 4 * g + (xr & 3);
+            const float *mv = Mv[n >> 1];
+            const float M0 = __shfl_sync(0xFFFFFFFFu, __fadd_rn(mv[0], mv[1]), src);
+            const float M8 = __shfl_sync(0xFFFFFFFFu, __fadd_rn(mv[2], mv[3]), src);
+            const double sx = (double)__ldg((const float *)(xq + ((size_t)min(xr, nx - 1) * nb + b) * MMI_XBLK + 1056));
+            yacc[n][0] = fma(sx, fma(d0, T0, -m0 * (double)M0), yacc[n][0]);
+            yacc[n][1] = fma(sx, fma(d8, T8, -m8 * (double)M8), yacc[n][1]);
+        }
+    }
+    if (KW > 1) {
+        if (kw > 0)
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                red[kw - 1][tg][n][0][lane] = yacc[n][0];
+                red[kw - 1][tg][n][1][lane] = yacc[n][1];
+            }
+        __syncthreads();
+        if (kw > 0) return;
+#pragma unroll
+        for (int k = 0; k < KW - 1; k++)
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                yacc[n][0] += red[k][tg][n][0][lane];
+                yacc[n][1] += red[k][tg][n][1][lane];
+            }
+    }
+    if (!live || (t & 1)) return;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const uint32_t xr = 2 * n + (t >> 1), row = tile * 16 + g;
+        if (xr < nx) {
+            y[(size_t)xr * rows + row] = (float)yacc[n][0];
+            y[(size_t)xr * rows + row + 8] = (float)yacc[n][1];
+        }
+    }
+}
+
+/* ---- workbench -------------------------------------------------------------------------------- */
+typedef void (*mmi_fn)(const uint8_t *, uint32_t, const uint8_t *, uint32_t, float *, uint32_t);
+struct mmi_variant {
+    const char *name;
+    int nt, kw;
+    mmi_fn fn;
+};
+#define VI(NT, KW, MB) {#NT " n-tiles (" #NT "x2 rows), KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB>}
+
+int main(int argc, char **argv)
+{
+    const int reps = argc > 1 ? atoi(argv[1]) : 9;
+    const cudaDeviceProp prop = kb_device();
+    const double ceil_gbs = kb_read_ceiling(prop.multiProcessorCount, kb_fill_q4k);
+    int fails = 0;
+    for (int sh = 0; sh < 4; sh++) {
+        const uint32_t rows = kq4_shapes[sh][0], cols = kq4_shapes[sh][1], nb = cols / 256;
+        const size_t ubytes = (size_t)rows / 16 * nb * MMI_UNIT;
+        const int ncopy = kb_n_copy(ubytes, 8);
+        kb_qmat ref; /* the raw rows sampled for the f64 reference, and the engine's Q4_KT copies */
+        kb_make_qmat(ref, GGML_TYPE_Q4_K, rows, cols, ncopy, 21 + sh, NULL, mmq_repack_q4k);
+        std::vector<uint8_t *> units;
+        {
+            uint8_t *raw;
+            CK(cudaMalloc(&raw, ref.bytes));
+            for (int k = 0; k < ncopy; k++) {
+                kb_fill_q4k<<<2048, 256>>>(raw, ref.bytes, 21 + sh + k); /* the same draws as ref's copy k */
+                uint8_t *u;
+                CK(cudaMalloc(&u, ubytes));
+                const size_t nt = (size_t)rows / 16 * nb * 8;
+                mmi_repack<<<(unsigned)((nt + 255) / 256), 256>>>(raw, u, rows, nb);
+                CK(cudaGetLastError());
+                units.push_back(u);
+            }
+            CK(cudaDeviceSynchronize());
+            CK(cudaFree(raw));
+        }
+        const uint32_t NX = 16;
+        float *x, *y, *y1;
+        uint8_t *xq, *xq1, *xe1, *xed;
+        CK(cudaMalloc(&x, (size_t)NX * cols * 4));
+        CK(cudaMalloc(&y, (size_t)NX * rows * 4));
+        CK(cudaMalloc(&y1, (size_t)rows * 4));
+        CK(cudaMalloc(&xq, (size_t)NX * nb * MMI_XBLK));
+        CK(cudaMalloc(&xq1, (size_t)nb * MMI_XBLK));
+        CK(cudaMalloc(&xe1, mmq_x_bytes(cols)));
+        CK(cudaMalloc(&xed, NX * mmqd_x_bytes(cols)));
+        const std::vector<float> hx = kq4_x_rows(NX, cols);
+        CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        mmi_prep<<<(NX * nb * 32 + 255) / 256, 256>>>(x, cols, NX, xq);
+        mmq_prep_launch(0, x, xe1, cols);
+        mmq_prep_launch_t<mmqd_prep>(0, x, xed, cols, false, NX, cols, (uint32_t)mmqd_x_bytes(cols));
+        CK(cudaGetLastError());
+        /* KW 8 for every variant: the rows' bits depend on it, never on NT */
+        const mmi_variant vars[] = {VI(8, 8, 1), VI(1, 8, 4), VI(1, 8, 3), VI(2, 8, 3), VI(4, 8, 2), VI(8, 8, 2)};
+        const int nv = (int)(sizeof vars / sizeof vars[0]);
+        auto launch = [&](const mmi_variant &v, int copy, const uint8_t *xx, uint32_t n, float *yy) {
+            const uint32_t per = 8 / v.kw;
+            v.fn<<<(rows / 16 + per - 1) / per, 256>>>(units[copy], nb, xx, n, yy, rows);
+        };
+        auto engine = [&](int copy, uint32_t n, float *yy) { kq4_engine(ref.mm[copy], rows, cols, xe1, xed, n, yy); };
+        printf("\n%u x %u Q4_K (%.1f MB as these units, %d copies)\n", rows, cols, ubytes / 1e6, ncopy);
+        /* correctness: 16 rows against f64; every row alone, and in every variant, the same bytes */
+        std::vector<float> h16((size_t)NX * rows), h1(rows), hv((size_t)NX * rows);
+        launch(vars[0], 0, xq, NX, y);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(h16.data(), y, h16.size() * 4, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        for (uint32_t r = 0; r < NX; r++) {
+            const std::vector<double> rr = kb_reference(ref, hx.data() + (size_t)r * cols);
+            const std::vector<float> hy(h16.begin() + (size_t)r * rows, h16.begin() + (size_t)(r + 1) * rows);
+            const kb_errs e = kb_check(ref, rr, hy, NULL);
+            worst = e.max < 0 ? 1e30 : std::max(worst, e.max);
+        }
+        engine(0, NX, y);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(hv.data(), y, hv.size() * 4, cudaMemcpyDeviceToHost));
+        double worst_e = 0;
+        for (uint32_t r = 0; r < NX; r++) {
+            const std::vector<double> rr = kb_reference(ref, hx.data() + (size_t)r * cols);
+            const std::vector<float> hy(hv.begin() + (size_t)r * rows, hv.begin() + (size_t)(r + 1) * rows);
+            const kb_errs e = kb_check(ref, rr, hy, NULL);
+            worst_e = e.max < 0 ? 1e30 : std::max(worst_e, e.max);
+        }
+        printf("  vs f64: max |dy| / max |y| %.2e over 16 rows (x 2^-8 .. 2^7, a 300x outlier a row); the engine's mmqd %.2e\n",
+               worst, worst_e);
+        if (!(worst < 1e-6)) {
+            printf("  FAIL: error above 1e-6\n");
+            fails++;
+        }
+        int mism = 0, cmp = 0;
+        for (uint32_t r = 0; r < NX; r++) {
+            CK(cudaMemcpy(xq1, xq + (size_t)r * nb * MMI_XBLK, (size_t)nb * MMI_XBLK, cudaMemcpyDeviceToDevice));
+            for (int vi = 0; vi < nv; vi++) {
+                if (vars[vi].nt != 1 && r % 5) continue; /* the one-row kernels on every row, the others on some */
+                CK(cudaMemset(y1, 0xFF, rows * 4));
+                launch(vars[vi], 0, xq1, 1, y1);
+                CK(cudaDeviceSynchronize());
+                CK(cudaMemcpy(h1.data(), y1, rows * 4, cudaMemcpyDeviceToHost));
+                cmp++;
+                if (memcmp(h1.data(), h16.data() + (size_t)r * rows, rows * 4)) {
+                    if (mism < 4) printf("  row %u alone (%s) is not its bytes among 16\n", r, vars[vi].name);
+                    mism++;
+                }
+            }
+        }
+        for (int vi = 1; vi < nv; vi++) {
+            const uint32_t n = std::min(NX, 2u * vars[vi].nt);
+            CK(cudaMemset(y, 0xFF, (size_t)NX * rows * 4));
+            launch(vars[vi], 0, xq, n, y);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(hv.data(), y, (size_t)n * rows * 4, cudaMemcpyDeviceToHost));
+            cmp++;
+            if (memcmp(hv.data(), h16.data(), (size_t)n * rows * 4)) {
+                printf("  %s, %u rows: not the bytes of the 16-row kernel\n", vars[vi].name, n);
+                mism++;
+            }
+        }
+        printf("  row invariance: %d mismatches in %d comparisons (rows alone in every kernel, 2..16 rows together)\n",
+               mism, cmp);
+        if (mism) fails++;
+        printf("  %-34s %5s %8s %8s %7s\n", "kernel", "rows", "us", "GB/s", "% read");
+        const uint32_t nxs[4] = {1, 4, 8, 16};
+        for (int k = 0; k < 4; k++) {
+            const uint32_t n = nxs[k];
+            const float ms = kb_time_launches([&](int c) { engine(c, n, y); }, ncopy, reps);
+            printf("  %-34s %5u %8.1f %8.1f %6.1f%%\n", "engine (mmq / mmqd)", n, ms * 1e3, ref.bytes / (ms * 1e-3) / 1e9,
+                   100 * ref.bytes / (ms * 1e-3) / 1e9 / ceil_gbs);
+        }
+        for (int vi = 0; vi < nv; vi++)
+            for (int k = 0; k < 4; k++) {
+                const uint32_t n = nxs[k];
+                if (n > 2u * vars[vi].nt || (vars[vi].nt > 1 && n <= vars[vi].nt)) continue;
+                const float ms = kb_time_launches([&](int c) { launch(vars[vi], c, xq, n, y); }, ncopy, reps);
+                printf("  %-34s %5u %8.1f %8.1f %6.1f%%\n", vars[vi].name, n, ms * 1e3, ubytes / (ms * 1e-3) / 1e9,
+                       100 * ubytes / (ms * 1e-3) / 1e9 / ceil_gbs);
+            }
+        for (uint8_t *p : units) CK(cudaFree(p));
+        kb_free_qmat(ref);
+        CK(cudaFree(x));
+        CK(cudaFree(y));
+        CK(cudaFree(y1));
+        CK(cudaFree(xq));
+        CK(cudaFree(xq1));
+        CK(cudaFree(xe1));
+        CK(cudaFree(xed));
+    }
+    printf("kbench_mmi: %s\n", fails ? "FAIL" : "ok");
+    return fails ? 1 : 0;
+}
