@@ -120,19 +120,24 @@ __device__ __forceinline__ void mmi_imma(int c[4], const uint32_t a[4], uint32_t
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-template <int NT, int KW, int MINB>
-__global__ void __launch_bounds__(256, MINB)
+/* NW warps a CTA: NW / (KW·CG) tiles × CG column groups (of 2·NT x rows each, x row 2·NT·cg on)
+ * × KW. Each lane folds one weight row: the lane of a pair with the low digits row g, its partner
+ * (the high digits) row g + 8, each getting the other's digits for its row by one shuffle. */
+template <int NT, int KW, int MINB, int CG = 1, int NW = 8>
+__global__ void __launch_bounds__(32 * NW, MINB)
     mmi_kernel(const uint8_t *__restrict__ W, uint32_t nb, const uint8_t *__restrict__ xq, uint32_t nx, float *__restrict__ y,
                uint32_t rows)
 {
-    constexpr int TG = 8 / KW, NM = (2 * NT + 3) / 4; /* min n-tiles: 4 x rows (hi, lo) each */
-    __shared__ double red[KW > 1 ? KW - 1 : 1][TG][NT][2][32];
-    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t kw = warp % KW, tg = warp / KW, tile = blockIdx.x * TG + tg;
-    const bool live = tile * 16 < rows;
-    double yacc[NT][2];
+    static_assert(NW % (KW * CG) == 0, "NW = tiles · CG · KW");
+    constexpr int TG = NW / (KW * CG), NM = (2 * NT + 3) / 4; /* min n-tiles: 4 x rows (hi, lo) each */
+    __shared__ double red[KW > 1 ? KW - 1 : 1][TG * CG][NT][32];
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, hi = t & 1;
+    const uint32_t kw = warp % KW, cg = (warp / KW) % CG, tg = warp / (KW * CG), tile = blockIdx.x * TG + tg;
+    const uint32_t x0 = 2 * NT * cg; /* this warp's first x row */
+    const bool live = tile * 16 < rows && x0 < nx;
+    double yacc[NT];
 #pragma unroll
-    for (int n = 0; n < NT; n++) yacc[n][0] = yacc[n][1] = 0.0;
+    for (int n = 0; n < NT; n++) yacc[n] = 0.0;
     for (uint32_t b = kw; live && b < nb; b += KW) {
         const uint8_t *unit = W + ((size_t)tile * nb + b) * MMI_UNIT;
         uint4 q[4];
@@ -144,7 +149,7 @@ __global__ void __launch_bounds__(256, MINB)
         const uint8_t *xb[NT];
 #pragma unroll
         for (int n = 0; n < NT; n++)
-            xb[n] = xq + ((size_t)min(2 * n + (g >> 2), nx - 1) * nb + b) * MMI_XBLK + ((g & 3) * 4 + t) * 8;
+            xb[n] = xq + ((size_t)min(x0 + 2 * n + (g >> 2), nx - 1) * nb + b) * MMI_XBLK + ((g & 3) * 4 + t) * 8;
         int acc[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
@@ -173,7 +178,7 @@ __global__ void __launch_bounds__(256, MINB)
         float Mv[NM][4];
 #pragma unroll
         for (int k = 0; k < NM; k++) {
-            const uint32_t xr = min(4 * k + (g >> 1), nx - 1);
+            const uint32_t xr = min(x0 + 4 * k + (g >> 1), nx - 1);
             const uint32_t bm = __ldg((const uint32_t *)(xq + ((size_t)xr * nb + b) * MMI_XBLK + 1024 + ((g & 1) * 4 + t) * 4));
             Mv[k][0] = Mv[k][1] = Mv[k][2] = Mv[k][3] = 0.f;
             kq4_mma8(Mv[k], am0, am1, bm);
@@ -187,44 +192,35 @@ __global__ void __launch_bounds__(256, MINB)
             /* this lane's two digits, exact; the partner's two; x row xr = 2n + t/2 */
             const double p0 = (double)acc[n][0] + 256.0 * (double)acc[n][1];
             const double p8 = (double)acc[n][2] + 256.0 * (double)acc[n][3];
-            const double q0 = __shfl_xor_sync(0xFFFFFFFFu, p0, 1), q8 = __shfl_xor_sync(0xFFFFFFFFu, p8, 1);
-            const double T0 = (t & 1) ? q0 + 65536.0 * p0 : p0 + 65536.0 * q0;
-            const double T8 = (t & 1) ? q8 + 65536.0 * p8 : p8 + 65536.0 * q8;
-            /* the min of x row xr is in lane (g, xr % 4) of min tile xr / 4 = n / 2 */
-            const uint32_t xr = 2 * n + (t >> 1), src = 4 * g + (xr & 3);
+            /* the low-digit lane folds row g and gives row g + 8's low digits to its partner */
+            const double mine = hi ? p8 : p0, other = __shfl_xor_sync(0xFFFFFFFFu, hi ? p0 : p8, 1);
+            const double T = hi ? other + 65536.0 * mine : mine + 65536.0 * other;
+            /* the min of x row xr is in lane (g, xr % 4) of min tile n / 2 */
+            const uint32_t xr = x0 + 2 * n + (t >> 1), src = 4 * g + (xr & 3);
             const float *mv = Mv[n >> 1];
-            const float M0 = __shfl_sync(0xFFFFFFFFu, __fadd_rn(mv[0], mv[1]), src);
-            const float M8 = __shfl_sync(0xFFFFFFFFu, __fadd_rn(mv[2], mv[3]), src);
+            const float M0 = __fadd_rn(mv[0], mv[1]), M8 = __fadd_rn(mv[2], mv[3]);
+            const float M0r = __shfl_sync(0xFFFFFFFFu, M0, src), M8r = __shfl_sync(0xFFFFFFFFu, M8, src);
+            const float Mr = hi ? M8r : M0r;
             const double sx = (double)__ldg((const float *)(xq + ((size_t)min(xr, nx - 1) * nb + b) * MMI_XBLK + 1056));
-            yacc[n][0] = fma(sx, fma(d0, T0, -m0 * (double)M0), yacc[n][0]);
-            yacc[n][1] = fma(sx, fma(d8, T8, -m8 * (double)M8), yacc[n][1]);
+            yacc[n] = fma(sx, fma(hi ? d8 : d0, T, -(hi ? m8 : m0) * (double)Mr), yacc[n]);
         }
     }
     if (KW > 1) {
         if (kw > 0)
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                red[kw - 1][tg][n][0][lane] = yacc[n][0];
-                red[kw - 1][tg][n][1][lane] = yacc[n][1];
-            }
+            for (int n = 0; n < NT; n++) red[kw - 1][tg * CG + cg][n][lane] = yacc[n];
         __syncthreads();
         if (kw > 0) return;
 #pragma unroll
         for (int k = 0; k < KW - 1; k++)
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                yacc[n][0] += red[k][tg][n][0][lane];
-                yacc[n][1] += red[k][tg][n][1][lane];
-            }
+            for (int n = 0; n < NT; n++) yacc[n] += red[k][tg * CG + cg][n][lane];
     }
-    if (!live || (t & 1)) return;
+    if (!live) return;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
-        const uint32_t xr = 2 * n + (t >> 1), row = tile * 16 + g;
-        if (xr < nx) {
-            y[(size_t)xr * rows + row] = (float)yacc[n][0];
-            y[(size_t)xr * rows + row + 8] = (float)yacc[n][1];
-        }
+        const uint32_t xr = x0 + 2 * n + (t >> 1), row = tile * 16 + g + 8 * hi;
+        if (xr < nx) y[(size_t)xr * rows + row] = (float)yacc[n];
     }
 }
 
@@ -234,8 +230,11 @@ struct mmi_variant {
     const char *name;
     int nt, kw;
     mmi_fn fn;
+    int cg, nw; /* column groups across warps, warps a CTA */
 };
-#define VI(NT, KW, MB) {#NT " n-tiles (" #NT "x2 rows), KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB>}
+#define VI(NT, KW, MB) {#NT " n-tiles (" #NT "x2 rows), KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB>, 1, 8}
+#define VIC(NT, KW, MB, CG, NW)                                                                                          \
+    {#NT " n-tiles x " #CG " warps, KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB, CG, NW>, CG, NW}
 
 int main(int argc, char **argv)
 {
@@ -282,11 +281,12 @@ int main(int argc, char **argv)
         mmq_prep_launch_t<mmqd_prep>(0, x, xed, cols, false, NX, cols, (uint32_t)mmqd_x_bytes(cols));
         CK(cudaGetLastError());
         /* KW 8 for every variant: the rows' bits depend on it, never on NT */
-        const mmi_variant vars[] = {VI(8, 8, 1), VI(1, 8, 4), VI(1, 8, 3), VI(2, 8, 3), VI(4, 8, 2), VI(8, 8, 2)};
+        const mmi_variant vars[] = {VI(8, 8, 1),         VI(1, 8, 4), VI(1, 8, 3), VI(2, 8, 3), VI(4, 8, 2), VI(8, 8, 2),
+                                    VIC(4, 8, 1, 2, 16), VIC(2, 8, 1, 4, 32), VIC(2, 8, 2, 2, 16)};
         const int nv = (int)(sizeof vars / sizeof vars[0]);
         auto launch = [&](const mmi_variant &v, int copy, const uint8_t *xx, uint32_t n, float *yy) {
-            const uint32_t per = 8 / v.kw;
-            v.fn<<<(rows / 16 + per - 1) / per, 256>>>(units[copy], nb, xx, n, yy, rows);
+            const uint32_t per = (uint32_t)(v.nw / (v.kw * v.cg));
+            v.fn<<<(rows / 16 + per - 1) / per, 32 * v.nw>>>(units[copy], nb, xx, n, yy, rows);
         };
         auto engine = [&](int copy, uint32_t n, float *yy) { kq4_engine(ref.mm[copy], rows, cols, xe1, xed, n, yy); };
         printf("\n%u x %u Q4_K (%.1f MB as these units, %d copies)\n", rows, cols, ubytes / 1e6, ncopy);
@@ -322,7 +322,7 @@ int main(int argc, char **argv)
         for (uint32_t r = 0; r < NX; r++) {
             CK(cudaMemcpy(xq1, xq + (size_t)r * nb * MMI_XBLK, (size_t)nb * MMI_XBLK, cudaMemcpyDeviceToDevice));
             for (int vi = 0; vi < nv; vi++) {
-                if (vars[vi].nt != 1 && r % 5) continue; /* the one-row kernels on every row, the others on some */
+                if (vars[vi].nt * vars[vi].cg != 1 && r % 5) continue; /* the one-row kernels on every row, the others on some */
                 CK(cudaMemset(y1, 0xFF, rows * 4));
                 launch(vars[vi], 0, xq1, 1, y1);
                 CK(cudaDeviceSynchronize());
@@ -335,7 +335,7 @@ int main(int argc, char **argv)
             }
         }
         for (int vi = 1; vi < nv; vi++) {
-            const uint32_t n = std::min(NX, 2u * vars[vi].nt);
+            const uint32_t n = std::min(NX, 2u * vars[vi].nt * vars[vi].cg);
             CK(cudaMemset(y, 0xFF, (size_t)NX * rows * 4));
             launch(vars[vi], 0, xq, n, y);
             CK(cudaDeviceSynchronize());
@@ -360,7 +360,8 @@ int main(int argc, char **argv)
         for (int vi = 0; vi < nv; vi++)
             for (int k = 0; k < 4; k++) {
                 const uint32_t n = nxs[k];
-                if (n > 2u * vars[vi].nt || (vars[vi].nt > 1 && n <= vars[vi].nt)) continue;
+                const uint32_t most = 2u * vars[vi].nt * vars[vi].cg;
+                if (n > most || (most > 2 && n <= most / 2)) continue;
                 const float ms = kb_time_launches([&](int c) { launch(vars[vi], c, xq, n, y); }, ncopy, reps);
                 printf("  %-34s %5u %8.1f %8.1f %6.1f%%\n", vars[vi].name, n, ms * 1e3, ubytes / (ms * 1e-3) / 1e9,
                        100 * ubytes / (ms * 1e-3) / 1e9 / ceil_gbs);
