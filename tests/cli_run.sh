@@ -125,5 +125,24 @@ expect_rc 1 "prompt longer than --ctx" -- "$BIN" run $T -m "$M" -p "$P" --ctx 4
 gen "$TMP/full" -n 500 --ctx 64 --temp 0 --seed 1
 grep -q "stop: context full\|stop: end token" "$TMP/full.err" || fail "-n 500 did not stop at the context (--ctx 64): $(tail -1 "$TMP/full.err")"
 
+# Prefill progress on stderr: past MUSER_PROGRESS_AFTER seconds (0 here: every prompt) a line with the
+# prompt's total, plain when stderr is not a terminal; under the threshold (1000 s here) nothing.
+MUSER_PROGRESS_AFTER=0 "$BIN" run $T -m "$M" -p "$P" -n 1 --temp 0 >"$TMP/pg" 2>"$TMP/pg.err" || fail "run with progress exited $?"
+pt=$(sed -n 's/.*prompt \([0-9]*\) tokens.*/\1/p' "$TMP/pg.err")
+grep -q "^muser run: prefill ${pt:-?} tokens in [0-9.]* s ([0-9]* tok/s)$" "$TMP/pg.err" ||
+    fail "MUSER_PROGRESS_AFTER=0: no prefill line for the ${pt:-?}-token prompt: $(grep prefill "$TMP/pg.err")"
+
+MUSER_PROGRESS_AFTER=1000 "$BIN" run $T -m "$M" -p "$P" -n 1 --temp 0 >"$TMP/pq" 2>"$TMP/pq.err" || fail "run exited $?"
+grep -q "prefill" "$TMP/pq.err" && fail "a prefill under the threshold reported progress: $(grep prefill "$TMP/pq.err")"
+cmp -s "$TMP/pg" "$TMP/pq" || fail "progress reporting changed the output"
+if command -v script >/dev/null 2>&1; then # on a terminal: the bar, drawn with a carriage return
+    MUSER_PROGRESS_AFTER=0 script -qec "$BIN run $T -m $M -p 'a b c d e f' -n 1 --temp 0" /dev/null >"$TMP/tty" 2>&1 ||
+        fail "run under script exited $?"
+    tr '\r' '\n' <"$TMP/tty" | grep -q "prefill \[##############################\] [0-9]*/[0-9]* tokens" ||
+        fail "on a terminal: no progress bar: $(tr '\r' '\n' <"$TMP/tty" | grep prefill | head -2)"
+else
+    echo "SKIP: the terminal bar (no script(1))"
+fi
+
 if [ "$fails" -ne 0 ]; then echo "cli_run: $fails failures"; exit 1; fi
 echo "cli_run: all checks passed"

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -284,6 +285,114 @@ void gen_close(gen_ctx *g)
     memset(g, 0, sizeof *g);
 }
 
+/* ---- prefill progress --------------------------------------------------------------------------
+ * A prompt that takes longer than MUSER_PROGRESS_AFTER seconds (default 1) to prefill reports on
+ * stderr: a bar redrawn 4 times a second on a terminal, else a plain line every 2 s, then one line
+ * with the total. The engine runs the prompt in chunks and publishes each chunk's end as the
+ * sequence's position, so a thread polling that position sees the progress. */
+typedef struct gen_progress {
+    gen_ctx *g;
+    uint64_t p0, total;
+    double t0, after, last_line;
+    bool tty, shown, stop;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} gen_progress;
+
+static double progress_after(void)
+{
+    const char *v = getenv("MUSER_PROGRESS_AFTER");
+    char *end;
+    const double a = v && *v ? strtod(v, &end) : 1.0;
+    return v && *v && (*end || !(a >= 0)) ? 1.0 : a;
+}
+
+static void progress_print(gen_progress *p, uint64_t done, bool final)
+{
+    const double el = muser_now_s() - p->t0, rate = el > 0 ? (double)done / el : 0;
+    const double left = rate > 0 ? (double)(p->total - done) / rate : 0;
+    if (p->tty) {
+        char bar[31];
+        const int k = (int)(30.0 * (double)done / (double)p->total);
+        memset(bar, '#', (size_t)k);
+        memset(bar + k, '.', (size_t)(30 - k));
+        bar[30] = 0;
+        fprintf(stderr, "\r\033[Kmuser %s: prefill [%s] %llu/%llu tokens, %.0f tok/s, ", p->g->cmd, bar,
+                (unsigned long long)done, (unsigned long long)p->total, rate);
+        if (final) fprintf(stderr, "%.1f s\n", el);
+        else fprintf(stderr, "%.1f s left", left);
+    } else if (final) {
+        fprintf(stderr, "muser %s: prefill %llu tokens in %.1f s (%.0f tok/s)\n", p->g->cmd, (unsigned long long)done, el,
+                rate);
+    } else {
+        fprintf(stderr, "muser %s: prefill %llu/%llu tokens, %.0f tok/s, %.1f s left\n", p->g->cmd,
+                (unsigned long long)done, (unsigned long long)p->total, rate, left);
+    }
+    fflush(stderr);
+}
+
+static void *progress_main(void *arg)
+{
+    gen_progress *p = arg;
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+        const double now = muser_now_s();
+        if (p->stop || now - p->t0 < p->after || (!p->tty && now - p->last_line < 2.0)) continue;
+        pthread_mutex_unlock(&p->mu);
+        const uint64_t done = gen_pos(p->g) - p->p0;
+        pthread_mutex_lock(&p->mu);
+        if (p->stop) break;
+        progress_print(p, done, false);
+        p->shown = true;
+        p->last_line = now;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* Start the reporter for a prompt of n tokens (false: not started, the prefill runs all the same). */
+static bool progress_start(gen_progress *p, gen_ctx *g, uint64_t n)
+{
+    memset(p, 0, sizeof *p);
+    p->g = g;
+    p->p0 = gen_pos(g);
+    p->total = n;
+    p->after = progress_after();
+    p->t0 = muser_now_s();
+    p->tty = isatty(STDERR_FILENO) != 0;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    if (pthread_create(&p->th, NULL, progress_main, p)) {
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->cv);
+        return false;
+    }
+    return true;
+}
+
+/* Stop it; a prefill that ran past the threshold (or showed progress) ends with its total line. */
+static void progress_end(gen_progress *p, bool ok)
+{
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    pthread_join(p->th, NULL);
+    if (ok && (p->shown || muser_now_s() - p->t0 >= p->after)) progress_print(p, p->total, true);
+    else if (p->shown && p->tty) fputc('\n', stderr);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+}
+
 int gen_prefill(gen_ctx *g, const int32_t *toks, size_t n, muser_error *err)
 {
     return gen_prefill_spec(g, NULL, toks, n, err);
@@ -299,7 +408,11 @@ int gen_prefill_spec(gen_ctx *g, muser_drafter *d, const int32_t *toks, size_t n
     if (n > UINT32_MAX)
         return muser_errorf(err, MUSER_E_ARG, "%zu tokens in one prompt", n);
     if (n) { /* the engine runs it in chunks */
+        gen_progress pr;
+        const bool reporting = progress_start(&pr, g, n);
         int rc = muser_spec_prefill(g->seq, d, toks, (uint32_t)n, g->logits, err);
+        if (reporting)
+            progress_end(&pr, rc == MUSER_OK);
         if (rc)
             return rc;
         g->top_n = 0;
