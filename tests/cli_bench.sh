@@ -1,5 +1,5 @@
 # cli_bench.sh — `muser bench` on the tiny preset: the CPU lane prints one line per --ctx depth
-# with prefill and decode tok/s, bytes/token, GB/s, the same run's bandwidth and the number of
+# (and --prompt length) with prefill and decode tok/s, bytes/token, GB/s, the same run's bandwidth and the number of
 # timed repetitions; bad arguments exit 2; a context too long for the model is an error. --verify
 # prints a line per block; -p with a drafter measures speculation against plain decoding (the
 # same text) on the committed model.
@@ -16,6 +16,14 @@ echo "$out"
 [ "$(echo "$out" | grep -c '^ctx ')" = 2 ] || fail "expected one line per depth"
 echo "$out" | grep -q '^ctx 24 .*prefill *20 tok: *[0-9.]* tok/s.*decode *4 tok: *[0-9.]* tok/s.*GB/s = [0-9]*% of [0-9.]* GB/s | median of 2$' ||
     fail "the ctx 24 line lacks a field"
+# --prompt N1,N2: a line per depth and length, in that order
+out=$("$BIN" bench -m "$DIR/tiny.gguf" --backend cpu --prompt 8,30 --gen 2 --ctx 0,16 --reps 1 --threads 1 2>&1) ||
+    fail "bench --prompt 8,30 exited $?: $out"
+[ "$(echo "$out" | grep '^ctx ' | sed 's/^ctx *\([0-9]*\) *prefill *\([0-9]*\) tok:.*/\1:\2/' | tr '\n' ' ')" = "0:8 0:30 16:8 16:30 " ] ||
+    fail "--prompt 8,30 --ctx 0,16: want the lines 0:8 0:30 16:8 16:30: $out"
+"$BIN" bench -m "$DIR/tiny.gguf" --prompt 8,1 >/dev/null 2>&1; [ $? = 2 ] || fail "--prompt 8,1 not a usage error"
+"$BIN" bench -m "$DIR/tiny.gguf" --prompt 8,x >/dev/null 2>&1; [ $? = 2 ] || fail "--prompt 8,x not a usage error"
+"$BIN" bench -m "$DIR/tiny.gguf" --prompt 8,600 >/dev/null 2>&1; [ $? = 1 ] || fail "a prompt past the model's context accepted"
 "$BIN" bench -m "$DIR/tiny.gguf" --reps 0 >/dev/null 2>&1; [ $? = 2 ] || fail "--reps 0 not a usage error"
 "$BIN" bench -m "$DIR/tiny.gguf" --frobnicate >/dev/null 2>&1; [ $? = 2 ] || fail "unknown flag not a usage error"
 "$BIN" bench -m "$DIR/tiny.gguf" --ctx 600 >/dev/null 2>&1; [ $? = 1 ] || fail "ctx past the model's context accepted"

@@ -47,7 +47,9 @@
 typedef struct bench_opts {
     const char *model;
     int backend;
-    uint32_t prompt, gen, threads, max_batch, reps;
+    uint32_t prompt, gen, threads, max_batch, reps; /* prompt: the length being measured */
+    uint32_t prompts[BENCH_MAX_CTX];                 /* --prompt N1,N2,...: each measured in turn */
+    uint32_t n_prompts;
     uint64_t ctx[BENCH_MAX_CTX];
     uint32_t n_ctx;
     uint32_t par[BENCH_MAX_CTX]; /* --parallel: sequence counts (0 entries: not asked) */
@@ -611,18 +613,26 @@ out:
 }
 
 #ifdef MUSER_HAVE_CUDA
-/* The CUDA prefill route: per depth, that many tokens prefilled untimed, then --prompt tokens timed
- * (one call; the route cuts it into its chunks), on one session. */
+/* The CUDA prefill route: per depth and --prompt length, the depth's tokens prefilled untimed,
+ * then the prompt timed (one call; the route cuts it into its chunks), then --gen greedy decode
+ * steps after it, on one session. */
 static int bench_cuda_prefill(const bench_opts *o, const muser_model *m)
 {
     const uint64_t lim = m->hp.n_ctx_train;
-    uint64_t most = 0; /* the deepest depth whose prompt fits the model's context */
+    uint64_t need = 0; /* the longest depth + prompt + gen that fits the model's context */
     for (uint32_t i = 0; i < o->n_ctx; i++)
-        if (o->ctx[i] > most && o->ctx[i] + o->prompt + 1 <= lim) most = o->ctx[i];
+        for (uint32_t k = 0; k < o->n_prompts; k++) {
+            const uint64_t n = o->ctx[i] + o->prompts[k] + o->gen + 1;
+            if (n <= lim && n > need) need = n;
+        }
+    if (!need) {
+        printf("prefill: skipped (no depth + prompt + gen fits the model's context of %llu)\n", (unsigned long long)lim);
+        return 0;
+    }
     muser_session_opts so;
     memset(&so, 0, sizeof so);
     so.backend = MUSER_BACKEND_CUDA;
-    so.n_ctx = most + o->prompt + 1;
+    so.n_ctx = need;
     if (o->max_batch) so.max_batch = o->max_batch;
     muser_error err = {0};
     muser_session *s = NULL;
@@ -633,38 +643,49 @@ static int bench_cuda_prefill(const bench_opts *o, const muser_model *m)
     printf("session: context %llu, KV cache %.1f MB (the prefill workspace: the backend's line on stderr)\n",
            (unsigned long long)so.n_ctx, kv_cache_bytes(&m->hp, so.n_ctx) / 1e6);
     const uint32_t V = m->hp.n_vocab;
-    const uint64_t n_tok = most + o->prompt;
-    int32_t *tok = malloc(n_tok * sizeof *tok);
+    int32_t *tok = malloc(need * sizeof *tok);
     if (!tok) {
         muser_session_free(s);
         fprintf(stderr, "muser bench: out of memory\n");
         return 1;
     }
     uint64_t x = 99;
-    for (uint64_t i = 0; i < n_tok; i++) {
+    for (uint64_t i = 0; i < need; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         tok[i] = (int32_t)((x >> 33) % V);
     }
     int rc = 0;
-    for (uint32_t i = 0; i < o->n_ctx && !rc; i++) {
-        muser_session_reset(s);
-        const uint64_t depth = o->ctx[i];
-        if (depth + o->prompt + 1 > lim) {
-            printf("ctx %-7llu prefill %5u tok: skipped (past the model's context of %llu)\n", (unsigned long long)depth,
-                   o->prompt, (unsigned long long)lim);
-            continue;
+    for (uint32_t i = 0; i < o->n_ctx && !rc; i++)
+        for (uint32_t k = 0; k < o->n_prompts && !rc; k++) {
+            muser_session_reset(s);
+            const uint64_t depth = o->ctx[i];
+            const uint32_t prompt = o->prompts[k];
+            if (depth + prompt + o->gen + 1 > lim) {
+                printf("ctx %-7llu prefill %5u tok: skipped (past the model's context of %llu)\n",
+                       (unsigned long long)depth, prompt, (unsigned long long)lim);
+                continue;
+            }
+            for (uint64_t p = 0; p < depth && !rc; p += 4096) { /* the context, untimed */
+                const uint32_t c = (uint32_t)(depth - p < 4096 ? depth - p : 4096);
+                rc = muser_session_prefill(s, tok + p, c, NULL, &err);
+            }
+            const double t0 = muser_now_s();
+            if (!rc) rc = muser_session_prefill(s, tok + depth, prompt, NULL, &err);
+            const double dt = muser_now_s() - t0;
+            /* decode after it: greedy steps through the small-batch route, no logits copied */
+            int32_t next = tok[depth + prompt];
+            const muser_top top = {.k = 1, .id = &next};
+            const double t1 = muser_now_s();
+            for (uint32_t g = 0; g < o->gen && !rc; g++) {
+                const int32_t in = next;
+                rc = muser_step(s->dev, &s, &in, 1, NULL, &top, NULL, &err);
+            }
+            const double dd = muser_now_s() - t1;
+            if (rc) break;
+            printf("ctx %-7llu prefill %5u tok: %8.1f tok/s (%.3f s to the first token) | decode %4u tok after it: "
+                   "%7.2f tok/s\n",
+                   (unsigned long long)depth, prompt, prompt / dt, dt, o->gen, o->gen / dd);
         }
-        for (uint64_t p = 0; p < depth && !rc; p += 4096) { /* the context, untimed */
-            const uint32_t k = (uint32_t)(depth - p < 4096 ? depth - p : 4096);
-            rc = muser_session_prefill(s, tok + p, k, NULL, &err);
-        }
-        const double t0 = muser_now_s();
-        if (!rc) rc = muser_session_prefill(s, tok + depth, o->prompt, NULL, &err);
-        const double dt = muser_now_s() - t0;
-        if (rc) break;
-        printf("ctx %-7llu prefill %5u tok: %8.1f tok/s (%.3f s to the first token)\n", (unsigned long long)depth,
-               o->prompt, o->prompt / dt, dt);
-    }
     if (rc) fprintf(stderr, "muser bench: %s\n", err.msg);
     free(tok);
     muser_session_free(s);
@@ -748,16 +769,18 @@ static int parse_count_list(const char *v, const char *flag, const char *what, u
 int cmd_bench(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: muser bench [-m MODEL] [--backend cpu|cuda|oracle] [--prompt N] [--gen N]\n"
+        printf("usage: muser bench [-m MODEL] [--backend cpu|cuda|oracle] [--prompt N1,N2,...] [--gen N]\n"
                "                   [--threads N] [--ctx C1,C2,...] [--max-batch N] [--reps N]\n"
                "                   [--parallel P1,P2,...] [--verify B1,B2,...]\n"
                "                   [-p TEXT --draft MODEL|--draft-ngram N|--draft-dflash MODEL\n"
                "                    [--draft-max K] [--draft-fixed]]\n"
-               "Prefill (one batch call of --prompt tokens, default 128) and decode (--gen\n"
-               "greedy tokens, default 32) speed after C tokens of context (--ctx, default 0),\n"
-               "with decode bytes/token, achieved GB/s and its share of the memory bandwidth\n"
-               "measured in the same run. CPU/oracle: one untimed warm-up prefill, then --reps\n"
-               "timed repetitions (default 3, at most 64); the medians are printed.\n"
+               "Prefill (one batch call of --prompt tokens, default 128; a list measures each\n"
+               "length) and decode (--gen greedy tokens, default 32) speed after C tokens of\n"
+               "context (--ctx, default 0), with decode bytes/token, achieved GB/s and its share\n"
+               "of the memory bandwidth measured in the same run. CPU/oracle: one untimed\n"
+               "warm-up prefill, then --reps timed repetitions (default 3, at most 64); the\n"
+               "medians are printed. CUDA: the decode table per depth, then per depth and\n"
+               "prompt length the prefill's tok/s, its time to the first token and decode after it.\n"
                "--parallel P1,P2,...: aggregate decode of P sequences packed into one pass per\n"
                "step (the small-batch route; P <= 64), each after its own short prompt, beside\n"
                "P = 1 (single-stream decode through the same route).\n"
@@ -770,8 +793,8 @@ int cmd_bench(int argc, char **argv)
         gen_print_draft_help(stdout);
         return 0;
     }
-    bench_opts o = {.model = NULL, .backend = MUSER_BACKEND_CPU, .prompt = 128, .gen = 32,
-                    .n_ctx = 1, .reps = 3, .dr = GEN_DRAFT_DEFAULT};
+    bench_opts o = {.model = NULL, .backend = MUSER_BACKEND_CPU, .prompt = 128, .prompts = {128}, .n_prompts = 1,
+                    .gen = 32, .n_ctx = 1, .reps = 3, .dr = GEN_DRAFT_DEFAULT};
     for (int i = 1; i < argc; i++) {
         const int drc = gen_parse_draft_option("bench", argc, argv, &i, &o.dr);
         if (drc < 0) return CLI_EXIT_USAGE;
@@ -799,8 +822,12 @@ int cmd_bench(int argc, char **argv)
             if ((o.backend = muser_backend_from_name(v)) < 0)
                 return cli_usage_error("bench", "unknown backend '%s' (cpu, cuda, oracle)", v);
         } else if (!strcmp(a, "--prompt")) {
-            if (!parse_u32(v, &o.prompt, 2))
-                return cli_usage_error("bench", "--prompt wants an integer >= 2, got '%s'", v);
+            if (parse_count_list(v, "--prompt", "lengths", UINT32_MAX - 1, o.prompts, &o.n_prompts))
+                return CLI_EXIT_USAGE;
+            for (uint32_t k = 0; k < o.n_prompts; k++)
+                if (o.prompts[k] < 2)
+                    return cli_usage_error("bench", "--prompt lengths must be at least 2, got %u", o.prompts[k]);
+            o.prompt = o.prompts[0];
         } else if (!strcmp(a, "--gen")) {
             if (!parse_u32(v, &o.gen, 1))
                 return cli_usage_error("bench", "--gen wants an integer >= 1, got '%s'", v);
@@ -840,7 +867,10 @@ int cmd_bench(int argc, char **argv)
     }
     const muser_hparams *hp = &m->hp;
     const bool cuda = o.backend == MUSER_BACKEND_CUDA;
-    const uint32_t prompt = cuda ? 0 : o.prompt; /* the cuda lane has no prefill phase */
+    uint32_t longest = 0;
+    for (uint32_t k = 0; k < o.n_prompts; k++)
+        if (o.prompts[k] > longest) longest = o.prompts[k];
+    const uint32_t prompt = cuda ? 0 : longest; /* the cuda lane skips the depths a prompt does not fit */
     for (uint32_t c = 0; c < o.n_ctx; c++)
         if (o.ctx[c] + prompt + o.gen > hp->n_ctx_train) {
             fprintf(stderr,
@@ -898,7 +928,11 @@ int cmd_bench(int argc, char **argv)
            bw, bw_name, threads);
     int rc = 0;
     for (uint32_t c = 0; c < o.n_ctx && rc == 0; c++)
-        rc = bench_one(&o, m, o.ctx[c], bw);
+        for (uint32_t k = 0; k < o.n_prompts && rc == 0; k++) {
+            bench_opts ok = o;
+            ok.prompt = o.prompts[k];
+            rc = bench_one(&ok, m, o.ctx[c], bw);
+        }
     muser_model_free(m);
     return rc;
 }
