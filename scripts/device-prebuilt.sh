@@ -20,7 +20,7 @@ if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     mkdir -p .devbin
     cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/tests/test_rows" "$B/tests/test_engine" \
         "$B/tests/test_spec" "$B/tests/test_handoff" "$B/tests/test_dflash" "$B/bench/bench_serve" "$B/bench/bench_sampler" "$B/bench/kbench_matvec" \
-        "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_mmh" "$B/bench/kbench_mmi" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
+        "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_mmh" "$B/bench/kbench_mmi" "$B/bench/kbench_mmi6" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
         "$B/bench/kbench_persist" .devbin/
     # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
     TL=${MUSER_TL_BUILD_DIR:-build-cuda-tl}
@@ -323,10 +323,13 @@ for step in $steps; do
         grep -E '^  (engine|[124]x4|vs f64|row inv)|^[0-9]+ x ' "$OUT/kbench_mmh.log" | sed 's/^/    /' >>"$S"
         ;;
     mmi)
-        # exact integers per block (bench/kernels/mmi.cu): its kernels per row count beside the engine's
-        timeout -k 5 100 "$D/kbench_mmi" 9 >"$OUT/kbench_mmi.log" 2>&1
-        note "kbench_mmi rc=$? :: $(grep 'kbench_mmi:' "$OUT/kbench_mmi.log")"
-        grep -E '^  (engine|[0-9]+ n-tiles|vs f64|row inv)|^[0-9]+ x ' "$OUT/kbench_mmi.log" | sed 's/^/    /' >>"$S"
+        # exact integers per block (bench/kernels/mmi.cu, mmi6.cu: Q4_K, Q6_K): its kernels per row count
+        # beside the engine's
+        for k in mmi mmi6; do
+            timeout -k 5 100 "$D/kbench_$k" 9 >"$OUT/kbench_$k.log" 2>&1
+            note "kbench_$k rc=$? :: $(grep "kbench_$k:" "$OUT/kbench_$k.log")"
+            grep -E '^  (engine|[0-9]+ n-tiles|vs f64|row inv)|^[0-9]+ x ' "$OUT/kbench_$k.log" | sed 's/^/    /' >>"$S"
+        done
         ;;
     bench)
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1

@@ -33,10 +33,9 @@
  * Launch: a CTA of 8 warps = (8 / KW) tiles × KW warps splitting the blocks (warp kw takes blocks
  * kw, kw + KW, …); a warp does NT n-tiles (2·NT x rows). KW is the matrix's; NT only what fits.
  *   usage: kbench_mmi [reps]   (exit 1 if a check fails) */
-#include "kbench_q4k.cuh"
+#include "mmi.cuh"
 
 #define MMI_UNIT 2368u
-#define MMI_XBLK 1072u
 
 /* ---- the weight repack: one thread per (tile, block, row pair g) ------------------------------ */
 __global__ void mmi_repack(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint32_t nb)
@@ -72,54 +71,7 @@ __global__ void mmi_repack(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint
     dd[3] = *(const uint16_t *)(rw[1] + 2);
 }
 
-/* ---- the x writer: one warp per (row, block); lane l holds positions 32i + l (sub-block i) ------ */
-__global__ void mmi_prep(const float *x, uint32_t K, uint32_t nx, uint8_t *xq)
-{
-    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31, nb = K / 256;
-    if (warp >= nx * nb) return;
-    const uint32_t r = warp / nb, b = warp % nb;
-    const float *xb = x + (size_t)r * K + 256 * b;
-    float v[8], mx = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        v[i] = xb[32 * i + lane];
-        mx = fmaxf(mx, fabsf(v[i]));
-    }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
-    float s = 1.f; /* |x| / s < 2^30 (1 for an all-zero block) */
-    if (mx > 0.f) {
-        int e;
-        frexpf(mx, &e); /* mx < 2^e */
-        s = ldexpf(1.f, e - 30);
-    }
-    uint8_t *o = xq + ((size_t)r * nb + b) * MMI_XBLK;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int32_t q = __float2int_rn(v[i] / s); /* exact division by a power of two, then rint */
-        const int32_t d0 = (int8_t)(q & 0xFF), q1 = (q - d0) >> 8, d1 = (int8_t)(q1 & 0xFF), q2 = (q1 - d1) >> 8,
-                      d2 = (int8_t)(q2 & 0xFF), d3 = (q2 - d2) >> 8;
-        const int32_t dg[4] = {d0, d1, d2, d3};
-        const uint32_t kk = lane, t = (kk & 15) >> 2, half = kk >> 4, by = kk & 3;
-#pragma unroll
-        for (int c = 0; c < 4; c++) o[((i * 4 + c) * 4 + t) * 8 + half * 4 + by] = (uint8_t)(int8_t)dg[c];
-        /* the sub-block's Σ v (exact in f64: < 2^35), as 2^-20·Σ in two f16 pieces */
-        double sum = (double)q;
-#pragma unroll
-        for (int w = 16; w; w >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, w);
-        if (lane == 0) kq4_sum_pieces(o + 1024, i, (float)(sum * 0x1p-20));
-    }
-    if (lane == 0) *(float *)(o + 1056) = s;
-}
-
 /* ---- the kernel ------------------------------------------------------------------------------- */
-__device__ __forceinline__ void mmi_imma(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 /* NW warps a CTA: NW / (KW·CG) tiles × CG column groups (of 2·NT x rows each, x row 2·NT·cg on)
  * × KW. Each lane folds one weight row: the lane of a pair with the low digits row g, its partner
  * (the high digits) row g + 8, each getting the other's digits for its row by one shuffle. */
@@ -248,22 +200,7 @@ int main(int argc, char **argv)
         const int ncopy = kb_n_copy(ubytes, 8);
         kb_qmat ref; /* the raw rows sampled for the f64 reference, and the engine's Q4_KT copies */
         kb_make_qmat(ref, GGML_TYPE_Q4_K, rows, cols, ncopy, 21 + sh, NULL, mmq_repack_q4k);
-        std::vector<uint8_t *> units;
-        {
-            uint8_t *raw;
-            CK(cudaMalloc(&raw, ref.bytes));
-            for (int k = 0; k < ncopy; k++) {
-                kb_fill_q4k<<<2048, 256>>>(raw, ref.bytes, 21 + sh + k); /* the same draws as ref's copy k */
-                uint8_t *u;
-                CK(cudaMalloc(&u, ubytes));
-                const size_t nt = (size_t)rows / 16 * nb * 8;
-                mmi_repack<<<(unsigned)((nt + 255) / 256), 256>>>(raw, u, rows, nb);
-                CK(cudaGetLastError());
-                units.push_back(u);
-            }
-            CK(cudaDeviceSynchronize());
-            CK(cudaFree(raw));
-        }
+        const std::vector<uint8_t *> units = mmi_units(kb_fill_q4k, mmi_repack, ref.bytes, rows, nb, ubytes, ncopy, 21 + sh);
         const uint32_t NX = 16;
         float *x, *y, *y1;
         uint8_t *xq, *xq1, *xe1, *xed;
@@ -286,102 +223,17 @@ int main(int argc, char **argv)
                                     /* other block splits (other bits, each checked against its own 16-row kernel) */
                                     VIC(8, 16, 1, 1, 16), VIC(1, 16, 2, 1, 16), VIC(2, 16, 2, 1, 16), VIC(8, 4, 1, 1, 8),
                                     VIC(1, 4, 4, 1, 8), VIC(1, 4, 3, 1, 8)};
-        const int nv = (int)(sizeof vars / sizeof vars[0]);
         auto launch = [&](const mmi_variant &v, int copy, const uint8_t *xx, uint32_t n, float *yy) {
             const uint32_t per = (uint32_t)(v.nw / (v.kw * v.cg));
             v.fn<<<(rows / 16 + per - 1) / per, 32 * v.nw>>>(units[copy], nb, xx, n, yy, rows);
         };
         auto engine = [&](int copy, uint32_t n, float *yy) { kq4_engine(ref.mm[copy], rows, cols, xe1, xed, n, yy); };
         printf("\n%u x %u Q4_K (%.1f MB as these units, %d copies)\n", rows, cols, ubytes / 1e6, ncopy);
-        /* correctness: per block split KW, its 16-row kernel against f64; then every row alone, and
-         * rows together, in every kernel of that KW: the same bytes */
-        std::vector<float> h1(rows), hv((size_t)NX * rows);
-        std::vector<int> ref_kw;
-        std::vector<std::vector<float>> ref_y;
-        double worst = 0;
-        for (int vi = 0; vi < nv; vi++) {
-            const mmi_variant &v = vars[vi];
-            if (2 * v.nt * v.cg != (int)NX || std::find(ref_kw.begin(), ref_kw.end(), v.kw) != ref_kw.end()) continue;
-            std::vector<float> h((size_t)NX * rows);
-            launch(v, 0, xq, NX, y);
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(h.data(), y, h.size() * 4, cudaMemcpyDeviceToHost));
-            for (uint32_t r = 0; r < NX; r++) {
-                const std::vector<double> rr = kb_reference(ref, hx.data() + (size_t)r * cols);
-                const std::vector<float> hy(h.begin() + (size_t)r * rows, h.begin() + (size_t)(r + 1) * rows);
-                const kb_errs e = kb_check(ref, rr, hy, NULL);
-                worst = e.max < 0 ? 1e30 : std::max(worst, e.max);
-            }
-            ref_kw.push_back(v.kw);
-            ref_y.push_back(h);
-        }
-        auto ref_of = [&](int kw) -> const std::vector<float> & {
-            return ref_y[std::find(ref_kw.begin(), ref_kw.end(), kw) - ref_kw.begin()];
-        };
-        engine(0, NX, y);
-        CK(cudaDeviceSynchronize());
-        CK(cudaMemcpy(hv.data(), y, hv.size() * 4, cudaMemcpyDeviceToHost));
-        double worst_e = 0;
-        for (uint32_t r = 0; r < NX; r++) {
-            const std::vector<double> rr = kb_reference(ref, hx.data() + (size_t)r * cols);
-            const std::vector<float> hy(hv.begin() + (size_t)r * rows, hv.begin() + (size_t)(r + 1) * rows);
-            const kb_errs e = kb_check(ref, rr, hy, NULL);
-            worst_e = e.max < 0 ? 1e30 : std::max(worst_e, e.max);
-        }
-        printf("  vs f64: max |dy| / max |y| %.2e over 16 rows, KW %s (x 2^-8 .. 2^7, a 300x outlier a row); the engine's "
-               "mmqd %.2e\n", worst, ref_kw.size() > 1 ? "8, 16, 4" : "8", worst_e);
-        if (!(worst < 1e-6)) {
-            printf("  FAIL: error above 1e-6\n");
-            fails++;
-        }
-        int mism = 0, cmp = 0;
-        for (uint32_t r = 0; r < NX; r++) {
-            CK(cudaMemcpy(xq1, xq + (size_t)r * nb * MMI_XBLK, (size_t)nb * MMI_XBLK, cudaMemcpyDeviceToDevice));
-            for (int vi = 0; vi < nv; vi++) {
-                if (vars[vi].nt * vars[vi].cg != 1 && r % 5) continue; /* the one-row kernels on every row, the others on some */
-                CK(cudaMemset(y1, 0xFF, rows * 4));
-                launch(vars[vi], 0, xq1, 1, y1);
-                CK(cudaDeviceSynchronize());
-                CK(cudaMemcpy(h1.data(), y1, rows * 4, cudaMemcpyDeviceToHost));
-                cmp++;
-                if (memcmp(h1.data(), ref_of(vars[vi].kw).data() + (size_t)r * rows, rows * 4)) {
-                    if (mism < 4) printf("  row %u alone (%s) is not its bytes among 16\n", r, vars[vi].name);
-                    mism++;
-                }
-            }
-        }
-        for (int vi = 1; vi < nv; vi++) {
-            const uint32_t n = std::min(NX, 2u * vars[vi].nt * vars[vi].cg);
-            CK(cudaMemset(y, 0xFF, (size_t)NX * rows * 4));
-            launch(vars[vi], 0, xq, n, y);
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(hv.data(), y, (size_t)n * rows * 4, cudaMemcpyDeviceToHost));
-            cmp++;
-            if (memcmp(hv.data(), ref_of(vars[vi].kw).data(), (size_t)n * rows * 4)) {
-                printf("  %s, %u rows: not the bytes of the 16-row kernel of its KW\n", vars[vi].name, n);
-                mism++;
-            }
-        }
-        printf("  row invariance: %d mismatches in %d comparisons (rows alone in every kernel, 2..16 rows together)\n",
-               mism, cmp);
-        if (mism) fails++;
-        printf("  %-34s %5s %8s %8s %7s\n", "kernel", "rows", "us", "GB/s", "% read");
-        const uint32_t nxs[4] = {1, 4, 8, 16};
-        for (int k = 0; k < 4; k++) {
-            const uint32_t n = nxs[k];
-            const float ms = kb_time_launches([&](int c) { engine(c, n, y); }, ncopy, reps);
-            printf("  %-34s %5u %8.1f %8.1f %6.1f%%\n", "engine (mmq / mmqd)", n, ms * 1e3, ref.bytes / (ms * 1e-3) / 1e9,
-                   100 * ref.bytes / (ms * 1e-3) / 1e9 / ceil_gbs);
-        }
-        for (int vi = 0; vi < nv; vi++)
-            for (int k = 0; k < 4; k++) {
-                const uint32_t n = nxs[k];
-                const uint32_t most = 2u * vars[vi].nt * vars[vi].cg;
-                if (n > most || (most > 2 && n <= most / 2)) continue;
-                const float ms = kb_time_launches([&](int c) { launch(vars[vi], c, xq, n, y); }, ncopy, reps);
-                printf("  %-34s %5u %8.1f %8.1f %6.1f%%\n", vars[vi].name, n, ms * 1e3, ubytes / (ms * 1e-3) / 1e9,
-                       100 * ubytes / (ms * 1e-3) / 1e9 / ceil_gbs);
-            }
+        std::vector<mmi_vinfo> info;
+        for (const auto &v : vars) info.push_back({v.name, 2u * v.nt * v.cg, v.kw});
+        fails += mmi_check_and_time(ref, hx, rows, cols, ubytes, ncopy, reps, ceil_gbs, info, xq, xq1, y, y1, "engine (mmq / mmqd)",
+                                    [&](int i, int copy, const uint8_t *xx, uint32_t n, float *yy) { launch(vars[i], copy, xx, n, yy); },
+                                    engine);
         for (uint8_t *p : units) CK(cudaFree(p));
         kb_free_qmat(ref);
         CK(cudaFree(x));

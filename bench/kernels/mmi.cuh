@@ -1,0 +1,196 @@
+/* mmi.cuh — what the exact-integer workbenches (mmi.cu: Q4_K, mmi6.cu: Q6_K) share: x as a 31-bit
+ * fixed point per (row, block) in four balanced int8 digits, in the B layout of m16n8k32 (and of
+ * m16n8k16 per half), and the integer mma. The numerics are in mmi.cu's header. */
+#ifndef MUSER_MMI_CUH
+#define MUSER_MMI_CUH
+
+#include "kbench_q4k.cuh"
+
+/* x per row and block: [j 0..7][digit][t][b0 4 bytes, b1 4 bytes] (1024), then [piece][t] the f16
+ * pair of 2^-20·Σ v over sub-blocks 2t, 2t+1 (32), then s (f32), padding */
+#define MMI_XBLK 1072u
+
+/* ---- the x writer: one warp per (row, block); lane l holds positions 32i + l (sub-block i) ------ */
+__global__ void mmi_prep(const float *x, uint32_t K, uint32_t nx, uint8_t *xq)
+{
+    const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31, nb = K / 256;
+    if (warp >= nx * nb) return;
+    const uint32_t r = warp / nb, b = warp % nb;
+    const float *xb = x + (size_t)r * K + 256 * b;
+    float v[8], mx = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[i] = xb[32 * i + lane];
+        mx = fmaxf(mx, fabsf(v[i]));
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+    float s = 1.f; /* |x| / s < 2^30 (1 for an all-zero block) */
+    if (mx > 0.f) {
+        int e;
+        frexpf(mx, &e); /* mx < 2^e */
+        s = ldexpf(1.f, e - 30);
+    }
+    uint8_t *o = xq + ((size_t)r * nb + b) * MMI_XBLK;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int32_t q = __float2int_rn(v[i] / s); /* exact division by a power of two, then rint */
+        const int32_t d0 = (int8_t)(q & 0xFF), q1 = (q - d0) >> 8, d1 = (int8_t)(q1 & 0xFF), q2 = (q1 - d1) >> 8,
+                      d2 = (int8_t)(q2 & 0xFF), d3 = (q2 - d2) >> 8;
+        const int32_t dg[4] = {d0, d1, d2, d3};
+        const uint32_t kk = lane, t = (kk & 15) >> 2, half = kk >> 4, by = kk & 3;
+#pragma unroll
+        for (int c = 0; c < 4; c++) o[((i * 4 + c) * 4 + t) * 8 + half * 4 + by] = (uint8_t)(int8_t)dg[c];
+        /* the sub-block's Σ v (exact in f64: < 2^35), as 2^-20·Σ in two f16 pieces */
+        double sum = (double)q;
+#pragma unroll
+        for (int w = 16; w; w >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, w);
+        if (lane == 0) kq4_sum_pieces(o + 1024, i, (float)(sum * 0x1p-20));
+    }
+    if (lane == 0) *(float *)(o + 1056) = s;
+}
+
+/* m16n8k32, u8 A × s8 B → s32 (Q4_K's nibbles) */
+__device__ __forceinline__ void mmi_imma(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* m16n8k16, s8 × s8 → s32 (Q6_K's 4·(q − 32) per 16-group) */
+__device__ __forceinline__ void mmi_imma16(int c[4], uint32_t a0, uint32_t a1, uint32_t b0)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+/* ncopy copies of the matrix in a workbench's units: copy k drawn by fill with seed + k (the draws of
+ * kb_make_qmat's copy k), repacked by repack (one thread per (tile, block, row pair)) */
+typedef void (*mmi_repack_fn)(const uint8_t *, uint8_t *, uint32_t, uint32_t);
+static inline std::vector<uint8_t *> mmi_units(kb_fill_fn fill, mmi_repack_fn repack, size_t raw_bytes, uint32_t rows,
+                                               uint32_t nb, size_t ubytes, int ncopy, uint32_t seed)
+{
+    std::vector<uint8_t *> units;
+    uint8_t *raw;
+    CK(cudaMalloc(&raw, raw_bytes));
+    for (int k = 0; k < ncopy; k++) {
+        fill<<<2048, 256>>>(raw, raw_bytes, seed + k);
+        uint8_t *u;
+        CK(cudaMalloc(&u, ubytes));
+        const size_t nt = (size_t)rows / 16 * nb * 8;
+        repack<<<(unsigned)((nt + 255) / 256), 256>>>(raw, u, rows, nb);
+        CK(cudaGetLastError());
+        units.push_back(u);
+    }
+    CK(cudaDeviceSynchronize());
+    CK(cudaFree(raw));
+    return units;
+}
+
+/* ---- the workbenches' check and timing ------------------------------------------------------- */
+struct mmi_vinfo {
+    const char *name;
+    uint32_t most; /* the x rows the kernel takes (2 per n-tile and column group) */
+    int kw;        /* its block split: a row's bytes depend on it, never on the kernel */
+};
+/* Per block split KW, its 16-row kernel against f64 (< 1e-6 of max |y|); every row alone and rows
+ * together in every kernel of that KW: the same bytes as that 16-row kernel; then the engine's
+ * kernels (engine(copy, n, y)) and each variant (launch(i, copy, x, n, y)) timed at 1, 4, 8, 16
+ * rows. Returns the failed checks. xq holds 16 rows of x in mmi's layout; xq1, y1 one row. */
+template <class Launch, class Engine>
+static int mmi_check_and_time(const kb_qmat &ref, const std::vector<float> &hx, uint32_t rows, uint32_t cols, size_t ubytes,
+                              int ncopy, int reps, double ceil_gbs, const std::vector<mmi_vinfo> &vars, const uint8_t *xq,
+                              uint8_t *xq1, float *y, float *y1, const char *engine_name, Launch &&launch, Engine &&engine)
+{
+    const uint32_t NX = 16, nb = cols / 256;
+    const int nv = (int)vars.size();
+    int fails = 0;
+    std::vector<float> h1(rows), hv((size_t)NX * rows);
+    std::vector<int> ref_kw;
+    std::vector<std::vector<float>> ref_y;
+    auto worst_of = [&](const std::vector<float> &h) {
+        double w = 0;
+        for (uint32_t r = 0; r < NX; r++) {
+            const std::vector<double> rr = kb_reference(ref, hx.data() + (size_t)r * cols);
+            const std::vector<float> hy(h.begin() + (size_t)r * rows, h.begin() + (size_t)(r + 1) * rows);
+            const kb_errs e = kb_check(ref, rr, hy, NULL);
+            w = e.max < 0 ? 1e30 : std::max(w, e.max);
+        }
+        return w;
+    };
+    double worst = 0;
+    for (int vi = 0; vi < nv; vi++) {
+        if (vars[vi].most != NX || std::find(ref_kw.begin(), ref_kw.end(), vars[vi].kw) != ref_kw.end()) continue;
+        std::vector<float> h((size_t)NX * rows);
+        launch(vi, 0, xq, NX, y);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(h.data(), y, h.size() * 4, cudaMemcpyDeviceToHost));
+        worst = std::max(worst, worst_of(h));
+        ref_kw.push_back(vars[vi].kw);
+        ref_y.push_back(h);
+    }
+    auto ref_of = [&](int kw) -> const std::vector<float> & {
+        return ref_y[std::find(ref_kw.begin(), ref_kw.end(), kw) - ref_kw.begin()];
+    };
+    engine(0, NX, y);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(hv.data(), y, hv.size() * 4, cudaMemcpyDeviceToHost));
+    printf("  vs f64: max |dy| / max |y| %.2e over 16 rows, %zu block splits (x 2^-8 .. 2^7, a 300x outlier a row); "
+           "the engine's %s %.2e\n", worst, ref_kw.size(), engine_name, worst_of(hv));
+    if (!(worst < 1e-6)) {
+        printf("  FAIL: error above 1e-6\n");
+        fails++;
+    }
+    int mism = 0, cmp = 0;
+    for (uint32_t r = 0; r < NX; r++) {
+        CK(cudaMemcpy(xq1, xq + (size_t)r * nb * MMI_XBLK, (size_t)nb * MMI_XBLK, cudaMemcpyDeviceToDevice));
+        for (int vi = 0; vi < nv; vi++) {
+            if (vars[vi].most > 2 && r % 5) continue; /* the one-row kernels on every row, the others on some */
+            CK(cudaMemset(y1, 0xFF, rows * 4));
+            launch(vi, 0, xq1, 1, y1);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(h1.data(), y1, rows * 4, cudaMemcpyDeviceToHost));
+            cmp++;
+            if (memcmp(h1.data(), ref_of(vars[vi].kw).data() + (size_t)r * rows, rows * 4)) {
+                if (mism < 4) printf("  row %u alone (%s) is not its bytes among 16\n", r, vars[vi].name);
+                mism++;
+            }
+        }
+    }
+    for (int vi = 0; vi < nv; vi++) {
+        const uint32_t n = std::min(NX, vars[vi].most);
+        CK(cudaMemset(y, 0xFF, (size_t)NX * rows * 4));
+        launch(vi, 0, xq, n, y);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(hv.data(), y, (size_t)n * rows * 4, cudaMemcpyDeviceToHost));
+        cmp++;
+        if (memcmp(hv.data(), ref_of(vars[vi].kw).data(), (size_t)n * rows * 4)) {
+            printf("  %s, %u rows: not the bytes of the 16-row kernel of its KW\n", vars[vi].name, n);
+            mism++;
+        }
+    }
+    printf("  row invariance: %d mismatches in %d comparisons (rows alone in every kernel, 2..16 rows together)\n", mism,
+           cmp);
+    if (mism) fails++;
+    printf("  %-34s %5s %8s %8s %7s\n", "kernel", "rows", "us", "GB/s", "% read");
+    const uint32_t nxs[4] = {1, 4, 8, 16};
+    for (int k = 0; k < 4; k++) {
+        const uint32_t n = nxs[k];
+        const float ms = kb_time_launches([&](int c) { engine(c, n, y); }, ncopy, reps);
+        printf("  %-34s %5u %8.1f %8.1f %6.1f%%\n", engine_name, n, ms * 1e3, ref.bytes / (ms * 1e-3) / 1e9,
+               100 * ref.bytes / (ms * 1e-3) / 1e9 / ceil_gbs);
+    }
+    for (int vi = 0; vi < nv; vi++)
+        for (int k = 0; k < 4; k++) {
+            const uint32_t n = nxs[k], most = vars[vi].most;
+            if (n > most || (most > 2 && n <= most / 2)) continue;
+            const float ms = kb_time_launches([&](int c) { launch(vi, c, xq, n, y); }, ncopy, reps);
+            printf("  %-34s %5u %8.1f %8.1f %6.1f%%\n", vars[vi].name, n, ms * 1e3, ubytes / (ms * 1e-3) / 1e9,
+                   100 * ubytes / (ms * 1e-3) / 1e9 / ceil_gbs);
+        }
+    return fails;
+}
+
+#endif
