@@ -93,7 +93,9 @@ static void run_one(const muser_dflash *d, muser_dflash_kind kind)
 {
     muser_error err = {0};
     muser_dflash_run *r = NULL;
-    int rc = muser_dflash_run_new(&r, d, kind, 8, &err);
+    /* a context that holds the step at 0 and a block after it for any block size the loader takes
+     * (a block of 15 in a context of 8 is refused as context-full, rightly: found by this harness) */
+    int rc = muser_dflash_run_new(&r, d, kind, 1 + MUSER_DFLASH_MAX_BLOCK, &err);
     if (rc) {
         if (rc >= 0 || !err.msg[0])
             fuzz_fail(H, "a run refused without a negative status and a message");
