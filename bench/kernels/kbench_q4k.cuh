@@ -8,6 +8,22 @@
 
 #include "kbench.cuh"
 
+/* A repack thread's item (one thread per (16-row tile, block, row pair g)): g, the raw blocks of
+ * rows g and g + 8 (blk_bytes each) and the unit it writes; false past the matrix's end */
+__device__ __forceinline__ bool kq_repack_item(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint32_t nb,
+                                               uint32_t blk_bytes, uint32_t unit_bytes, uint32_t &g, const uint8_t *rw[2],
+                                               uint8_t *&u)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows / 16 * nb * 8) return false;
+    g = (uint32_t)(i & 7);
+    const uint32_t b = (uint32_t)((i >> 3) % nb), T = (uint32_t)((i >> 3) / nb);
+    rw[0] = raw + ((size_t)(16 * T + g) * nb + b) * blk_bytes;
+    rw[1] = raw + ((size_t)(16 * T + g + 8) * nb + b) * blk_bytes;
+    u = dst + ((size_t)T * nb + b) * unit_bytes;
+    return true;
+}
+
 /* sub-block j's 6-bit scale s and min m from a raw Q4_K block's 12 scale bytes sc */
 __device__ __forceinline__ void kq4_scale_min(const uint8_t *sc, int j, int &s, int &m)
 {

@@ -54,11 +54,11 @@
 /* one thread per (tile, block, row pair g): lanes 4g..4g+3 of the unit, and pair g's header */
 __global__ void mmh_repack(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint32_t nb)
 {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows / 16 * nb * 8) return;
-    const uint32_t g = (uint32_t)(i & 7), b = (uint32_t)((i >> 3) % nb), T = (uint32_t)((i >> 3) / nb);
-    const uint8_t *r0 = raw + ((size_t)(16 * T + g) * nb + b) * 144, *r8 = raw + ((size_t)(16 * T + g + 8) * nb + b) * 144;
-    uint8_t *u = dst + ((size_t)T * nb + b) * MMH_UNIT;
+    uint32_t g;
+    const uint8_t *rw[2];
+    uint8_t *u;
+    if (!kq_repack_item(raw, dst, rows, nb, 144, MMH_UNIT, g, rw, u)) return;
+    const uint8_t *r0 = rw[0], *r8 = rw[1];
     for (uint32_t t = 0; t < 4; t++) {
         const uint32_t lane = 4 * g + t;
         for (int s = 0; s < 16; s++) {

@@ -40,11 +40,10 @@
 /* ---- the weight repack: one thread per (tile, block, row pair g) ------------------------------ */
 __global__ void mmi_repack(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint32_t nb)
 {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows / 16 * nb * 8) return;
-    const uint32_t g = (uint32_t)(i & 7), b = (uint32_t)((i >> 3) % nb), T = (uint32_t)((i >> 3) / nb);
-    const uint8_t *rw[2] = {raw + ((size_t)(16 * T + g) * nb + b) * 144, raw + ((size_t)(16 * T + g + 8) * nb + b) * 144};
-    uint8_t *u = dst + ((size_t)T * nb + b) * MMI_UNIT;
+    uint32_t g;
+    const uint8_t *rw[2];
+    uint8_t *u;
+    if (!kq_repack_item(raw, dst, rows, nb, 144, MMI_UNIT, g, rw, u)) return;
     for (uint32_t t = 0; t < 4; t++) {
         const uint32_t lane = 4 * g + t;
         for (uint32_t w = 0; w < 16; w++) {
@@ -206,21 +205,9 @@ int main(int argc, char **argv)
         kb_qmat ref; /* the raw rows sampled for the f64 reference, and the engine's Q4_KT copies */
         kb_make_qmat(ref, GGML_TYPE_Q4_K, rows, cols, ncopy, 21 + sh, NULL, mmq_repack_q4k);
         const std::vector<uint8_t *> units = mmi_units(kb_fill_q4k, mmi_repack, ref.bytes, rows, nb, ubytes, ncopy, 21 + sh);
-        const uint32_t NX = 16;
-        float *x, *y, *y1;
-        uint8_t *xq, *xq1, *xe1, *xed;
-        CK(cudaMalloc(&x, (size_t)NX * cols * 4));
-        CK(cudaMalloc(&y, (size_t)NX * rows * 4));
-        CK(cudaMalloc(&y1, (size_t)rows * 4));
-        CK(cudaMalloc(&xq, (size_t)NX * nb * MMI_XBLK));
-        CK(cudaMalloc(&xq1, (size_t)nb * MMI_XBLK));
-        CK(cudaMalloc(&xe1, mmq_x_bytes(cols)));
-        CK(cudaMalloc(&xed, NX * mmqd_x_bytes(cols)));
-        const std::vector<float> hx = kq4_x_rows(NX, cols);
-        CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-        mmi_prep<<<(NX * nb * 32 + 255) / 256, 256>>>(x, cols, NX, xq);
-        mmq_prep_launch(0, x, xe1, cols);
-        mmq_prep_launch_t<mmqd_prep>(0, x, xed, cols, false, NX, cols, (uint32_t)mmqd_x_bytes(cols));
+        mmi_bufs B = mmi_bufs_new(rows, cols, mmq_x_bytes(cols), 16 * mmqd_x_bytes(cols));
+        mmq_prep_launch(0, B.x, B.xe1, cols);
+        mmq_prep_launch_t<mmqd_prep>(0, B.x, B.xed, cols, false, 16, cols, (uint32_t)mmqd_x_bytes(cols));
         CK(cudaGetLastError());
         /* a row's bits depend on KW (the matrix's), never on the kernel: every KW has its 16-row reference */
         const mmi_variant vars[] = {VI(8, 8, 1),         VI(1, 8, 4), VI(1, 8, 3), VI(2, 8, 3), VI(4, 8, 2), VI(8, 8, 2),
@@ -232,22 +219,16 @@ int main(int argc, char **argv)
             const uint32_t per = (uint32_t)(v.nw / (v.kw * v.cg));
             v.fn<<<(rows / 16 + per - 1) / per, 32 * v.nw>>>(units[copy], nb, xx, n, yy, rows);
         };
-        auto engine = [&](int copy, uint32_t n, float *yy) { kq4_engine(ref.mm[copy], rows, cols, xe1, xed, n, yy); };
+        auto engine = [&](int copy, uint32_t n, float *yy) { kq4_engine(ref.mm[copy], rows, cols, B.xe1, B.xed, n, yy); };
         printf("\n%u x %u Q4_K (%.1f MB as these units, %d copies)\n", rows, cols, ubytes / 1e6, ncopy);
         std::vector<mmi_vinfo> info;
         for (const auto &v : vars) info.push_back({v.name, 2u * v.nt * v.cg, v.kw});
-        fails += mmi_check_and_time(ref, hx, rows, cols, ubytes, ncopy, reps, ceil_gbs, info, xq, xq1, y, y1, "engine (mmq / mmqd)",
+        fails += mmi_check_and_time(ref, rows, cols, ubytes, ncopy, reps, ceil_gbs, info, B, "engine (mmq / mmqd)",
                                     [&](int i, int copy, const uint8_t *xx, uint32_t n, float *yy) { launch(vars[i], copy, xx, n, yy); },
                                     engine);
         for (uint8_t *p : units) CK(cudaFree(p));
         kb_free_qmat(ref);
-        CK(cudaFree(x));
-        CK(cudaFree(y));
-        CK(cudaFree(y1));
-        CK(cudaFree(xq));
-        CK(cudaFree(xq1));
-        CK(cudaFree(xe1));
-        CK(cudaFree(xed));
+        mmi_bufs_free(B);
     }
     printf("kbench_mmi: %s\n", fails ? "FAIL" : "ok");
     return fails ? 1 : 0;

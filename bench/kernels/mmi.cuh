@@ -89,6 +89,37 @@ static inline std::vector<uint8_t *> mmi_units(kb_fill_fn fill, mmi_repack_fn re
     return units;
 }
 
+/* The buffers of one shape: 16 rows of x (host hx, device x), in mmi's layout (xq, written here)
+ * and one row of it (xq1), the outputs y [16][rows] and y1 [rows], and the engine's x layouts
+ * (xe1: one row, xed: 16 rows; the caller writes them) */
+struct mmi_bufs {
+    std::vector<float> hx;
+    float *x, *y, *y1;
+    uint8_t *xq, *xq1, *xe1, *xed;
+};
+static inline mmi_bufs mmi_bufs_new(uint32_t rows, uint32_t cols, size_t xe1_bytes, size_t xed_bytes)
+{
+    const uint32_t NX = 16, nb = cols / 256;
+    mmi_bufs b;
+    b.hx = kq4_x_rows(NX, cols);
+    CK(cudaMalloc(&b.x, (size_t)NX * cols * 4));
+    CK(cudaMalloc(&b.y, (size_t)NX * rows * 4));
+    CK(cudaMalloc(&b.y1, (size_t)rows * 4));
+    CK(cudaMalloc(&b.xq, (size_t)NX * nb * MMI_XBLK));
+    CK(cudaMalloc(&b.xq1, (size_t)nb * MMI_XBLK));
+    CK(cudaMalloc(&b.xe1, xe1_bytes));
+    CK(cudaMalloc(&b.xed, xed_bytes));
+    CK(cudaMemcpy(b.x, b.hx.data(), b.hx.size() * 4, cudaMemcpyHostToDevice));
+    mmi_prep<<<(NX * nb * 32 + 255) / 256, 256>>>(b.x, cols, NX, b.xq);
+    CK(cudaGetLastError());
+    return b;
+}
+static inline void mmi_bufs_free(mmi_bufs &b)
+{
+    for (void *p : {(void *)b.x, (void *)b.y, (void *)b.y1, (void *)b.xq, (void *)b.xq1, (void *)b.xe1, (void *)b.xed})
+        CK(cudaFree(p));
+}
+
 /* ---- the workbenches' check and timing ------------------------------------------------------- */
 struct mmi_vinfo {
     const char *name;
@@ -98,12 +129,16 @@ struct mmi_vinfo {
 /* Per block split KW, its 16-row kernel against f64 (< 1e-6 of max |y|); every row alone and rows
  * together in every kernel of that KW: the same bytes as that 16-row kernel; then the engine's
  * kernels (engine(copy, n, y)) and each variant (launch(i, copy, x, n, y)) timed at 1, 4, 8, 16
- * rows. Returns the failed checks. xq holds 16 rows of x in mmi's layout; xq1, y1 one row. */
+ * rows, on B's buffers. Returns the failed checks. */
 template <class Launch, class Engine>
-static int mmi_check_and_time(const kb_qmat &ref, const std::vector<float> &hx, uint32_t rows, uint32_t cols, size_t ubytes,
-                              int ncopy, int reps, double ceil_gbs, const std::vector<mmi_vinfo> &vars, const uint8_t *xq,
-                              uint8_t *xq1, float *y, float *y1, const char *engine_name, Launch &&launch, Engine &&engine)
+static int mmi_check_and_time(const kb_qmat &ref, uint32_t rows, uint32_t cols, size_t ubytes, int ncopy, int reps,
+                              double ceil_gbs, const std::vector<mmi_vinfo> &vars, const mmi_bufs &B, const char *engine_name,
+                              Launch &&launch, Engine &&engine)
 {
+    const std::vector<float> &hx = B.hx;
+    const uint8_t *xq = B.xq;
+    uint8_t *xq1 = B.xq1;
+    float *y = B.y, *y1 = B.y1;
     const uint32_t NX = 16, nb = cols / 256;
     const int nv = (int)vars.size();
     int fails = 0;

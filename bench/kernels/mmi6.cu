@@ -38,11 +38,10 @@ __device__ __forceinline__ uint32_t kq6_q(const uint8_t *blk, int p)
 /* one thread per (tile, block, row pair g) */
 __global__ void mmi6_repack(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint32_t nb)
 {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)rows / 16 * nb * 8) return;
-    const uint32_t g = (uint32_t)(i & 7), b = (uint32_t)((i >> 3) % nb), T = (uint32_t)((i >> 3) / nb);
-    const uint8_t *rw[2] = {raw + ((size_t)(16 * T + g) * nb + b) * 210, raw + ((size_t)(16 * T + g + 8) * nb + b) * 210};
-    uint8_t *u = dst + ((size_t)T * nb + b) * MMI6_UNIT;
+    uint32_t g;
+    const uint8_t *rw[2];
+    uint8_t *u;
+    if (!kq_repack_item(raw, dst, rows, nb, 210, MMI6_UNIT, g, rw, u)) return;
     for (uint32_t t = 0; t < 4; t++) {
         const uint32_t lane = 4 * g + t;
         uint32_t hw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -174,21 +173,9 @@ int main(int argc, char **argv)
         kb_qmat ref; /* the sampled raw rows for the f64 reference, and the engine's Q6_KT copies */
         kb_make_qmat(ref, GGML_TYPE_Q6_K, rows, cols, ncopy, 31 + sh, NULL, mmq6_repack_q6k);
         const std::vector<uint8_t *> units = mmi_units(kb_fill_q6k, mmi6_repack, ref.bytes, rows, nb, ubytes, ncopy, 31 + sh);
-        const uint32_t NX = 16;
-        float *x, *y, *y1;
-        uint8_t *xq, *xq1, *xe1, *xed;
-        CK(cudaMalloc(&x, (size_t)NX * cols * 4));
-        CK(cudaMalloc(&y, (size_t)NX * rows * 4));
-        CK(cudaMalloc(&y1, (size_t)rows * 4));
-        CK(cudaMalloc(&xq, (size_t)NX * nb * MMI_XBLK));
-        CK(cudaMalloc(&xq1, (size_t)nb * MMI_XBLK));
-        CK(cudaMalloc(&xe1, mmq6_x_bytes(cols)));
-        CK(cudaMalloc(&xed, NX * mmqd6_x_bytes(cols)));
-        const std::vector<float> hx = kq4_x_rows(NX, cols);
-        CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-        mmi_prep<<<(NX * nb * 32 + 255) / 256, 256>>>(x, cols, NX, xq);
-        mmq6_prep_launch(0, x, xe1, cols);
-        mmq_prep_launch_t<mmqd6_prep>(0, x, xed, cols, false, NX, cols, (uint32_t)mmqd6_x_bytes(cols));
+        mmi_bufs B = mmi_bufs_new(rows, cols, mmq6_x_bytes(cols), 16 * mmqd6_x_bytes(cols));
+        mmq6_prep_launch(0, B.x, B.xe1, cols);
+        mmq_prep_launch_t<mmqd6_prep>(0, B.x, B.xed, cols, false, 16, cols, (uint32_t)mmqd6_x_bytes(cols));
         CK(cudaGetLastError());
         /* KW 4 (ffn_down's 78 blocks: the engine's one-row split there) and 8 */
         const mmi6_variant vars[] = {V6(8, 4, 1, 8), V6(1, 4, 4, 8), V6(2, 4, 3, 8), V6(4, 4, 2, 8), V6(8, 4, 2, 8),
@@ -206,11 +193,11 @@ int main(int argc, char **argv)
             A.out = yy;
             A.op = MV_OP_STORE;
             if (n <= 1) {
-                A.x = xe1;
+                A.x = B.xe1;
                 if (down) mmq6_launch_down(A, 0, false);
                 else mmq6_launch_auto(A, 0, false);
             } else {
-                A.x = xed;
+                A.x = B.xed;
                 A.nx = n;
                 A.xs = (uint32_t)mmqd6_x_bytes(cols);
                 A.os = rows;
@@ -221,18 +208,12 @@ int main(int argc, char **argv)
         printf("\n%u x %u Q6_K (%.1f MB, %d copies)\n", rows, cols, ubytes / 1e6, ncopy);
         std::vector<mmi_vinfo> info;
         for (const auto &v : vars) info.push_back({v.name, 2u * v.nt, v.kw});
-        fails += mmi_check_and_time(ref, hx, rows, cols, ubytes, ncopy, reps, ceil_gbs, info, xq, xq1, y, y1, "engine (mmq6 / mmqd6)",
+        fails += mmi_check_and_time(ref, rows, cols, ubytes, ncopy, reps, ceil_gbs, info, B, "engine (mmq6 / mmqd6)",
                                     [&](int i, int copy, const uint8_t *xx, uint32_t n, float *yy) { launch(vars[i], copy, xx, n, yy); },
                                     engine);
         for (uint8_t *p : units) CK(cudaFree(p));
         kb_free_qmat(ref);
-        CK(cudaFree(x));
-        CK(cudaFree(y));
-        CK(cudaFree(y1));
-        CK(cudaFree(xq));
-        CK(cudaFree(xq1));
-        CK(cudaFree(xe1));
-        CK(cudaFree(xed));
+        mmi_bufs_free(B);
     }
     printf("kbench_mmi6: %s\n", fails ? "FAIL" : "ok");
     return fails ? 1 : 0;
