@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff, dflash, mmh, mmi,
+#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm,
 #                                               # skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
@@ -20,7 +20,7 @@ if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     mkdir -p .devbin
     cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/tests/test_rows" "$B/tests/test_engine" \
         "$B/tests/test_spec" "$B/tests/test_handoff" "$B/tests/test_dflash" "$B/bench/bench_serve" "$B/bench/bench_sampler" "$B/bench/kbench_matvec" \
-        "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_mmh" "$B/bench/kbench_mmi" "$B/bench/kbench_mmi6" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
+        "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_mmh" "$B/bench/kbench_mmi" "$B/bench/kbench_mmi6" "$B/bench/kbench_pfgemm" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
         "$B/bench/kbench_persist" .devbin/
     # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
     TL=${MUSER_TL_BUILD_DIR:-build-cuda-tl}
@@ -321,6 +321,22 @@ for step in $steps; do
         timeout -k 5 100 "$D/kbench_mmh" 9 >"$OUT/kbench_mmh.log" 2>&1
         note "kbench_mmh rc=$? :: $(grep 'kbench_mmh:' "$OUT/kbench_mmh.log")"
         grep -E '^  (engine|[124]x4|vs f64|row inv)|^[0-9]+ x ' "$OUT/kbench_mmh.log" | sed 's/^/    /' >>"$S"
+        ;;
+    pfgemm)
+        # the prefill GEMM per Glimmer shape at 512 rows (bench/kernels/pfgemm.cu): the warpgroup GEMM
+        # beside the mma.sync one and the general path, its error and its bytes across variants
+        timeout -k 5 120 "$D/kbench_pfgemm" 512 >"$OUT/kbench_pfgemm.log" 2>&1
+        note "kbench_pfgemm rc=$?"
+        sed 's/^/    /' "$OUT/kbench_pfgemm.log" >>"$S"
+        ;;
+    ncu-pfgemm)
+        # ncu on the warpgroup GEMM's 128-row kernel at the ffn_gate shape (kbench_pfgemm's 4th Q4_K
+        # shape: 31 launches of that kernel come before it): speed of light, memory, warp stalls
+        timeout -k 5 200 ncu --clock-control none --kernel-name-base mangled -k 'regex:pf_wg_kernelILb0ELi128ELi0E' \
+            --launch-skip 31 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+            --section ComputeWorkloadAnalysis --section Occupancy "$D/kbench_pfgemm" 512 >"$OUT/ncu_pfgemm.txt" 2>&1
+        note "ncu-pfgemm rc=$?"
+        grep -E 'Duration|Throughput|L2|DRAM|Stall|Issued|Eligible|Warp Cycles|Occupancy|Pipe' "$OUT/ncu_pfgemm.txt" | head -60 | sed 's/^/    /' >>"$S"
         ;;
     mmi)
         # exact integers per block (bench/kernels/mmi.cu, mmi6.cu: Q4_K, Q6_K): its kernels per row count

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cuda/prefill.cuh"
+#include "cuda/wgmma.cuh"
 
 /* ---- weights ----------------------------------------------------------------------------------
  * A thread unpacks 8 consecutive elements of a row. In the tensor-core layouts those 8 share one
@@ -735,9 +736,9 @@ bool pf_kq_adjacent(const mv_mat *a, const mv_mat *b)
            b->data == a->data + pf_kq_bytes(a);
 }
 
-void pf_gemm_kq_n(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
-                  const float *rs, uint32_t n, const mv_mat *w, uint32_t nw, float *const *y, const uint64_t *ldy,
-                  uint32_t op, float scale, float cap)
+[[maybe_unused]] static void pf_gemm_kq_mma_n(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh,
+                             const __half *xsl, const float *rs, uint32_t n, const mv_mat *w, uint32_t nw,
+                             float *const *y, const uint64_t *ldy, uint32_t op, float scale, float cap)
 {
     static bool attr = false; /* the dynamic shared memory limit, raised once per process */
     if (!attr) {
@@ -768,6 +769,269 @@ void pf_gemm_kq_n(cudaStream_t st, const __half *xh, const __half *xl, const __h
     const dim3 grid((n + KQ_TX - 1) / KQ_TX, (A.M + KQ_TW - 1) / KQ_TW);
     if (w[0].type == MV_T_Q6_KT) pf_kq_kernel<true><<<grid, 2 * KQ_TW, KQ_SMEM, st>>>(A);
     else pf_kq_kernel<false><<<grid, 2 * KQ_TW, KQ_SMEM, st>>>(A);
+}
+
+
+/* ---- the warpgroup GEMM (wgmma) -------------------------------------------------------------------
+ * The same inputs as pf_kq_kernel (x in the unit's k order from pf_split_kq; the units as they
+ * are), on Hopper's warpgroup products. Each weight is made whole in f32 from its unit (Q4_K
+ * d·(sc·q) − dmin·m, Q6_K (d·sc)·(q − 32), each one rounding), scaled by a power of two per weight
+ * row 2^e_r (max |w·2^e_r| < 2^15) and split into an f16 pair wh + wl (22 bits, as the general
+ * path's unpack), so one accumulator takes the whole sum: three products wh·xh + wh·xl + wl·xh per
+ * k16 step, no per-block fold. The weights are the A operand, built in registers by the warp that
+ * owns their 16 rows (a unit); x is B, both halves 128-byte-swizzled tiles in shared memory.
+ * CTA: WG_NWG warpgroups × 64 weight rows, WG_NX x rows (the products' N); k in slices of 64
+ * through a WG_STAGES cp.async pipeline, loads WG_STAGES − 2 slices ahead, one barrier a slice.
+ * Each output's sum runs over k in one order whatever rows share the call, so a row's bytes do not
+ * depend on n (checked by kbench_pfgemm and test_cuda). */
+#define WG_NWG(nx) 4
+#define WG_TW(nx) (64 * WG_NWG(nx))
+#define WG_STAGES 4
+#define WG_XT(nx) ((uint32_t)(nx) * 128u) /* bytes of one x tile, hi or lo */
+#define WG_STAGE_BYTES(nx) (2 * WG_XT(nx) + (WG_TW(nx) / 16) * KQ_WU)
+#define WG_SMEM(nx) ((size_t)WG_STAGES * WG_STAGE_BYTES(nx) + 2 * (WG_TW(nx) / 16) * KQ_HU + 1024)
+
+__device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* slice i's x tiles and unit slices into stage sm (1024-aligned), at slice 0 of a block its headers
+ * into hb */
+template <bool Q6, int NX>
+__device__ __forceinline__ void wg_load(const pf_kq_args &A, uint8_t *sm, uint8_t *hb, uint32_t m0, uint32_t n0,
+                                        uint32_t i)
+{
+    const uint32_t nb = A.K / 256, b = i / 4, s = i % 4, k0 = 64 * i;
+    uint8_t *xh = sm, *xl = sm + WG_XT(NX), *ws = sm + 2 * WG_XT(NX);
+    for (uint32_t c = threadIdx.x; c < NX * 8; c += blockDim.x) {
+        const uint32_t r = c / 8, q = c % 8, row = m0 + r, o = r * 128 + ((q ^ (r & 7)) << 4);
+        const bool ok = row < A.n;
+        const size_t off = (size_t)(ok ? row : 0) * A.K + k0 + 8 * q;
+        pf_cp16(xh + o, A.xh + off, ok);
+        pf_cp16(xl + o, A.xl + off, ok);
+    }
+    const uint32_t unit_bytes = Q6 ? MMQ6_UNIT : MMQ_UNIT;
+    if (!Q6) {
+        for (uint32_t c = threadIdx.x; c < (WG_TW(NX) / 16) * 32; c += blockDim.x) {
+            const uint32_t u = c / 32, L = c % 32, tile = n0 / 16 + u;
+            const bool ok = 16 * tile < A.M;
+            const uint8_t *src = A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + 512 * s + 16 * L;
+            pf_cp16(ws + u * KQ_WU + 16 * L, src, ok);
+        }
+    } else {
+        for (uint32_t c = threadIdx.x; c < (WG_TW(NX) / 16) * 96; c += blockDim.x) {
+            const uint32_t u = c / 96, j = (c % 96) / 32, L = c % 32, tile = n0 / 16 + u;
+            const bool ok = 16 * tile < A.M;
+            const uint8_t *src = A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + 512 * (2 * j + s / 2) + 16 * L +
+                                 8 * (s % 2);
+            pf_cp8(ws + u * KQ_WU + 256 * j + 8 * L, src, ok);
+        }
+    }
+    if (s == 0) {
+        const uint32_t hbytes = Q6 ? 288 : 256, hoff = Q6 ? MMQ6_SC : 2048;
+        for (uint32_t c = threadIdx.x; c < (WG_TW(NX) / 16) * (hbytes / 16); c += blockDim.x) {
+            const uint32_t u = c / (hbytes / 16), q = c % (hbytes / 16), tile = n0 / 16 + u;
+            const bool ok = 16 * tile < A.M;
+            pf_cp16(hb + u * KQ_HU + 16 * q, A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + hoff + 16 * q, ok);
+        }
+    }
+}
+
+/* The power of two 2^e for weight rows g + 8h of unit `tile` (lane 4g + t; every lane of the warp
+ * calls it): max over the row's blocks of |w| ≤ |d|·945 + |dmin|·63 (Q4_K), |d|·4096 (Q6_K), then
+ * e so that the bound·2^e < 2^15 (e = 0 for a zero or non-finite bound). */
+template <bool Q6>
+__device__ __forceinline__ float wg_row_scale(const pf_kq_args &A, uint32_t tile, uint32_t lane, uint32_t h)
+{
+    const uint32_t nb = A.K / 256, g = lane >> 2, t = lane & 3;
+    float m = 0.f;
+    if (16 * tile < A.M)
+        for (uint32_t b = t; b < nb; b += 4) {
+            const uint8_t *u = A.w + ((size_t)tile * nb + b) * (Q6 ? MMQ6_UNIT : MMQ_UNIT);
+            if (Q6) {
+                m = fmaxf(m, fabsf(__half2float(*(const __half *)(u + MMQ6_D + 4 * g + 2 * h))) * 4096.f);
+            } else {
+                const __half *hd = (const __half *)(u + 2048 + 32 * g);
+                m = fmaxf(m, fabsf(__half2float(hd[h])) * 945.f + fabsf(__half2float(hd[2 + h])) * 63.f);
+            }
+        }
+    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+    int ex = 0;
+    if (m > 0.f && isfinite(m)) frexpf(m, &ex);
+    return ldexpf(1.f, max(-120, min(120, 15 - ex)));
+}
+
+/* a[r] = the f16 pair of mul·v − sub for the two f16 integers v of core[r] */
+__device__ __forceinline__ void wg_split(const uint32_t core, float mul, float sub, uint32_t &hi, uint32_t &lo)
+{
+    const float2 v = __half22float2(*(const __half2 *)&core);
+    const float w0 = fmaf(mul, v.x, -sub), w1 = fmaf(mul, v.y, -sub);
+    const __half2 h = __floats2half2_rn(w0, w1);
+    const float2 hf = __half22float2(h);
+    const __half2 l = __floats2half2_rn(w0 - hf.x, w1 - hf.y);
+    hi = *(const uint32_t *)&h;
+    lo = *(const uint32_t *)&l;
+}
+
+template <int NX> __device__ __forceinline__ void wg_mma(float *d, const uint32_t a[4], uint64_t desc);
+template <> __device__ __forceinline__ void wg_mma<64>(float *d, const uint32_t a[4], uint64_t desc) { wg_mma_n64(d, a, desc); }
+template <> __device__ __forceinline__ void wg_mma<128>(float *d, const uint32_t a[4], uint64_t desc) { wg_mma_n128(d, a, desc); }
+
+/* VAR: 0 the product; workbench variants that leave work out (kbench_pfgemm): 1 one product of
+ * three, 2 no f32 weights (the exact integers as they come) */
+template <bool Q6, int NX, int VAR = 0>
+static __global__ void __launch_bounds__(128 * WG_NWG(NX), 1) pf_wg_kernel(const pf_kq_args A)
+{
+    extern __shared__ uint8_t wg_sm_raw[];
+    uint8_t *wg_sm = wg_sm_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(wg_sm_raw) & 1023u)) & 1023u);
+    uint8_t *hbuf = wg_sm + WG_STAGES * WG_STAGE_BYTES(NX);
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    const uint32_t m0 = blockIdx.x * NX, n0 = blockIdx.y * WG_TW(NX), tile = n0 / 16 + wid;
+    const uint32_t NS = A.K / 64;
+    float acc[NX / 2];
+#pragma unroll
+    for (int j = 0; j < NX / 2; j++) acc[j] = 0.f;
+#define WG_STAGE_AT(i) (wg_sm + ((i) % WG_STAGES) * WG_STAGE_BYTES(NX))
+#define WG_HB_AT(i) (hbuf + (((i) / 4) % 2) * (WG_TW(NX) / 16) * KQ_HU)
+#pragma unroll
+    for (uint32_t s = 0; s < WG_STAGES - 2; s++) {
+        if (s < NS) wg_load<Q6, NX>(A, WG_STAGE_AT(s), WG_HB_AT(s), m0, n0, s);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    const float e0 = wg_row_scale<Q6>(A, tile, lane, 0), e1 = wg_row_scale<Q6>(A, tile, lane, 1);
+    for (uint32_t i = 0; i < NS; i++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_STAGES - 3));
+        wg_fence_proxy();
+        __syncthreads();
+        const uint32_t nk = i + WG_STAGES - 2;
+        if (nk < NS) wg_load<Q6, NX>(A, WG_STAGE_AT(nk), WG_HB_AT(nk), m0, n0, nk);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const uint8_t *sm = WG_STAGE_AT(i), *ws = sm + 2 * WG_XT(NX), *hb = WG_HB_AT(i);
+        const uint32_t s = i % 4, xs = (uint32_t)__cvta_generic_to_shared(sm);
+#pragma unroll
+        for (uint32_t step = 0; step < 4; step++) {
+            uint32_t core[4], ah[4], al[4];
+            pf_kq_frag<Q6>(ws, hb, wid, s, step, lane, core);
+            float mul0, mul1, sub0 = 0.f, sub1 = 0.f;
+            if (!Q6) {
+                const uint8_t *hd = hb + wid * KQ_HU + 32 * g;
+                const uint32_t t = lane & 3, ts = (step >> 1) ? 2 + (t >> 1) : t >> 1;
+                const __half *dd = (const __half *)hd;
+                mul0 = __half2float(dd[0]) * e0;
+                mul1 = __half2float(dd[1]) * e1;
+                sub0 = __half2float(dd[2]) * (float)pf_q4_mn(hd, ts, s >> 1) * e0;
+                sub1 = __half2float(dd[3]) * (float)pf_q4_mn(hd, ts, 2 + (s >> 1)) * e1;
+            } else {
+                const uint8_t *hd = hb + wid * KQ_HU;
+                const uint32_t c = 2 * s + (step >> 1), hh = step & 1;
+                const __half *dd = (const __half *)(hd + 256 + 4 * g);
+                const int8_t *scp = (const int8_t *)(hd + 32 * g + 16 * hh + 2 * c);
+                mul0 = __half2float(dd[0]) * (float)scp[0] * e0;
+                mul1 = __half2float(dd[1]) * (float)scp[1] * e1;
+            }
+            if (VAR == 2) {
+#pragma unroll
+                for (int r = 0; r < 4; r++) ah[r] = al[r] = core[r] ^ __float_as_uint(mul0 + mul1 + sub0 + sub1);
+            } else {
+                wg_split(core[0], mul0, sub0, ah[0], al[0]);
+                wg_split(core[1], mul1, sub1, ah[1], al[1]);
+                wg_split(core[2], mul0, sub0, ah[2], al[2]);
+                wg_split(core[3], mul1, sub1, ah[3], al[3]);
+            }
+            wg_fence();
+            const uint64_t dh = wg_desc_sw128(xs + 32 * step), dl = wg_desc_sw128(xs + WG_XT(NX) + 32 * step);
+            wg_mma<NX>(acc, ah, dh);
+            if (VAR != 1) {
+                wg_mma<NX>(acc, ah, dl);
+                wg_mma<NX>(acc, al, dh);
+            }
+            wg_commit();
+            wg_wait<1>();
+        }
+    }
+    wg_wait<0>();
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    const uint32_t c0 = 16 * tile, t = lane & 3;
+    if (c0 >= A.M) return;
+    uint32_t sg = 0, sb = 0;
+    while (c0 >= A.seg_end[sg]) sb = A.seg_end[sg++];
+    const float inv0 = 1.f / e0, inv1 = 1.f / e1;
+#pragma unroll
+    for (int j = 0; j < NX / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const uint32_t row = m0 + 8 * j + 2 * t + e;
+            if (row >= A.n) continue;
+            const float rs = A.rs[row];
+            float *yr = A.y[sg] + (size_t)row * A.ldy[sg] - sb;
+#pragma unroll
+            for (int hlf = 0; hlf < 2; hlf++) {
+                float v = acc[4 * j + 2 * hlf + e] * (hlf ? inv1 : inv0) * rs;
+                if (A.op == MV_OP_SOFTCAP) {
+                    v = v * A.scale;
+                    if (A.cap > 0.f) v = A.cap * tanhf(v / A.cap);
+                }
+                yr[c0 + g + 8 * hlf] = v;
+            }
+        }
+#undef WG_STAGE_AT
+#undef WG_HB_AT
+}
+
+template <bool Q6, int NX, int VAR = 0> static void wg_launch(cudaStream_t st, const pf_kq_args &A)
+{
+    static bool attr = false; /* the dynamic shared memory limit, raised once per process */
+    if (!attr) {
+        cudaFuncSetAttribute(pf_wg_kernel<Q6, NX, VAR>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM(NX));
+        attr = true;
+    }
+    const dim3 grid((A.n + NX - 1) / NX, (A.M + WG_TW(NX) - 1) / WG_TW(NX));
+    pf_wg_kernel<Q6, NX, VAR><<<grid, 128 * WG_NWG(NX), WG_SMEM(NX), st>>>(A);
+}
+
+static pf_kq_args wg_args(const __half *xh, const __half *xl, const float *rs, uint32_t n, const mv_mat *w, uint32_t nw,
+                          float *const *y, const uint64_t *ldy, uint32_t op, float scale, float cap)
+{
+    pf_kq_args A;
+    memset(&A, 0, sizeof A);
+    A.xh = xh;
+    A.xl = xl;
+    A.rs = rs;
+    A.w = w[0].data;
+    A.n = n;
+    A.K = w[0].cols;
+    A.nseg = nw;
+    for (uint32_t i = 0; i < nw; i++) {
+        A.M += w[i].rows;
+        A.seg_end[i] = A.M;
+        A.y[i] = y[i];
+        A.ldy[i] = ldy[i];
+    }
+    A.op = op;
+    A.scale = scale;
+    A.cap = cap;
+    return A;
+}
+
+void pf_gemm_wg_n(cudaStream_t st, const __half *xh, const __half *xl, const float *rs, uint32_t n, const mv_mat *w,
+                  uint32_t nw, float *const *y, const uint64_t *ldy, uint32_t op, float scale, float cap, uint32_t nx)
+{
+    const pf_kq_args A = wg_args(xh, xl, rs, n, w, nw, y, ldy, op, scale, cap);
+    const bool q6 = w[0].type == MV_T_Q6_KT;
+    if (nx == 64) q6 ? wg_launch<true, 64>(st, A) : wg_launch<false, 64>(st, A);
+    else q6 ? wg_launch<true, 128>(st, A) : wg_launch<false, 128>(st, A);
+}
+
+void pf_gemm_kq_n(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
+                  const float *rs, uint32_t n, const mv_mat *w, uint32_t nw, float *const *y, const uint64_t *ldy,
+                  uint32_t op, float scale, float cap)
+{
+    (void)xsh;
+    (void)xsl;
+    uint32_t M = 0;
+    for (uint32_t i = 0; i < nw; i++) M += w[i].rows;
+    /* 128 x rows a CTA once the grid fills the SMs, else 64 (the same bytes: kbench_pfgemm) */
+    const uint32_t ctas = (n + 127) / 128 * ((M + WG_TW(128) - 1) / WG_TW(128));
+    pf_gemm_wg_n(st, xh, xl, rs, n, w, nw, y, ldy, op, scale, cap, ctas >= 132 ? 128 : 64);
 }
 
 void pf_gemm_kq(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,

@@ -58,6 +58,10 @@ bool pf_kq_adjacent(const mv_mat *a, const mv_mat *b);
 void pf_gemm_kq_n(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
                   const float *rs, uint32_t n, const mv_mat *w, uint32_t nw, float *const *y, const uint64_t *ldy,
                   uint32_t op, float scale, float cap);
+/* pf_gemm_kq_n on the warpgroup products (prefill.cu, "the warpgroup GEMM"), nx x rows a CTA
+ * (64 or 128); xsh/xsl are not read. */
+void pf_gemm_wg_n(cudaStream_t st, const __half *xh, const __half *xl, const float *rs, uint32_t n, const mv_mat *w,
+                  uint32_t nw, float *const *y, const uint64_t *ldy, uint32_t op, float scale, float cap, uint32_t nx);
 
 /* h[i] = emb[tokens[i]] (then the weightless entry norm) for i < n; tokens in device memory. */
 void pf_embed(cudaStream_t st, const mv_mat *emb, const int32_t *tokens, uint32_t n, float *h, uint32_t E,
