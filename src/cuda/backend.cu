@@ -1326,6 +1326,7 @@ struct cu_pf {
     uint32_t width[FWD_BUF_COUNT];
     __half *xh, *xl;                  /* [rows][kmax] a matrix input's f16 pair */
     __half *xsh, *xsl;                /* [rows][kmax/32] its Q4_K sub-block sums (pf_split_kq) */
+    float *part;                      /* the K-quant GEMM's partial sums (pf_kq_part_bytes) */
     float *rs;                        /* [rows] its inverse row scales */
     __half *wh, *wl;                  /* [wcap] a general-path matrix's (or LM-head slab's) f16 pair */
     size_t wcap;                      /* elements of each (0: every matrix takes the K-quant GEMM) */
@@ -1394,6 +1395,7 @@ static int pf_ws(cu_ctx *c, uint32_t rows, muser_error *err)
     const size_t o_xl = off; off = align256(off + (size_t)rows * kmax * 2);
     const size_t o_xsh = off; off = align256(off + (size_t)rows * (kmax / 32) * 2);
     const size_t o_xsl = off; off = align256(off + (size_t)rows * (kmax / 32) * 2);
+    const size_t o_part = off; off = align256(off + pf_kq_part_bytes(rows));
     const size_t o_rs = off; off = align256(off + (size_t)rows * 4);
     const size_t o_wh = off; off = align256(off + wcap * 2);
     const size_t o_wl = off; off = align256(off + wcap * 2);
@@ -1414,6 +1416,7 @@ static int pf_ws(cu_ctx *c, uint32_t rows, muser_error *err)
     pf->xl = (__half *)(base + o_xl);
     pf->xsh = (__half *)(base + o_xsh);
     pf->xsl = (__half *)(base + o_xsl);
+    pf->part = (float *)(base + o_part);
     pf->rs = (float *)(base + o_rs);
     pf->wh = (__half *)(base + o_wh);
     pf->wl = (__half *)(base + o_wl);
@@ -1513,7 +1516,7 @@ static void pf_matmul(cu_ctx *c, const mv_mat *mat, uint32_t n, float *y, uint64
 {
     cu_pf *pf = c->pf;
     if (pf_kq_ok(mat)) {
-        PF_T(pf, PFP_GEMM, pf_gemm_kq(c->st, pf->xh, pf->xl, pf->xsh, pf->xsl, pf->rs, n, mat, y, ldy, op, scale, cap));
+        PF_T(pf, PFP_GEMM, pf_gemm_kq(c->st, pf->xh, pf->xl, pf->xsh, pf->xsl, pf->rs, n, mat, y, ldy, op, scale, cap, pf->part));
         return;
     }
     uint32_t slab = (uint32_t)(pf->wcap / mat->cols);
@@ -1554,7 +1557,7 @@ static void pfo_matmul(void *be, const fwd_rows *r, fwd_buf src, const fwd_matmu
         }
         if (nw > 1)
             PF_T(pf, PFP_GEMM, pf_gemm_kq_n(c->st, pf->xh, pf->xl, pf->xsh, pf->xsl, pf->rs, r->n, ws, nw, ys, lds,
-                                            MV_OP_STORE, 1.f, 0.f));
+                                            MV_OP_STORE, 1.f, 0.f, pf->part));
         else
             pf_matmul(c, mat, r->n, ys[0], lds[0], MV_OP_STORE, 1.f, 0.f);
     }
@@ -2434,7 +2437,7 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
         return muser_errorf(err, MUSER_E_ARG, "cuda: gemm check: %u columns (a multiple of 32)", cols);
     }
     const muser_tensor t = check_tensor(ggml_type, rows, cols, w);
-    float *dx = NULL, *dy = NULL, *rs = NULL;
+    float *dx = NULL, *dy = NULL, *rs = NULL, *part = NULL;
     __half *xh = NULL, *xl = NULL, *wh = NULL, *wl = NULL, *xsh = NULL, *xsl = NULL;
     uploader u;
     memset(&u, 0, sizeof u);
@@ -2453,6 +2456,7 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
     if (!e) e = cudaMalloc((void **)&wl, nw * 2);
     if (!e) e = cudaMalloc((void **)&xsh, nx / 32 * 2 + 16);
     if (!e) e = cudaMalloc((void **)&xsl, nx / 32 * 2 + 16);
+    if (!e) e = cudaMalloc((void **)&part, pf_kq_part_bytes(n));
     if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: gemm check: %s", cudaGetErrorString(e));
     if (!rc) rc = up_open(&u, c, err);
     if (!rc) rc = up_matrix(&u, &t, &mat, true, err);
@@ -2463,7 +2467,7 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
         if (!e) {
             if (pf_kq_ok(&mat)) { /* the route's own choice (pf_matmul) */
                 pf_split_kq(c->st, dx, cols, n, cols, mat.type == MV_T_Q6_KT, xh, xl, xsh, xsl, rs);
-                pf_gemm_kq(c->st, xh, xl, xsh, xsl, rs, n, &mat, dy, rows, MV_OP_STORE, 1.f, 0.f);
+                pf_gemm_kq(c->st, xh, xl, xsh, xsl, rs, n, &mat, dy, rows, MV_OP_STORE, 1.f, 0.f, part);
             } else {
                 pf_split_x(c->st, dx, cols, n, cols, xh, xl, rs);
                 pf_unpack_w(c->st, &mat, 0, rows, wh, wl);
@@ -2476,7 +2480,7 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
         if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: gemm check: %s", cudaGetErrorString(e));
     }
     up_close(&u);
-    void *bufs[] = {dx, dy, rs, xh, xl, wh, wl, xsh, xsl, c->weights};
+    void *bufs[] = {dx, dy, rs, xh, xl, wh, wl, xsh, xsl, part, c->weights};
     for (void *p : bufs) cudaFree(p);
     if (c->st) cudaStreamDestroy(c->st);
     free(c);

@@ -165,16 +165,21 @@ static __global__ void __launch_bounds__(PF_ROW_T) pf_split_kernel(const float *
         h[p] = hv;
         l[p] = __float2half_rn(v - __half2float(hv));
     }
-    if (kind != 1) return;
-    /* Q4_K's min term: per sub-block 2^-6·Σ x (|Σ| < 2^20 before the 2^-6), summed in f64 in order */
+    if (kind != 1 || !xsh) return;
+    /* Q4_K's min term: per sub-block 2^-6·Σ x (|Σ| < 2^20 before the 2^-6), summed in f64 by a warp
+     * (one element a lane, a fixed tree) */
     __half *sh = xsh + (size_t)blockIdx.x * (K / 32), *sl = xsl + (size_t)blockIdx.x * (K / 32);
-    for (uint32_t j = threadIdx.x; j < K / 32; j += PF_ROW_T) {
-        double a = 0;
-        for (uint32_t k = 0; k < 32; k++) a += bad ? 0.f : row[32 * j + k] * s;
-        const float v = (float)a * 0.015625f;
-        const __half hv = __float2half_rn(v);
-        sh[j] = hv;
-        sl[j] = __float2half_rn(v - __half2float(hv));
+    const uint32_t lane = threadIdx.x & 31;
+    for (uint32_t j = threadIdx.x >> 5; j < K / 32; j += PF_ROW_T / 32) {
+        double a = bad ? 0.f : row[32 * j + lane] * s;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, o);
+        if (lane == 0) {
+            const float v = (float)a * 0.015625f;
+            const __half hv = __float2half_rn(v);
+            sh[j] = hv;
+            sl[j] = __float2half_rn(v - __half2float(hv));
+        }
     }
 }
 
@@ -359,33 +364,15 @@ void pf_gemm(cudaStream_t st, const __half *xh, const __half *xl, const float *r
     pf_gemm_kernel<<<grid, 256, PF_SMEM, st>>>(A);
 }
 
-/* ---- the K-quant GEMM ---------------------------------------------------------------------------
+/* ---- the K-quant layouts -------------------------------------------------------------------------
  * Q4_K and Q6_K matrices in their tensor-core layouts (MV_T_Q4_KT, MV_T_Q6_KT) are read as they
- * are: no unpack, no scratch. The weights are the mma's A operand (16 rows a tile), made in
- * registers from the unit's bytes as exact f16 integers, and x is the B operand as the f16 pair
- * (xh, xl) of pf_split_kq, so a product is two tensor-core products, not three:
- *   Q4_K: A = sc·q (≤ 63·15, exact), the sum over a block's 256 positions in f32 on the tensor
- *         cores, then per (row, block) acc += d·S − dmin·Σ_j m_j·xs_j, the min term one m16n8k8
- *         product of 64·m (exact) against the pair of xs = 2^−6·Σ_{sub-block} x;
- *   Q6_K: A = q − 32 (exact); per 16-group acc += (d·sc)·S (d·sc exact in f32).
- * x is written in the unit's k order (pf_kq_elem), so each lane's 16 (Q6_K: 3 × 8) bytes of a
- * unit slice are its A fragments of four k16 steps: low nibbles to f16 by (q | 0x6400) − 1024
- * folded into one HFMA2 with the scale, high nibbles by (16q | 0x6400)·sc/16 − 64·sc.
- * CTA tile KQ_TW weight rows × KQ_TX x rows, k in slices of 64, a KQ_STAGES cp.async pipeline;
- * 8 warps as 4 (weight rows) × 2 (x rows), each 32 × 32: 2 × 4 mma tiles, two CTAs per SM (the
- * contenders and their numbers: bench/kernels/pfgemm.cu, NOTES.md). Each output's sum
- * runs over k in one order whatever rows share the call: a row's bytes do not depend on n. */
-#define KQ_TW 128
-#define KQ_TX 64
-#define KQ_BK 64
-#define KQ_STAGES 4
-#define KQ_LDX (KQ_BK + 8) /* halves per x row in shared memory: 144 bytes, conflict-free ldmatrix */
+ * are: no unpack, no scratch. x is written in the unit's k order (pf_kq_elem), so each lane's 16
+ * (Q6_K: 3 × 8) bytes of a unit slice are its A fragments (mma.sync m16n8k16's, which are wgmma's)
+ * of four k16 steps, the quants as exact f16 integers (Q4_K sc·q, Q6_K q − 32): low nibbles by
+ * (q | 0x6400) − 1024 folded into one HFMA2 with the scale, high nibbles by
+ * (16q | 0x6400)·sc/16 − 64·sc. The GEMM on them is the warpgroup GEMM below. */
 #define KQ_WU 768u         /* shared bytes per unit slice: Q4_K 512, Q6_K 3 planes × 256 */
 #define KQ_HU 288u         /* shared bytes per unit header: Q4_K 256 (unit + 2048), Q6_K 288 (unit + 3072) */
-#define KQ_X_BYTES (KQ_TX * KQ_LDX * 2)
-#define KQ_STAGE_BYTES (2 * KQ_X_BYTES + (KQ_TW / 16) * KQ_WU + 2 * KQ_TX * 16)
-#define KQ_SMEM ((size_t)KQ_STAGES * KQ_STAGE_BYTES + 2 * (KQ_TW / 16) * KQ_HU)
-
 
 void pf_split_kq(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint32_t K, bool q6, __half *xh, __half *xl,
                  __half *xsh, __half *xsl, float *rs)
@@ -395,7 +382,7 @@ void pf_split_kq(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint
 
 #define KQ_SEGS 4
 struct pf_kq_args {
-    const __half *xh, *xl, *xsh, *xsl;
+    const __half *xh, *xl, *xsh, *xsl; /* x's f16 pair; Q4_K's sub-block sums (the exact variant) */
     const float *rs;
     const uint8_t *w;
     uint32_t n, M, K;
@@ -405,6 +392,11 @@ struct pf_kq_args {
     uint64_t ldy[KQ_SEGS];
     uint32_t op;
     float scale, cap;
+    /* K split in nsplit pieces (1: none): CTA z sums blocks [z·NB/nsplit, (z+1)·NB/nsplit) into
+     * part[z][row][col] (before any scale) and, for z = 0, its weight rows' 2^-e into
+     * part[nsplit·n·M + col]; pf_wg_reduce adds the pieces in z order */
+    uint32_t nsplit;
+    float *part;
 };
 
 __device__ __forceinline__ void pf_cp8(void *smem, const void *gmem, bool valid)
@@ -412,14 +404,6 @@ __device__ __forceinline__ void pf_cp8(void *smem, const void *gmem, bool valid)
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
     const int n = valid ? 8 : 0;
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-
-__device__ __forceinline__ void pf_mma_k8(float c[4], uint32_t a0, uint32_t a1, uint32_t b0)
-{
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(b0));
 }
 
 __device__ __forceinline__ uint32_t pf_lop_or(uint32_t w, uint32_t mask, uint32_t bits)
@@ -442,66 +426,10 @@ __device__ __forceinline__ uint32_t pf_h2fma(uint32_t a, uint32_t b, uint32_t c)
     return *(const uint32_t *)&r;
 }
 
-__device__ __forceinline__ uint32_t pf_pack_h2(float lo, float hi)
-{
-    const __half2 r = __floats2half2_rn(lo, hi);
-    return *(const uint32_t *)&r;
-}
-
 __device__ __forceinline__ uint32_t pf_h2(float v)
 {
     const __half2 r = __float2half2_rn(v);
     return *(const uint32_t *)&r;
-}
-
-/* stage i (block i/4, slice i%4) into buffer sm; at slice 0 the block's headers into hb */
-template <bool Q6>
-__device__ __forceinline__ void pf_kq_load(const pf_kq_args &A, uint8_t *sm, uint8_t *hb, uint32_t m0, uint32_t n0,
-                                           uint32_t i)
-{
-    const uint32_t nb = A.K / 256, b = i / 4, s = i % 4, k0 = 64 * i;
-    __half *xh = (__half *)sm, *xl = (__half *)(sm + KQ_X_BYTES);
-    uint8_t *ws = sm + 2 * KQ_X_BYTES, *xs = ws + (KQ_TW / 16) * KQ_WU;
-    for (uint32_t c = threadIdx.x; c < KQ_TX * 8; c += blockDim.x) {
-        const uint32_t r = c / 8, q = c % 8, row = m0 + r;
-        const bool ok = row < A.n;
-        const size_t off = (size_t)(ok ? row : 0) * A.K + k0 + 8 * q;
-        pf_cp16(xh + r * KQ_LDX + 8 * q, A.xh + off, ok);
-        pf_cp16(xl + r * KQ_LDX + 8 * q, A.xl + off, ok);
-    }
-    const uint32_t unit_bytes = Q6 ? MMQ6_UNIT : MMQ_UNIT;
-    if (!Q6) {
-        for (uint32_t c = threadIdx.x; c < (KQ_TW / 16) * 32; c += blockDim.x) {
-            const uint32_t u = c / 32, L = c % 32, tile = n0 / 16 + u;
-            const bool ok = 16 * tile < A.M;
-            const uint8_t *src = A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + 512 * s + 16 * L;
-            pf_cp16(ws + u * KQ_WU + 16 * L, src, ok);
-        }
-    } else {
-        for (uint32_t c = threadIdx.x; c < (KQ_TW / 16) * 96; c += blockDim.x) {
-            const uint32_t u = c / 96, j = (c % 96) / 32, L = c % 32, tile = n0 / 16 + u;
-            const bool ok = 16 * tile < A.M;
-            const uint8_t *src = A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + 512 * (2 * j + s / 2) + 16 * L +
-                                 8 * (s % 2);
-            pf_cp8(ws + u * KQ_WU + 256 * j + 8 * L, src, ok);
-        }
-    }
-    if (s == 0) {
-        const uint32_t hbytes = Q6 ? 288 : 256, hoff = Q6 ? MMQ6_SC : 2048;
-        for (uint32_t c = threadIdx.x; c < (KQ_TW / 16) * (hbytes / 16); c += blockDim.x) {
-            const uint32_t u = c / (hbytes / 16), q = c % (hbytes / 16), tile = n0 / 16 + u;
-            const bool ok = 16 * tile < A.M;
-            pf_cp16(hb + u * KQ_HU + 16 * q, A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + hoff + 16 * q, ok);
-        }
-    }
-    if (!Q6 && s == 3) {
-        for (uint32_t c = threadIdx.x; c < 2 * KQ_TX; c += blockDim.x) {
-            const uint32_t r = c / 2, row = m0 + r;
-            const bool ok = row < A.n;
-            const __half *src = (c & 1 ? A.xsl : A.xsh) + (size_t)(ok ? row : 0) * (A.K / 32) + 8 * b;
-            pf_cp16(xs + (c & 1) * KQ_TX * 16 + 16 * r, src, ok);
-        }
-    }
 }
 
 /* Q4_K: the 6-bit scale or min of item q (row half q >> 1, group q & 1) of header lane ts */
@@ -557,172 +485,6 @@ __device__ __forceinline__ void pf_kq_frag(const uint8_t *ws, const uint8_t *hb,
     }
 }
 
-template <bool Q6>
-static __global__ void __launch_bounds__(2 * KQ_TW, 2) pf_kq_kernel(const pf_kq_args A)
-{
-    extern __shared__ __align__(16) uint8_t kq_sm[];
-    uint8_t *hbuf = kq_sm + KQ_STAGES * KQ_STAGE_BYTES;
-    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t wm = wid % (KQ_TW / 32), wn = wid / (KQ_TW / 32); /* the warp's 32 weight rows (units 2wm, 2wm+1), 32 x rows */
-    const uint32_t m0 = blockIdx.x * KQ_TX, n0 = blockIdx.y * KQ_TW;
-    const uint32_t NS = A.K / 64;
-    float acc[2][4][4], tmp[2][4][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) acc[i][j][k] = tmp[i][j][k] = 0.f;
-#define KQ_STAGE_AT(i) (kq_sm + ((i) % KQ_STAGES) * KQ_STAGE_BYTES)
-#define KQ_HB_AT(i) (hbuf + (((i) / 4) % 2) * (KQ_TW / 16) * KQ_HU)
-#pragma unroll
-    for (uint32_t s = 0; s < KQ_STAGES - 1; s++) {
-        if (s < NS) pf_kq_load<Q6>(A, KQ_STAGE_AT(s), KQ_HB_AT(s), m0, n0, s);
-        asm volatile("cp.async.commit_group;\n" ::);
-    }
-    for (uint32_t i = 0; i < NS; i++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(KQ_STAGES - 2));
-        __syncthreads();
-        const uint32_t nk = i + KQ_STAGES - 1;
-        if (nk < NS) pf_kq_load<Q6>(A, KQ_STAGE_AT(nk), KQ_HB_AT(nk), m0, n0, nk);
-        asm volatile("cp.async.commit_group;\n" ::);
-        const uint8_t *sm = KQ_STAGE_AT(i);
-        const __half *xh = (const __half *)sm, *xl = (const __half *)(sm + KQ_X_BYTES);
-        const uint8_t *ws = sm + 2 * KQ_X_BYTES, *xs = ws + (KQ_TW / 16) * KQ_WU;
-        const uint8_t *hb = KQ_HB_AT(i);
-        const uint32_t s = i % 4;
-#pragma unroll
-        for (uint32_t step = 0; step < 4; step++) {
-            uint32_t bh[2][4], bl[2][4];
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-                const uint32_t r = wn * 32 + p * 16 + (lane & 7) + ((lane >> 4) << 3), c = step * 16 + ((lane >> 3) & 1) * 8;
-                pf_ldsm_x4(bh[p], xh + r * KQ_LDX + c);
-                pf_ldsm_x4(bl[p], xl + r * KQ_LDX + c);
-            }
-            uint32_t a[2][4];
-            float f[2][2]; /* Q6_K: d·sc of rows g and g + 8 */
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                const uint32_t u = 2 * wm + mt;
-                pf_kq_frag<Q6>(ws, hb, u, s, step, lane, a[mt]);
-                if (Q6) {
-                    const uint8_t *hd = hb + u * KQ_HU;
-                    const uint32_t c = 2 * s + (step >> 1), hh = step & 1;
-                    const uint32_t dw = *(const uint32_t *)(hd + 256 + 4 * g);
-                    const uint8_t *scp = hd + 32 * g + 16 * hh + 2 * c;
-                    f[mt][0] = __half2float(__ushort_as_half((unsigned short)(dw & 0xFFFFu))) * (float)(int8_t)scp[0];
-                    f[mt][1] = __half2float(__ushort_as_half((unsigned short)(dw >> 16))) * (float)(int8_t)scp[1];
-                }
-            }
-            if (!Q6) {
-                /* the x-hi products of every tile, then the x-lo ones: no product waits on the one before */
-#pragma unroll
-                for (int lo = 0; lo < 2; lo++)
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < 4; nt++) {
-                            const uint32_t(*bb)[4] = lo ? bl : bh;
-                            pf_mma(tmp[mt][nt], a[mt], bb[nt / 2][2 * (nt % 2)], bb[nt / 2][2 * (nt % 2) + 1]);
-                        }
-            } else {
-                float c4[2][4][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++) {
-#pragma unroll
-                        for (int k = 0; k < 4; k++) c4[mt][nt][k] = 0.f;
-                        pf_mma(c4[mt][nt], a[mt], bh[nt / 2][2 * (nt % 2)], bh[nt / 2][2 * (nt % 2) + 1]);
-                    }
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++) {
-                        pf_mma(c4[mt][nt], a[mt], bl[nt / 2][2 * (nt % 2)], bl[nt / 2][2 * (nt % 2) + 1]);
-                        float *ac = acc[mt][nt];
-                        ac[0] = fmaf(f[mt][0], c4[mt][nt][0], ac[0]);
-                        ac[1] = fmaf(f[mt][0], c4[mt][nt][1], ac[1]);
-                        ac[2] = fmaf(f[mt][1], c4[mt][nt][2], ac[2]);
-                        ac[3] = fmaf(f[mt][1], c4[mt][nt][3], ac[3]);
-                    }
-            }
-        }
-        if (!Q6 && s == 3) {
-            /* the block's end: acc += d·S − dmin·(64·m · xs) per row */
-            uint32_t xb[2][4];
-            {
-                const uint32_t r = wn * 32 + lane;
-                uint32_t sh;
-                sh = (uint32_t)__cvta_generic_to_shared(xs + 16 * r);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(xb[0][0]), "=r"(xb[0][1]), "=r"(xb[0][2]), "=r"(xb[0][3])
-                             : "r"(sh));
-                sh = (uint32_t)__cvta_generic_to_shared(xs + KQ_TX * 16 + 16 * r);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(xb[1][0]), "=r"(xb[1][1]), "=r"(xb[1][2]), "=r"(xb[1][3])
-                             : "r"(sh));
-            }
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                const uint8_t *hd = hb + (2 * wm + mt) * KQ_HU + 32 * g;
-                const uint32_t G = t >> 1, te = t & 1, to = 2 + (t & 1);
-                /* 64·m of sub-blocks 2t, 2t + 1 for rows g (item G) and g + 8 (item 2 + G) */
-                const uint32_t am0 = pf_pack_h2(64.f * (float)pf_q4_mn(hd, te, G), 64.f * (float)pf_q4_mn(hd, to, G));
-                const uint32_t am1 = pf_pack_h2(64.f * (float)pf_q4_mn(hd, te, 2 + G), 64.f * (float)pf_q4_mn(hd, to, 2 + G));
-                const uint32_t dw = *(const uint32_t *)hd, mw = *(const uint32_t *)(hd + 4);
-                const float d0 = __half2float(__ushort_as_half((unsigned short)(dw & 0xFFFFu))),
-                            d1 = __half2float(__ushort_as_half((unsigned short)(dw >> 16)));
-                const float m0f = __half2float(__ushort_as_half((unsigned short)(mw & 0xFFFFu))),
-                            m1f = __half2float(__ushort_as_half((unsigned short)(mw >> 16)));
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    float c4[4] = {0.f, 0.f, 0.f, 0.f};
-                    pf_mma_k8(c4, am0, am1, xb[0][nt]);
-                    pf_mma_k8(c4, am0, am1, xb[1][nt]);
-                    float *ac = acc[mt][nt], *tp = tmp[mt][nt];
-                    ac[0] = fmaf(-m0f, c4[0], fmaf(d0, tp[0], ac[0]));
-                    ac[1] = fmaf(-m0f, c4[1], fmaf(d0, tp[1], ac[1]));
-                    ac[2] = fmaf(-m1f, c4[2], fmaf(d1, tp[2], ac[2]));
-                    ac[3] = fmaf(-m1f, c4[3], fmaf(d1, tp[3], ac[3]));
-                    tp[0] = tp[1] = tp[2] = tp[3] = 0.f;
-                }
-            }
-        }
-    }
-    asm volatile("cp.async.wait_group 0;\n" ::);
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++) {
-        /* the 16 weight rows of this tile lie in one segment (each a multiple of 16 rows) */
-        const uint32_t c0 = n0 + wm * 32 + mt * 16;
-        if (c0 >= A.M) continue;
-        uint32_t sg = 0, sb = 0;
-        while (c0 >= A.seg_end[sg]) sb = A.seg_end[sg++];
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const uint32_t row = m0 + wn * 32 + nt * 8 + 2 * t + e;
-                if (row >= A.n) continue;
-                const float rs = A.rs[row];
-                float *yr = A.y[sg] + (size_t)row * A.ldy[sg] - sb;
-#pragma unroll
-                for (int hlf = 0; hlf < 2; hlf++) {
-                    const uint32_t col = c0 + g + 8 * hlf;
-                    float v = acc[mt][nt][2 * hlf + e] * rs;
-                    if (A.op == MV_OP_SOFTCAP) {
-                        v = v * A.scale;
-                        if (A.cap > 0.f) v = A.cap * tanhf(v / A.cap);
-                    }
-                    yr[col] = v;
-                }
-            }
-    }
-#undef KQ_STAGE_AT
-#undef KQ_HB_AT
-}
-
 bool pf_kq_ok(const mv_mat *w) { return (w->type == MV_T_Q4_KT || w->type == MV_T_Q6_KT) && w->cols % 256 == 0; }
 
 static size_t pf_kq_bytes(const mv_mat *w)
@@ -736,42 +498,6 @@ bool pf_kq_adjacent(const mv_mat *a, const mv_mat *b)
            b->data == a->data + pf_kq_bytes(a);
 }
 
-[[maybe_unused]] static void pf_gemm_kq_mma_n(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh,
-                             const __half *xsl, const float *rs, uint32_t n, const mv_mat *w, uint32_t nw,
-                             float *const *y, const uint64_t *ldy, uint32_t op, float scale, float cap)
-{
-    static bool attr = false; /* the dynamic shared memory limit, raised once per process */
-    if (!attr) {
-        cudaFuncSetAttribute(pf_kq_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)KQ_SMEM);
-        cudaFuncSetAttribute(pf_kq_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)KQ_SMEM);
-        attr = true;
-    }
-    pf_kq_args A;
-    memset(&A, 0, sizeof A);
-    A.xh = xh;
-    A.xl = xl;
-    A.xsh = xsh;
-    A.xsl = xsl;
-    A.rs = rs;
-    A.w = w[0].data;
-    A.n = n;
-    A.K = w[0].cols;
-    A.nseg = nw;
-    for (uint32_t i = 0; i < nw; i++) {
-        A.M += w[i].rows;
-        A.seg_end[i] = A.M;
-        A.y[i] = y[i];
-        A.ldy[i] = ldy[i];
-    }
-    A.op = op;
-    A.scale = scale;
-    A.cap = cap;
-    const dim3 grid((n + KQ_TX - 1) / KQ_TX, (A.M + KQ_TW - 1) / KQ_TW);
-    if (w[0].type == MV_T_Q6_KT) pf_kq_kernel<true><<<grid, 2 * KQ_TW, KQ_SMEM, st>>>(A);
-    else pf_kq_kernel<false><<<grid, 2 * KQ_TW, KQ_SMEM, st>>>(A);
-}
-
-
 /* ---- the warpgroup GEMM (wgmma) -------------------------------------------------------------------
  * The same inputs as pf_kq_kernel (x in the unit's k order from pf_split_kq; the units as they
  * are), on Hopper's warpgroup products. Each weight is made whole in f32 from its unit (Q4_K
@@ -783,7 +509,8 @@ bool pf_kq_adjacent(const mv_mat *a, const mv_mat *b)
  * CTA: WG_NWG warpgroups × 64 weight rows, WG_NX x rows (the products' N); k in slices of 64
  * through a WG_STAGES cp.async pipeline, loads WG_STAGES − 2 slices ahead, one barrier a slice.
  * Each output's sum runs over k in one order whatever rows share the call, so a row's bytes do not
- * depend on n (checked by kbench_pfgemm and test_cuda). */
+ * depend on n (checked by kbench_pfgemm and test_cuda). A grid that would leave SMs idle splits K
+ * into pieces fixed by the matrix's shape alone (wg_nsplit: never by n), summed in one order. */
 #define WG_NWG(nx) 4
 #define WG_TW(nx) (64 * WG_NWG(nx))
 #define WG_STAGES 4
@@ -876,6 +603,54 @@ template <int NX> __device__ __forceinline__ void wg_mma(float *d, const uint32_
 template <> __device__ __forceinline__ void wg_mma<64>(float *d, const uint32_t a[4], uint64_t desc) { wg_mma_n64(d, a, desc); }
 template <> __device__ __forceinline__ void wg_mma<128>(float *d, const uint32_t a[4], uint64_t desc) { wg_mma_n128(d, a, desc); }
 
+/* A warp's outputs (weight rows c0 + g, c0 + g + 8 at 2^-e inv0, inv1; x rows m0 + 8j + 2t + e):
+ * y = op(acc·inv·rs), or with K split, the raw piece into A.part (and piece 0 the inverse scales) */
+template <int NX>
+__device__ __forceinline__ void wg_store(const pf_kq_args &A, const float *acc, uint32_t m0, uint32_t c0, uint32_t lane,
+                                         float inv0, float inv1)
+{
+    const uint32_t g = lane >> 2, t = lane & 3, z = blockIdx.z;
+    if (c0 >= A.M) return;
+    if (A.nsplit > 1) {
+        float *P = A.part + (size_t)z * A.n * A.M;
+#pragma unroll
+        for (int j = 0; j < NX / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const uint32_t row = m0 + 8 * j + 2 * t + e;
+                if (row >= A.n) continue;
+                P[(size_t)row * A.M + c0 + g] = acc[4 * j + e];
+                P[(size_t)row * A.M + c0 + g + 8] = acc[4 * j + 2 + e];
+            }
+        if (z == 0 && blockIdx.x == 0 && t == 0) {
+            float *einv = A.part + (size_t)A.nsplit * A.n * A.M;
+            einv[c0 + g] = inv0;
+            einv[c0 + g + 8] = inv1;
+        }
+        return;
+    }
+    uint32_t sg = 0, sb = 0;
+    while (c0 >= A.seg_end[sg]) sb = A.seg_end[sg++];
+#pragma unroll
+    for (int j = 0; j < NX / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const uint32_t row = m0 + 8 * j + 2 * t + e;
+            if (row >= A.n) continue;
+            const float rs = A.rs[row];
+            float *yr = A.y[sg] + (size_t)row * A.ldy[sg] - sb;
+#pragma unroll
+            for (int hlf = 0; hlf < 2; hlf++) {
+                float v = acc[4 * j + 2 * hlf + e] * (hlf ? inv1 : inv0) * rs;
+                if (A.op == MV_OP_SOFTCAP) {
+                    v = v * A.scale;
+                    if (A.cap > 0.f) v = A.cap * tanhf(v / A.cap);
+                }
+                yr[c0 + g + 8 * hlf] = v;
+            }
+        }
+}
+
 /* VAR: 0 the product; workbench variants that leave work out (kbench_pfgemm): 1 one product of
  * three, 2 no f32 weights (the exact integers as they come) */
 template <bool Q6, int NX, int VAR = 0>
@@ -886,24 +661,24 @@ static __global__ void __launch_bounds__(128 * WG_NWG(NX), 1) pf_wg_kernel(const
     uint8_t *hbuf = wg_sm + WG_STAGES * WG_STAGE_BYTES(NX);
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     const uint32_t m0 = blockIdx.x * NX, n0 = blockIdx.y * WG_TW(NX), tile = n0 / 16 + wid;
-    const uint32_t NS = A.K / 64;
+    const uint32_t NB = A.K / 256, z = blockIdx.z, i0 = 4 * (z * NB / A.nsplit), i1 = 4 * ((z + 1) * NB / A.nsplit);
     float acc[NX / 2];
 #pragma unroll
     for (int j = 0; j < NX / 2; j++) acc[j] = 0.f;
 #define WG_STAGE_AT(i) (wg_sm + ((i) % WG_STAGES) * WG_STAGE_BYTES(NX))
 #define WG_HB_AT(i) (hbuf + (((i) / 4) % 2) * (WG_TW(NX) / 16) * KQ_HU)
 #pragma unroll
-    for (uint32_t s = 0; s < WG_STAGES - 2; s++) {
-        if (s < NS) wg_load<Q6, NX>(A, WG_STAGE_AT(s), WG_HB_AT(s), m0, n0, s);
+    for (uint32_t s = i0; s < i0 + WG_STAGES - 2; s++) {
+        if (s < i1) wg_load<Q6, NX>(A, WG_STAGE_AT(s), WG_HB_AT(s), m0, n0, s);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     const float e0 = wg_row_scale<Q6>(A, tile, lane, 0), e1 = wg_row_scale<Q6>(A, tile, lane, 1);
-    for (uint32_t i = 0; i < NS; i++) {
+    for (uint32_t i = i0; i < i1; i++) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_STAGES - 3));
         wg_fence_proxy();
         __syncthreads();
         const uint32_t nk = i + WG_STAGES - 2;
-        if (nk < NS) wg_load<Q6, NX>(A, WG_STAGE_AT(nk), WG_HB_AT(nk), m0, n0, nk);
+        if (nk < i1) wg_load<Q6, NX>(A, WG_STAGE_AT(nk), WG_HB_AT(nk), m0, n0, nk);
         asm volatile("cp.async.commit_group;\n" ::);
         const uint8_t *sm = WG_STAGE_AT(i), *ws = sm + 2 * WG_XT(NX), *hb = WG_HB_AT(i);
         const uint32_t s = i % 4, xs = (uint32_t)__cvta_generic_to_shared(sm);
@@ -950,31 +725,181 @@ static __global__ void __launch_bounds__(128 * WG_NWG(NX), 1) pf_wg_kernel(const
     }
     wg_wait<0>();
     asm volatile("cp.async.wait_group 0;\n" ::);
-    const uint32_t c0 = 16 * tile, t = lane & 3;
-    if (c0 >= A.M) return;
-    uint32_t sg = 0, sb = 0;
-    while (c0 >= A.seg_end[sg]) sb = A.seg_end[sg++];
-    const float inv0 = 1.f / e0, inv1 = 1.f / e1;
-#pragma unroll
-    for (int j = 0; j < NX / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const uint32_t row = m0 + 8 * j + 2 * t + e;
-            if (row >= A.n) continue;
-            const float rs = A.rs[row];
-            float *yr = A.y[sg] + (size_t)row * A.ldy[sg] - sb;
-#pragma unroll
-            for (int hlf = 0; hlf < 2; hlf++) {
-                float v = acc[4 * j + 2 * hlf + e] * (hlf ? inv1 : inv0) * rs;
-                if (A.op == MV_OP_SOFTCAP) {
-                    v = v * A.scale;
-                    if (A.cap > 0.f) v = A.cap * tanhf(v / A.cap);
-                }
-                yr[c0 + g + 8 * hlf] = v;
-            }
-        }
+    wg_store<NX>(A, acc, m0, 16 * tile, lane, 1.f / e0, 1.f / e1);
 #undef WG_STAGE_AT
 #undef WG_HB_AT
+}
+
+/* ---- the exact Q4_K variant: two products and a fold per block ----------------------------------
+ * Q4_K's A as pf_kq_frag makes it, the exact integers sc·q (≤ 945), so a block's sum needs only x's
+ * two halves: tmp = Σ_block sc·q·(xh + xl) on the tensor cores (256 positions, 32 products), then
+ * per (weight row, block) acc += d·tmp − dmin·Σ_j m_j·xs_j in f32 (the min term one m16n8k8 pair of
+ * 64·m against xs = 2^−6·Σ_{sub-block} x, pf_split_kq's sums). Two accumulators a thread, so 64 x
+ * rows a CTA; the fold waits for the block's products (wgmma.wait_group 0). */
+#define WGX_NX 64
+#define WGX_XS 2048u /* shared bytes of a block's sub-block sums: 64 rows × 8 × (hi, lo) */
+#define WGX_STAGE_BYTES (WG_STAGE_BYTES(WGX_NX) + WGX_XS)
+#define WGX_SMEM ((size_t)WG_STAGES * WGX_STAGE_BYTES + 2 * (WG_TW(WGX_NX) / 16) * KQ_HU + 1024)
+
+__device__ __forceinline__ void pf_mma_k8(float c[4], uint32_t a0, uint32_t a1, uint32_t b0)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+__device__ __forceinline__ uint32_t pf_pack_h2(float lo, float hi)
+{
+    const __half2 r = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&r;
+}
+
+static __global__ void __launch_bounds__(128 * WG_NWG(WGX_NX), 1) pf_wgx_kernel(const pf_kq_args A)
+{
+    extern __shared__ uint8_t wg_sm_raw[];
+    uint8_t *wg_sm = wg_sm_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(wg_sm_raw) & 1023u)) & 1023u);
+    uint8_t *hbuf = wg_sm + WG_STAGES * WGX_STAGE_BYTES;
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t m0 = blockIdx.x * WGX_NX, n0 = blockIdx.y * WG_TW(WGX_NX), tile = n0 / 16 + wid;
+    const uint32_t NB = A.K / 256, z = blockIdx.z, i0 = 4 * (z * NB / A.nsplit), i1 = 4 * ((z + 1) * NB / A.nsplit);
+    float acc[WGX_NX / 2], tmp[WGX_NX / 2];
+#pragma unroll
+    for (int j = 0; j < WGX_NX / 2; j++) acc[j] = tmp[j] = 0.f;
+#define WGX_STAGE_AT(i) (wg_sm + ((i) % WG_STAGES) * WGX_STAGE_BYTES)
+#define WGX_HB_AT(i) (hbuf + (((i) / 4) % 2) * (WG_TW(WGX_NX) / 16) * KQ_HU)
+#define WGX_LOAD(i)                                                                                            \
+    do {                                                                                                       \
+        uint8_t *sm_ = WGX_STAGE_AT(i);                                                                        \
+        wg_load<false, WGX_NX>(A, sm_, WGX_HB_AT(i), m0, n0, (i));                                             \
+        if ((i) % 4 == 3)                                                                                      \
+            for (uint32_t c = threadIdx.x; c < 2 * WGX_NX; c += blockDim.x) {                                  \
+                const uint32_t r = c / 2, row = m0 + r;                                                        \
+                const bool ok = row < A.n;                                                                     \
+                const __half *src = (c & 1 ? A.xsl : A.xsh) + (size_t)(ok ? row : 0) * (A.K / 32) + 8 * ((i) / 4); \
+                pf_cp16(sm_ + WG_STAGE_BYTES(WGX_NX) + (c & 1) * WGX_NX * 16 + 16 * r, src, ok);               \
+            }                                                                                                  \
+    } while (0)
+    for (uint32_t s = i0; s < i0 + WG_STAGES - 2; s++) {
+        if (s < i1) WGX_LOAD(s);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (uint32_t i4 = i0; i4 < i1; i4 += 4)
+#pragma unroll
+    for (uint32_t s = 0; s < 4; s++) {
+        const uint32_t i = i4 + s;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_STAGES - 3));
+        wg_fence_proxy();
+        __syncthreads();
+        const uint32_t nk = i + WG_STAGES - 2;
+        if (nk < i1) WGX_LOAD(nk);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const uint8_t *sm = WGX_STAGE_AT(i), *ws = sm + 2 * WG_XT(WGX_NX), *hb = WGX_HB_AT(i);
+        const uint32_t xs = (uint32_t)__cvta_generic_to_shared(sm);
+#pragma unroll
+        for (uint32_t step = 0; step < 4; step++) {
+            uint32_t a[4];
+            pf_kq_frag<false>(ws, hb, wid, s, step, lane, a);
+            wg_fence();
+            wg_mma<WGX_NX>(tmp, a, wg_desc_sw128(xs + 32 * step));
+            wg_mma<WGX_NX>(tmp, a, wg_desc_sw128(xs + WG_XT(WGX_NX) + 32 * step));
+            wg_commit();
+            wg_wait<1>();
+        }
+        if (s == 3) {
+            /* the block's end: acc += d·tmp − dmin·(64·m · xs) per weight row */
+            wg_wait<0>();
+            const uint8_t *xsb = sm + WG_STAGE_BYTES(WGX_NX);
+            uint32_t xb[2][2][4]; /* [hi, lo][32-row half] the B fragments of 4 n8 tiles each */
+#pragma unroll
+            for (int p = 0; p < 2; p++)
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    const uint32_t sh = (uint32_t)__cvta_generic_to_shared(xsb + p * WGX_NX * 16 + 16 * (32 * q + lane));
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(xb[p][q][0]), "=r"(xb[p][q][1]), "=r"(xb[p][q][2]), "=r"(xb[p][q][3])
+                                 : "r"(sh));
+                }
+            const uint8_t *hd = hb + wid * KQ_HU + 32 * g;
+            const uint32_t G = t >> 1, te = t & 1, to = 2 + (t & 1);
+            /* 64·m of sub-blocks 2t, 2t + 1 for rows g (item G) and g + 8 (item 2 + G) */
+            const uint32_t am0 = pf_pack_h2(64.f * (float)pf_q4_mn(hd, te, G), 64.f * (float)pf_q4_mn(hd, to, G));
+            const uint32_t am1 = pf_pack_h2(64.f * (float)pf_q4_mn(hd, te, 2 + G), 64.f * (float)pf_q4_mn(hd, to, 2 + G));
+            const __half *dd = (const __half *)hd;
+            const float d0 = __half2float(dd[0]), d1 = __half2float(dd[1]), mn0 = __half2float(dd[2]),
+                        mn1 = __half2float(dd[3]);
+#pragma unroll
+            for (int j = 0; j < WGX_NX / 8; j++) {
+                float c4[4] = {0.f, 0.f, 0.f, 0.f};
+                pf_mma_k8(c4, am0, am1, xb[0][j / 4][j % 4]);
+                pf_mma_k8(c4, am0, am1, xb[1][j / 4][j % 4]);
+                float *ac = acc + 4 * j, *tp = tmp + 4 * j;
+                ac[0] = fmaf(-mn0, c4[0], fmaf(d0, tp[0], ac[0]));
+                ac[1] = fmaf(-mn0, c4[1], fmaf(d0, tp[1], ac[1]));
+                ac[2] = fmaf(-mn1, c4[2], fmaf(d1, tp[2], ac[2]));
+                ac[3] = fmaf(-mn1, c4[3], fmaf(d1, tp[3], ac[3]));
+                tp[0] = tp[1] = tp[2] = tp[3] = 0.f;
+            }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    wg_store<WGX_NX>(A, acc, m0, 16 * tile, lane, 1.f, 1.f);
+#undef WGX_STAGE_AT
+#undef WGX_HB_AT
+#undef WGX_LOAD
+}
+
+/* the pieces of a split K summed in z order, then the epilogue pf_wg_kernel's would have applied */
+static __global__ void pf_wg_reduce_kernel(const pf_kq_args A)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nm = (size_t)A.n * A.M;
+    if (i >= nm) return;
+    const uint32_t row = (uint32_t)(i / A.M), col = (uint32_t)(i % A.M);
+    float v = A.part[i];
+    for (uint32_t z = 1; z < A.nsplit; z++) v += A.part[z * nm + i];
+    v = v * A.part[A.nsplit * nm + col] * A.rs[row];
+    if (A.op == MV_OP_SOFTCAP) {
+        v = v * A.scale;
+        if (A.cap > 0.f) v = A.cap * tanhf(v / A.cap);
+    }
+    uint32_t sg = 0, sb = 0;
+    while (col >= A.seg_end[sg]) sb = A.seg_end[sg++];
+    A.y[sg][(size_t)row * A.ldy[sg] + col - sb] = v;
+}
+
+static int wg_sms(void)
+{
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        cudaGetDevice(&dev);
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) || sms <= 0) sms = 132;
+    }
+    return sms;
+}
+
+/* How many pieces K is split into for an M × K matrix: the count that a full chunk (512 rows: X
+ * x tiles) finishes soonest with, by a model of the kernel (`slice_us` a 64-column slice of a CTA,
+ * 8 bytes of partial sums an output and piece at 3.5 TB/s), at most 5 rounds of CTAs of 4 x tiles
+ * (pf_kq_part_bytes). A function of the shape and kernel alone, so that a row's bytes do not
+ * depend on the call's rows. */
+static uint32_t wg_nsplit(uint32_t M, uint32_t K, uint32_t X, double slice_us)
+{
+    const uint32_t sms = (uint32_t)wg_sms(), T = (M + WG_TW(128) - 1) / WG_TW(128), NB = K / 256;
+    uint32_t best = 1;
+    double best_t = 1e30;
+    for (uint32_t S = 1; S <= NB && S <= 32 && 4 * T * S <= 5 * sms; S++) {
+        const double rounds = (X * T * S + sms - 1) / sms, blocks = (NB + S - 1) / S;
+        const double t = rounds * blocks * 4 * slice_us + (S > 1 ? S * 512.0 * M * 8 / 3.5e6 : 0);
+        if (t < best_t) best = S, best_t = t;
+    }
+    return best;
+}
+
+size_t pf_kq_part_bytes(uint32_t rows)
+{
+    /* S·T ≤ 5·sms/4 pieces of 256 weight rows (wg_nsplit), and the row scales */
+    return ((size_t)5 * wg_sms() / 4 * WG_TW(128) * ((size_t)rows + 1)) * sizeof(float);
 }
 
 template <bool Q6, int NX, int VAR = 0> static void wg_launch(cudaStream_t st, const pf_kq_args &A)
@@ -984,17 +909,40 @@ template <bool Q6, int NX, int VAR = 0> static void wg_launch(cudaStream_t st, c
         cudaFuncSetAttribute(pf_wg_kernel<Q6, NX, VAR>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM(NX));
         attr = true;
     }
-    const dim3 grid((A.n + NX - 1) / NX, (A.M + WG_TW(NX) - 1) / WG_TW(NX));
+    const dim3 grid((A.n + NX - 1) / NX, (A.M + WG_TW(NX) - 1) / WG_TW(NX), A.nsplit);
     pf_wg_kernel<Q6, NX, VAR><<<grid, 128 * WG_NWG(NX), WG_SMEM(NX), st>>>(A);
+    if (A.nsplit > 1) {
+        const size_t nm = (size_t)A.n * A.M;
+        pf_wg_reduce_kernel<<<(unsigned)((nm + 255) / 256), 256, 0, st>>>(A);
+    }
 }
 
-static pf_kq_args wg_args(const __half *xh, const __half *xl, const float *rs, uint32_t n, const mv_mat *w, uint32_t nw,
-                          float *const *y, const uint64_t *ldy, uint32_t op, float scale, float cap)
+static void wgx_launch(cudaStream_t st, const pf_kq_args &A)
+{
+    static bool attr = false;
+    if (!attr) {
+        cudaFuncSetAttribute(pf_wgx_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WGX_SMEM);
+        attr = true;
+    }
+    const dim3 grid((A.n + WGX_NX - 1) / WGX_NX, (A.M + WG_TW(WGX_NX) - 1) / WG_TW(WGX_NX), A.nsplit);
+    pf_wgx_kernel<<<grid, 128 * WG_NWG(WGX_NX), WGX_SMEM, st>>>(A);
+    if (A.nsplit > 1) {
+        const size_t nm = (size_t)A.n * A.M;
+        pf_wg_reduce_kernel<<<(unsigned)((nm + 255) / 256), 256, 0, st>>>(A);
+    }
+}
+
+/* the arguments of a call; nsplit 1 (pf_gemm_kq_n sets it) */
+static pf_kq_args wg_args(const __half *xh, const __half *xl, const __half *xsh, const __half *xsl, const float *rs,
+                          uint32_t n, const mv_mat *w, uint32_t nw, float *const *y, const uint64_t *ldy, uint32_t op,
+                          float scale, float cap, float *part)
 {
     pf_kq_args A;
     memset(&A, 0, sizeof A);
     A.xh = xh;
     A.xl = xl;
+    A.xsh = xsh;
+    A.xsl = xsl;
     A.rs = rs;
     A.w = w[0].data;
     A.n = n;
@@ -1009,35 +957,38 @@ static pf_kq_args wg_args(const __half *xh, const __half *xl, const float *rs, u
     A.op = op;
     A.scale = scale;
     A.cap = cap;
+    A.nsplit = 1;
+    A.part = part;
     return A;
 }
 
-void pf_gemm_wg_n(cudaStream_t st, const __half *xh, const __half *xl, const float *rs, uint32_t n, const mv_mat *w,
-                  uint32_t nw, float *const *y, const uint64_t *ldy, uint32_t op, float scale, float cap, uint32_t nx)
+/* the pieces K is split into for the call's kernel: Q4_K's exact variant (64 x rows a CTA) or
+ * the three-product kernel (128) */
+static uint32_t pf_kq_nsplit(uint32_t type, uint32_t M, uint32_t K)
 {
-    const pf_kq_args A = wg_args(xh, xl, rs, n, w, nw, y, ldy, op, scale, cap);
-    const bool q6 = w[0].type == MV_T_Q6_KT;
-    if (nx == 64) q6 ? wg_launch<true, 64>(st, A) : wg_launch<false, 64>(st, A);
-    else q6 ? wg_launch<true, 128>(st, A) : wg_launch<false, 128>(st, A);
+    return type == MV_T_Q4_KT ? wg_nsplit(M, K, 512 / WGX_NX, 0.8) : wg_nsplit(M, K, 512 / 128, 2.1);
 }
 
 void pf_gemm_kq_n(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
                   const float *rs, uint32_t n, const mv_mat *w, uint32_t nw, float *const *y, const uint64_t *ldy,
-                  uint32_t op, float scale, float cap)
+                  uint32_t op, float scale, float cap, float *part)
 {
-    (void)xsh;
-    (void)xsl;
-    uint32_t M = 0;
-    for (uint32_t i = 0; i < nw; i++) M += w[i].rows;
-    /* 128 x rows a CTA once the grid fills the SMs, else 64 (the same bytes: kbench_pfgemm) */
-    const uint32_t ctas = (n + 127) / 128 * ((M + WG_TW(128) - 1) / WG_TW(128));
-    pf_gemm_wg_n(st, xh, xl, rs, n, w, nw, y, ldy, op, scale, cap, ctas >= 132 ? 128 : 64);
+    pf_kq_args A = wg_args(xh, xl, xsh, xsl, rs, n, w, nw, y, ldy, op, scale, cap, part);
+    A.nsplit = part ? pf_kq_nsplit(w[0].type, A.M, A.K) : 1;
+    if (w[0].type == MV_T_Q4_KT) { /* the exact variant */
+        wgx_launch(st, A);
+        return;
+    }
+    /* 128 x rows a CTA, 64 for calls of up to 64 rows (the same bytes: kbench_pfgemm) */
+    if (n > 64) wg_launch<true, 128>(st, A);
+    else wg_launch<true, 64>(st, A);
 }
 
 void pf_gemm_kq(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
-                const float *rs, uint32_t n, const mv_mat *w, float *y, uint64_t ldy, uint32_t op, float scale, float cap)
+                const float *rs, uint32_t n, const mv_mat *w, float *y, uint64_t ldy, uint32_t op, float scale, float cap,
+                float *part)
 {
-    pf_gemm_kq_n(st, xh, xl, xsh, xsl, rs, n, w, 1, &y, &ldy, op, scale, cap);
+    pf_gemm_kq_n(st, xh, xl, xsh, xsl, rs, n, w, 1, &y, &ldy, op, scale, cap, part);
 }
 
 /* ---- per-row operations ----------------------------------------------------------------------- */

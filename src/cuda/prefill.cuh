@@ -2,12 +2,12 @@
  * of one sequence's consecutive rows, with the matrices on tensor cores.
  *
  * Numerics (SPEC §4 forbids lossy activation storage): x is scaled per row by a power of two and
- * split into an f16 pair, x ≈ (xh + xl)·2^-e, 22 significant bits. Q4_K and Q6_K matrices in their
- * tensor-core layouts (pf_gemm_kq) are read as they are, their quants turned into exact f16
- * integers in registers (Q4_K sc·q, Q6_K q − 32): two products xh·A + xl·A with f32 accumulation,
- * the block and group scales applied per (row, block) or (row, 16-group) in f32. Every other
- * format is unpacked into a scratch pair wh + wl (22 bits) and runs three products,
- * 2^-e·(xh·wh + xh·wl + xl·wh) (pf_gemm; the dropped xl·wl is below 2^-22 of a product).
+ * split into an f16 pair, x ≈ (xh + xl)·2^-e, 22 significant bits. Every matrix runs as three f16
+ * products 2^-e·(xh·wh + xh·wl + xl·wh) with f32 accumulation (the dropped xl·wl is below 2^-22 of
+ * a product), w ≈ wh + wl its f16 pair: Q4_K and Q6_K matrices in their tensor-core layouts
+ * (pf_gemm_kq) made whole in f32 in registers from the units as they are, scaled by a power of two
+ * per weight row and split there, on Hopper's warpgroup products; every other format unpacked into
+ * a scratch pair (pf_gemm).
  * Every output's sum runs over k in the same order whatever the chunk holds, and attention walks
  * a row's keys in tiles that start at that row's first key, so a row's bytes do not depend on how
  * the prompt was cut into chunks (the prefill route's invariance, SPEC §4).
@@ -46,10 +46,15 @@ bool pf_kq_ok(const mv_mat *w);
  * xsh, xsl [n][K/32]. */
 void pf_split_kq(cudaStream_t st, const float *x, uint64_t ldx, uint32_t n, uint32_t K, bool q6, __half *xh, __half *xl,
                  __half *xsh, __half *xsl, float *rs);
+/* Bytes of the partial sums pf_gemm_kq may need for calls of up to `rows` rows (a K split in
+ * pieces when the grid would leave SMs idle; NULL part: no split). */
+size_t pf_kq_part_bytes(uint32_t rows);
 /* y[i][j] = op(x·w^T) for i < n, j < w->rows from pf_split_kq's x (its format w's), w read in its
- * tensor-core layout: two f16 products of exact integer weights (numerics: prefill.cu). */
+ * tensor-core layout (numerics: prefill.cu, "the warpgroup GEMM"); part: pf_kq_part_bytes of
+ * scratch. */
 void pf_gemm_kq(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
-                const float *rs, uint32_t n, const mv_mat *w, float *y, uint64_t ldy, uint32_t op, float scale, float cap);
+                const float *rs, uint32_t n, const mv_mat *w, float *y, uint64_t ldy, uint32_t op, float scale, float cap,
+                float *part);
 /* Whether b lies right after a in device memory in the same K-quant layout and width, so that
  * both are one stacked matrix (the attention projections are uploaded so). */
 bool pf_kq_adjacent(const mv_mat *a, const mv_mat *b);
@@ -57,12 +62,7 @@ bool pf_kq_adjacent(const mv_mat *a, const mv_mat *b);
  * (pf_kq_adjacent), as one launch: matrix i's outputs into y[i], row stride ldy[i]. */
 void pf_gemm_kq_n(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
                   const float *rs, uint32_t n, const mv_mat *w, uint32_t nw, float *const *y, const uint64_t *ldy,
-                  uint32_t op, float scale, float cap);
-/* pf_gemm_kq_n on the warpgroup products (prefill.cu, "the warpgroup GEMM"), nx x rows a CTA
- * (64 or 128); xsh/xsl are not read. */
-void pf_gemm_wg_n(cudaStream_t st, const __half *xh, const __half *xl, const float *rs, uint32_t n, const mv_mat *w,
-                  uint32_t nw, float *const *y, const uint64_t *ldy, uint32_t op, float scale, float cap, uint32_t nx);
-
+                  uint32_t op, float scale, float cap, float *part);
 /* h[i] = emb[tokens[i]] (then the weightless entry norm) for i < n; tokens in device memory. */
 void pf_embed(cudaStream_t st, const mv_mat *emb, const int32_t *tokens, uint32_t n, float *h, uint32_t E,
               bool entry_norm, float eps);
