@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm,
+#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, pfcpu-start … pfcpu-end,
 #                                               # skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
@@ -76,7 +76,8 @@ for step in $steps; do
         if [ -n "${PF_LONG:-}" ]; then
             timeout -k 5 400 "$D/muser" bench --backend cuda -m /tmp/g.gguf --gen 2 --ctx 0 --prompt "$PF_LONG" \
                 >"$OUT/prefill_long.log" 2>&1
-            note "prefill $PF_LONG rc=$? :: $(grep prefill "$OUT/prefill_long.log")"
+            note "prefill $PF_LONG rc=$?"
+            grep -E 'prefill|reserve|workspace|KV' "$OUT/prefill_long.log" | sed 's/^/    /' >>"$S"
         fi
         ;;
     engine)
@@ -329,14 +330,54 @@ for step in $steps; do
         note "kbench_pfgemm rc=$?"
         sed 's/^/    /' "$OUT/kbench_pfgemm.log" >>"$S"
         ;;
+    pfshort)
+        # short prompts: the prefill call's fixed cost (time to the first token at 8 .. 512 rows)
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        timeout -k 5 150 "$D/muser" bench --backend cuda -m /tmp/g.gguf --prompt 8,32,128,512 --gen 4 --reps 2 \
+            >"$OUT/pfshort.log" 2>&1
+        note "pfshort rc=$?"
+        grep '^ctx ' "$OUT/pfshort.log" | sed 's/^/    /' >>"$S"
+        ;;
+    pfcpu-start)
+        # the prefill route against the CPU engine on the synthesized Glimmer (SPEC §4), part 1: the
+        # CPU engine's logits of PF_CPU_N random tokens (default: as many as its measured prefill
+        # rate does in PF_CPU_S seconds, 280 by default, at most 4096), in the background on cores 4..
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        NC=$(nproc)
+        taskset -c 4-$((NC - 1)) timeout -k 5 120 "$D/muser" bench -m /tmp/g.gguf --threads $((NC - 4)) --prompt 32 --gen 1 \
+            >"$OUT/pfcpu_rate.log" 2>&1
+        rate=$(grep -o 'prefill *32 tok: *[0-9.]*' "$OUT/pfcpu_rate.log" | awk '{print $NF}')
+        N=${PF_CPU_N:-$(python3 -c "print(max(64, min(4096, int(float('${rate:-10}') * ${PF_CPU_S:-280}))))")}
+        python3 -c "import random; random.seed(7); print(','.join(str(random.randrange(202048)) for _ in range($N)))" \
+            >"$W/pf_tok.txt"
+        note "pfcpu: CPU prefill ${rate:-?} tok/s on $((NC - 4)) cores; $N tokens"
+        (taskset -c 4-$((NC - 1)) timeout -k 5 500 "$D/muser" eval -m /tmp/g.gguf --backend cpu -t $((NC - 4)) \
+            --tokens "$(cat "$W/pf_tok.txt")" --dump-logits "$W/pf_cpu.bin" >"$OUT/pfcpu_cpu.log" 2>&1;
+         echo "rc=$?" >>"$OUT/pfcpu_cpu.log") &
+        PFCPU_PID=$!
+        ;;
+    pfcpu-end)
+        # part 2: the CUDA prefill route's logits of the same tokens, compared every 256 positions
+        timeout -k 5 120 taskset -c 0-3 "$D/muser" eval -m /tmp/g.gguf --backend cuda --tokens "$(cat "$W/pf_tok.txt")" \
+            --dump-logits "$W/pf_gpu.bin" >"$OUT/pfcpu_gpu.log" 2>&1
+        note "pfcpu: cuda eval rc=$?; waiting for the CPU engine"
+        wait "${PFCPU_PID:-0}" 2>/dev/null
+        note "pfcpu: cpu eval $(tail -1 "$OUT/pfcpu_cpu.log")"
+        python3 scripts/compare-logits.py "$W/pf_gpu.bin" "$W/pf_cpu.bin" 202048 --every 256 >"$OUT/pfcpu_cmp.log" 2>&1
+        note "pfcpu: $(tail -1 "$OUT/pfcpu_cmp.log")"
+        rm -f "$W/pf_gpu.bin" "$W/pf_cpu.bin"
+        ;;
     ncu-pfgemm)
-        # ncu on the warpgroup GEMM's 128-row kernel at the ffn_gate shape (kbench_pfgemm's 4th Q4_K
-        # shape: 31 launches of that kernel come before it): speed of light, memory, warp stalls
-        timeout -k 5 200 ncu --clock-control none --kernel-name-base mangled -k 'regex:pf_wg_kernelILb0ELi128ELi0E' \
-            --launch-skip 31 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-            --section ComputeWorkloadAnalysis --section Occupancy "$D/kbench_pfgemm" 512 >"$OUT/ncu_pfgemm.txt" 2>&1
+        # ncu on Q4_K's exact warpgroup kernel (4 warpgroups) at the ffn_gate shape (kbench_pfgemm's 4th
+        # Q4_K shape: 21 launches of that kernel a shape come before it): speed of light, memory, stalls
+        timeout -k 5 200 ncu --clock-control none --kernel-name-base mangled -k 'regex:pf_wgx_kernelILi4E' \
+            --launch-skip 64 -c 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+            --section ComputeWorkloadAnalysis --section Occupancy \
+            --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+            "$D/kbench_pfgemm" 512 >"$OUT/ncu_pfgemm.txt" 2>&1
         note "ncu-pfgemm rc=$?"
-        grep -E 'Duration|Throughput|L2|DRAM|Stall|Issued|Eligible|Warp Cycles|Occupancy|Pipe' "$OUT/ncu_pfgemm.txt" | head -60 | sed 's/^/    /' >>"$S"
+        grep -E 'Duration|Throughput|L2|DRAM|Issued|Eligible|Warp Cycles|Occupancy|Pipe|stalled' "$OUT/ncu_pfgemm.txt" |
+            awk '!/stalled/ || $NF + 0 > 0.05' | head -70 | sed 's/^/    /' >>"$S"
         ;;
     mmi)
         # exact integers per block (bench/kernels/mmi.cu, mmi6.cu: Q4_K, Q6_K): its kernels per row count

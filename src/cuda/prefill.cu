@@ -522,7 +522,7 @@ __device__ __forceinline__ void wg_fence_proxy() { asm volatile("fence.proxy.asy
 
 /* slice i's x tiles and unit slices into stage sm (1024-aligned), at slice 0 of a block its headers
  * into hb */
-template <bool Q6, int NX>
+template <bool Q6, int NX, int TW = WG_TW(NX)>
 __device__ __forceinline__ void wg_load(const pf_kq_args &A, uint8_t *sm, uint8_t *hb, uint32_t m0, uint32_t n0,
                                         uint32_t i)
 {
@@ -537,14 +537,14 @@ __device__ __forceinline__ void wg_load(const pf_kq_args &A, uint8_t *sm, uint8_
     }
     const uint32_t unit_bytes = Q6 ? MMQ6_UNIT : MMQ_UNIT;
     if (!Q6) {
-        for (uint32_t c = threadIdx.x; c < (WG_TW(NX) / 16) * 32; c += blockDim.x) {
+        for (uint32_t c = threadIdx.x; c < (TW / 16) * 32; c += blockDim.x) {
             const uint32_t u = c / 32, L = c % 32, tile = n0 / 16 + u;
             const bool ok = 16 * tile < A.M;
             const uint8_t *src = A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + 512 * s + 16 * L;
             pf_cp16(ws + u * KQ_WU + 16 * L, src, ok);
         }
     } else {
-        for (uint32_t c = threadIdx.x; c < (WG_TW(NX) / 16) * 96; c += blockDim.x) {
+        for (uint32_t c = threadIdx.x; c < (TW / 16) * 96; c += blockDim.x) {
             const uint32_t u = c / 96, j = (c % 96) / 32, L = c % 32, tile = n0 / 16 + u;
             const bool ok = 16 * tile < A.M;
             const uint8_t *src = A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + 512 * (2 * j + s / 2) + 16 * L +
@@ -554,7 +554,7 @@ __device__ __forceinline__ void wg_load(const pf_kq_args &A, uint8_t *sm, uint8_
     }
     if (s == 0) {
         const uint32_t hbytes = Q6 ? 288 : 256, hoff = Q6 ? MMQ6_SC : 2048;
-        for (uint32_t c = threadIdx.x; c < (WG_TW(NX) / 16) * (hbytes / 16); c += blockDim.x) {
+        for (uint32_t c = threadIdx.x; c < (TW / 16) * (hbytes / 16); c += blockDim.x) {
             const uint32_t u = c / (hbytes / 16), q = c % (hbytes / 16), tile = n0 / 16 + u;
             const bool ok = 16 * tile < A.M;
             pf_cp16(hb + u * KQ_HU + 16 * q, A.w + ((size_t)(ok ? tile : 0) * nb + b) * unit_bytes + hoff + 16 * q, ok);
@@ -738,8 +738,9 @@ static __global__ void __launch_bounds__(128 * WG_NWG(NX), 1) pf_wg_kernel(const
  * rows a CTA; the fold waits for the block's products (wgmma.wait_group 0). */
 #define WGX_NX 64
 #define WGX_XS 2048u /* shared bytes of a block's sub-block sums: 64 rows × 8 × (hi, lo) */
-#define WGX_STAGE_BYTES (WG_STAGE_BYTES(WGX_NX) + WGX_XS)
-#define WGX_SMEM ((size_t)WG_STAGES * WGX_STAGE_BYTES + 2 * (WG_TW(WGX_NX) / 16) * KQ_HU + 1024)
+/* NWG warpgroups (64 weight rows each) a CTA: 4, one CTA an SM, or 2, two */
+#define WGX_STAGE_BYTES(nwg) (2 * WG_XT(WGX_NX) + (nwg) * 4 * KQ_WU + WGX_XS)
+#define WGX_SMEM(nwg) ((size_t)WG_STAGES * WGX_STAGE_BYTES(nwg) + 2 * (nwg) * 4 * KQ_HU + 1024)
 
 __device__ __forceinline__ void pf_mma_k8(float c[4], uint32_t a0, uint32_t a1, uint32_t b0)
 {
@@ -755,29 +756,45 @@ __device__ __forceinline__ uint32_t pf_pack_h2(float lo, float hi)
     return *(const uint32_t *)&r;
 }
 
-static __global__ void __launch_bounds__(128 * WG_NWG(WGX_NX), 1) pf_wgx_kernel(const pf_kq_args A)
+/* One n8 tile's block fold (rows g: d0, mn0; g + 8: d1, mn1): acc += d·tmp − dmin·(64·m · xs), the
+ * min term one m16n8k8 pair (am: 64·m of the tile's rows; xbh, xbl: its x rows' xs pair), tmp = 0 */
+__device__ __forceinline__ void pf_q4_fold_tile(float ac[4], float tp[4], uint32_t am0, uint32_t am1, uint32_t xbh,
+                                                uint32_t xbl, float d0, float d1, float mn0, float mn1)
+{
+    float c4[4] = {0.f, 0.f, 0.f, 0.f};
+    pf_mma_k8(c4, am0, am1, xbh);
+    pf_mma_k8(c4, am0, am1, xbl);
+    ac[0] = fmaf(-mn0, c4[0], fmaf(d0, tp[0], ac[0]));
+    ac[1] = fmaf(-mn0, c4[1], fmaf(d0, tp[1], ac[1]));
+    ac[2] = fmaf(-mn1, c4[2], fmaf(d1, tp[2], ac[2]));
+    ac[3] = fmaf(-mn1, c4[3], fmaf(d1, tp[3], ac[3]));
+    tp[0] = tp[1] = tp[2] = tp[3] = 0.f;
+}
+
+template <int NWG>
+static __global__ void __launch_bounds__(128 * NWG, 4 / NWG) pf_wgx_kernel(const pf_kq_args A)
 {
     extern __shared__ uint8_t wg_sm_raw[];
     uint8_t *wg_sm = wg_sm_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(wg_sm_raw) & 1023u)) & 1023u);
-    uint8_t *hbuf = wg_sm + WG_STAGES * WGX_STAGE_BYTES;
+    uint8_t *hbuf = wg_sm + WG_STAGES * WGX_STAGE_BYTES(NWG);
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t m0 = blockIdx.x * WGX_NX, n0 = blockIdx.y * WG_TW(WGX_NX), tile = n0 / 16 + wid;
+    const uint32_t m0 = blockIdx.x * WGX_NX, n0 = blockIdx.y * (64 * NWG), tile = n0 / 16 + wid;
     const uint32_t NB = A.K / 256, z = blockIdx.z, i0 = 4 * (z * NB / A.nsplit), i1 = 4 * ((z + 1) * NB / A.nsplit);
     float acc[WGX_NX / 2], tmp[WGX_NX / 2];
 #pragma unroll
     for (int j = 0; j < WGX_NX / 2; j++) acc[j] = tmp[j] = 0.f;
-#define WGX_STAGE_AT(i) (wg_sm + ((i) % WG_STAGES) * WGX_STAGE_BYTES)
-#define WGX_HB_AT(i) (hbuf + (((i) / 4) % 2) * (WG_TW(WGX_NX) / 16) * KQ_HU)
+#define WGX_STAGE_AT(i) (wg_sm + ((i) % WG_STAGES) * WGX_STAGE_BYTES(NWG))
+#define WGX_HB_AT(i) (hbuf + (((i) / 4) % 2) * ((64 * NWG) / 16) * KQ_HU)
 #define WGX_LOAD(i)                                                                                            \
     do {                                                                                                       \
         uint8_t *sm_ = WGX_STAGE_AT(i);                                                                        \
-        wg_load<false, WGX_NX>(A, sm_, WGX_HB_AT(i), m0, n0, (i));                                             \
+        wg_load<false, WGX_NX, 64 * NWG>(A, sm_, WGX_HB_AT(i), m0, n0, (i));                                             \
         if ((i) % 4 == 3)                                                                                      \
             for (uint32_t c = threadIdx.x; c < 2 * WGX_NX; c += blockDim.x) {                                  \
                 const uint32_t r = c / 2, row = m0 + r;                                                        \
                 const bool ok = row < A.n;                                                                     \
                 const __half *src = (c & 1 ? A.xsl : A.xsh) + (size_t)(ok ? row : 0) * (A.K / 32) + 8 * ((i) / 4); \
-                pf_cp16(sm_ + WG_STAGE_BYTES(WGX_NX) + (c & 1) * WGX_NX * 16 + 16 * r, src, ok);               \
+                pf_cp16(sm_ + WGX_STAGE_BYTES(NWG) - WGX_XS + (c & 1) * WGX_NX * 16 + 16 * r, src, ok);               \
             }                                                                                                  \
     } while (0)
     for (uint32_t s = i0; s < i0 + WG_STAGES - 2; s++) {
@@ -809,7 +826,7 @@ static __global__ void __launch_bounds__(128 * WG_NWG(WGX_NX), 1) pf_wgx_kernel(
         if (s == 3) {
             /* the block's end: acc += d·tmp − dmin·(64·m · xs) per weight row */
             wg_wait<0>();
-            const uint8_t *xsb = sm + WG_STAGE_BYTES(WGX_NX);
+            const uint8_t *xsb = sm + WGX_STAGE_BYTES(NWG) - WGX_XS;
             uint32_t xb[2][2][4]; /* [hi, lo][32-row half] the B fragments of 4 n8 tiles each */
 #pragma unroll
             for (int p = 0; p < 2; p++)
@@ -829,17 +846,8 @@ static __global__ void __launch_bounds__(128 * WG_NWG(WGX_NX), 1) pf_wgx_kernel(
             const float d0 = __half2float(dd[0]), d1 = __half2float(dd[1]), mn0 = __half2float(dd[2]),
                         mn1 = __half2float(dd[3]);
 #pragma unroll
-            for (int j = 0; j < WGX_NX / 8; j++) {
-                float c4[4] = {0.f, 0.f, 0.f, 0.f};
-                pf_mma_k8(c4, am0, am1, xb[0][j / 4][j % 4]);
-                pf_mma_k8(c4, am0, am1, xb[1][j / 4][j % 4]);
-                float *ac = acc + 4 * j, *tp = tmp + 4 * j;
-                ac[0] = fmaf(-mn0, c4[0], fmaf(d0, tp[0], ac[0]));
-                ac[1] = fmaf(-mn0, c4[1], fmaf(d0, tp[1], ac[1]));
-                ac[2] = fmaf(-mn1, c4[2], fmaf(d1, tp[2], ac[2]));
-                ac[3] = fmaf(-mn1, c4[3], fmaf(d1, tp[3], ac[3]));
-                tp[0] = tp[1] = tp[2] = tp[3] = 0.f;
-            }
+            for (int j = 0; j < WGX_NX / 8; j++)
+                pf_q4_fold_tile(acc + 4 * j, tmp + 4 * j, am0, am1, xb[0][j / 4][j % 4], xb[1][j / 4][j % 4], d0, d1, mn0, mn1);
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
@@ -917,15 +925,15 @@ template <bool Q6, int NX, int VAR = 0> static void wg_launch(cudaStream_t st, c
     }
 }
 
-static void wgx_launch(cudaStream_t st, const pf_kq_args &A)
+template <int NWG = 4> static void wgx_launch(cudaStream_t st, const pf_kq_args &A)
 {
     static bool attr = false;
     if (!attr) {
-        cudaFuncSetAttribute(pf_wgx_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WGX_SMEM);
+        cudaFuncSetAttribute(pf_wgx_kernel<NWG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WGX_SMEM(NWG));
         attr = true;
     }
-    const dim3 grid((A.n + WGX_NX - 1) / WGX_NX, (A.M + WG_TW(WGX_NX) - 1) / WG_TW(WGX_NX), A.nsplit);
-    pf_wgx_kernel<<<grid, 128 * WG_NWG(WGX_NX), WGX_SMEM, st>>>(A);
+    const dim3 grid((A.n + WGX_NX - 1) / WGX_NX, (A.M + 64 * NWG - 1) / (64 * NWG), A.nsplit);
+    pf_wgx_kernel<NWG><<<grid, 128 * NWG, WGX_SMEM(NWG), st>>>(A);
     if (A.nsplit > 1) {
         const size_t nm = (size_t)A.n * A.M;
         pf_wg_reduce_kernel<<<(unsigned)((nm + 255) / 256), 256, 0, st>>>(A);
