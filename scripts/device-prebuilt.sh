@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, pfcpu-start … pfcpu-end,
+#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, prefill-llama, pfcpu-start … pfcpu-end,
 #                                               # skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
@@ -329,6 +329,14 @@ for step in $steps; do
         timeout -k 5 120 "$D/kbench_pfgemm" 512 >"$OUT/kbench_pfgemm.log" 2>&1
         note "kbench_pfgemm rc=$?"
         sed 's/^/    /' "$OUT/kbench_pfgemm.log" >>"$S"
+        ;;
+    prefill-llama)
+        # the prefill route on the llama-arch file of Glimmer's dimensions (llama.cpp's identical bytes)
+        [ -f /tmp/gl.gguf ] || timeout -k 5 150 "$D/muser" synth --preset glimmer --arch llama -o /tmp/gl.gguf >/dev/null 2>&1
+        timeout -k 5 300 "$D/muser" bench --backend cuda -m /tmp/gl.gguf --gen 16 --ctx 0 --prompt 512,32768,130815 \
+            >"$OUT/prefill_llama.log" 2>&1
+        note "prefill-llama rc=$?"
+        grep -E '^ctx ' "$OUT/prefill_llama.log" | sed 's/^/    /' >>"$S"
         ;;
     pfshort)
         # short prompts: the prefill call's fixed cost (time to the first token at 8 .. 512 rows)

@@ -813,10 +813,32 @@ static __global__ void __launch_bounds__(128 * NWG, 4 / NWG) pf_wgx_kernel(const
         asm volatile("cp.async.commit_group;\n" ::);
         const uint8_t *sm = WGX_STAGE_AT(i), *ws = sm + 2 * WG_XT(WGX_NX), *hb = WGX_HB_AT(i);
         const uint32_t xs = (uint32_t)__cvta_generic_to_shared(sm);
+        /* the slice's scale constants (pf_kq_frag's, made once for its four k16 steps) and the lane's
+         * 16 bytes of the unit slice */
+        uint32_t mul[2][2], add[2][2];
+        {
+            const uint8_t *hd = hb + wid * KQ_HU + 32 * g;
+#pragma unroll
+            for (uint32_t hi = 0; hi < 2; hi++) {
+                const uint32_t ts = hi ? 2 + (t >> 1) : t >> 1;
+#pragma unroll
+                for (uint32_t r = 0; r < 2; r++) {
+                    const float sc = (float)pf_q4_sc(hd, ts, 2 * r + (s >> 1));
+                    mul[hi][r] = pf_h2(hi ? sc * 0.0625f : sc);
+                    add[hi][r] = pf_h2(hi ? -64.f * sc : -1024.f * sc);
+                }
+            }
+        }
+        const uint4 wq = *(const uint4 *)(ws + wid * KQ_WU + 16 * lane);
 #pragma unroll
         for (uint32_t step = 0; step < 4; step++) {
+            const uint32_t hi = step >> 1, mask = hi ? 0x00F000F0u : 0x000F000Fu;
+            const uint32_t w0 = step & 1 ? wq.z : wq.x, w1 = step & 1 ? wq.w : wq.y;
             uint32_t a[4];
-            pf_kq_frag<false>(ws, hb, wid, s, step, lane, a);
+            a[0] = pf_h2fma(pf_lop_or(w0, mask, 0x64006400u), mul[hi][0], add[hi][0]);
+            a[1] = pf_h2fma(pf_lop_or(w1, mask, 0x64006400u), mul[hi][1], add[hi][1]);
+            a[2] = pf_h2fma(pf_lop_or(w0 >> 8, mask, 0x64006400u), mul[hi][0], add[hi][0]);
+            a[3] = pf_h2fma(pf_lop_or(w1 >> 8, mask, 0x64006400u), mul[hi][1], add[hi][1]);
             wg_fence();
             wg_mma<WGX_NX>(tmp, a, wg_desc_sw128(xs + 32 * step));
             wg_mma<WGX_NX>(tmp, a, wg_desc_sw128(xs + WG_XT(WGX_NX) + 32 * step));
