@@ -80,8 +80,8 @@ static int check_opts(const muser_synth_opts *o, muser_error *err)
         return muser_errorf(err, MUSER_E_ARG, "synth: NULL options");
     if ((unsigned)o->preset >= N_PRESETS)
         return muser_errorf(err, MUSER_E_ARG, "synth: unknown preset %d", (int)o->preset);
-    if (o->arch != MUSER_ARCH_MUSE && o->arch != MUSER_ARCH_LLAMA)
-        return muser_errorf(err, MUSER_E_ARG, "synth: arch must be muse or llama, not %s",
+    if (o->arch != MUSER_ARCH_MUSE && o->arch != MUSER_ARCH_LLAMA && o->arch != MUSER_ARCH_QWEN3)
+        return muser_errorf(err, MUSER_E_ARG, "synth: arch must be muse, llama or qwen3, not %s",
                             muser_arch_name(o->arch));
     if (o->type != MUSER_SYNTH_TYPE_MIX) {
         const quant_type_info *qi = o->type >= 0 ? quant_info((uint32_t)o->type) : NULL;

@@ -1,5 +1,5 @@
 # cli_parity.sh — `muser parity` and `muser eval` end to end on the tiny preset (written with
-# `muser synth`): the CPU backend meets the SPEC §4 contract against the oracle on both routes
+# `muser synth`, as muse, llama and qwen3): the CPU backend meets the SPEC §4 contract against the oracle on both routes
 # for a prompt longer than the SWA window, the JSON report says so, eval dumps [n][V] f32 that
 # match the oracle's own report, and usage errors exit 2.
 set -u
@@ -14,8 +14,10 @@ N=40 # > window 16: every ring wraps
 "$BIN" synth --preset tiny -o "$DIR/tiny.gguf" >/dev/null || fail "synth tiny"
 "$BIN" synth --preset tiny --arch llama -o "$DIR/tiny-llama.gguf" >/dev/null ||
     fail "synth tiny llama"
+"$BIN" synth --preset tiny --arch qwen3 -o "$DIR/tiny-qwen3.gguf" >/dev/null ||
+    fail "synth tiny qwen3"
 
-for model in tiny tiny-llama; do
+for model in tiny tiny-llama tiny-qwen3; do
     for route in decode batch; do
         out=$("$BIN" parity -m "$DIR/$model.gguf" --backend cpu --tokens $N --route $route \
               --max-batch 7 2>&1)

@@ -409,9 +409,11 @@ int main(void)
     const int types[] = {12 /* Q4_K */, 14 /* Q6_K */, 8 /* Q8_0 */, 1 /* F16 */, 30 /* BF16 */, 0 /* F32 */};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) parity_one(MUSER_ARCH_MUSE, types[i], 20, false);
     parity_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 20, false);
+    parity_one(MUSER_ARCH_QWEN3, MUSER_SYNTH_TYPE_MIX, 20, false);
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) prefill_one(MUSER_ARCH_MUSE, types[i], 70);
     prefill_one(MUSER_ARCH_MUSE, MUSER_SYNTH_TYPE_MIX, 70);
     prefill_one(MUSER_ARCH_LLAMA, MUSER_SYNTH_TYPE_MIX, 40);
+    prefill_one(MUSER_ARCH_QWEN3, MUSER_SYNTH_TYPE_MIX, 40);
 #ifdef MUSER_HAVE_CUDA
     matvec_checks();
     gemm_checks();

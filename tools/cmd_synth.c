@@ -22,7 +22,8 @@ static void synth_help(FILE *f)
             "  --preset NAME     tiny (8 layers, E 256), small (22 layers, E 2048),\n"
             "                    glimmer (SPEC §1: 52 layers, E 6656, 16.7 GB in the mix)\n"
             "  -o, --output PATH where to write the GGUF\n"
-            "  --arch NAME       muse (default) or llama (same dims, no muse features)\n"
+            "  --arch NAME       muse (default), llama (same dims, no muse features) or qwen3\n"
+            "                    (llama with QK-norm)\n"
             "  --seed N          weight seed (default 1); the vocabulary does not depend on it\n"
             "  --type T          f32|f16|bf16|q8_0|q4_k|q6_k|mix (default mix: the release mix,\n"
             "                    Q4_K with Q6_K for output and some attn_v / ffn_down)\n"
@@ -91,8 +92,10 @@ int cmd_synth(int argc, char **argv)
                 o.arch = MUSER_ARCH_MUSE;
             else if (!strcmp(val, "llama"))
                 o.arch = MUSER_ARCH_LLAMA;
+            else if (!strcmp(val, "qwen3"))
+                o.arch = MUSER_ARCH_QWEN3;
             else
-                return cli_usage_error("synth", "unknown arch '%s' (muse, llama)", val);
+                return cli_usage_error("synth", "unknown arch '%s' (muse, llama, qwen3)", val);
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             out = val;
         } else if (!strcmp(a, "--seed")) {
