@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, prefill-llama, pfcpu-start … pfcpu-end,
+#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, prefill-llama, tests-quick, pfcpu-start … pfcpu-end,
 #                                               # skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
@@ -337,6 +337,13 @@ for step in $steps; do
             >"$OUT/prefill_llama.log" 2>&1
         note "prefill-llama rc=$?"
         grep -E '^ctx ' "$OUT/prefill_llama.log" | sed 's/^/    /' >>"$S"
+        ;;
+    tests-quick)
+        # test_cuda and test_fail_closed only (the prefill route's GEMM and fail-closed checks)
+        (cd "$W" && MUSER_BUILD_DIR="$W" timeout -k 5 90 "$OLDPWD/$D/test_cuda") >"$OUT/test_cuda.log" 2>&1
+        note "test_cuda rc=$? :: $(tail -1 "$OUT/test_cuda.log")"
+        (cd "$W" && MUSER_BUILD_DIR="$W" timeout -k 5 90 "$OLDPWD/$D/test_fail_closed") >"$OUT/test_fail_closed.log" 2>&1
+        note "test_fail_closed rc=$? :: $(tail -1 "$OUT/test_fail_closed.log")"
         ;;
     pfshort)
         # short prompts: the prefill call's fixed cost (time to the first token at 8 .. 512 rows)

@@ -338,7 +338,18 @@ static void test_llama_and_errors(void)
         check_matrix_stats(&m->layers[3].attn_k);
         muser_model_free(m);
     }
+    /* qwen3: llama with QK-norm */
     o.arch = MUSER_ARCH_QWEN3;
+    CHECK_OK(muser_synth_write(&o, path_a, NULL, &err), &err);
+    m = NULL;
+    CHECK_OK(muser_model_load(&m, path_a, &err), &err);
+    if (m) {
+        CHECK(m->hp.arch == MUSER_ARCH_QWEN3 && m->hp.qk_norm && !m->hp.attn_gate && !m->hp.sandwich);
+        CHECK(gguf_find_tensor(m->gguf, "blk.0.attn_q_norm.weight") != NULL);
+        CHECK(gguf_find_tensor(m->gguf, "blk.0.attn_gate.weight") == NULL);
+        muser_model_free(m);
+    }
+    o.arch = (muser_arch)99;
     CHECK(muser_synth_write(&o, path_a, NULL, &err) == MUSER_E_ARG);
     o.arch = MUSER_ARCH_MUSE;
     o.type = GGML_TYPE_Q4_0;

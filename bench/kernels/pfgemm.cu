@@ -333,9 +333,9 @@ int main(int argc, char **argv)
     printf("prefill GEMM, %u rows; TFLOP/s counts one product (2·n·M·K)\n", n);
     printf("kq: the mma.sync kernel; gen: the general path; wg: the warpgroup GEMM as called (S pieces of K; Q4_K the exact\n"
            "variant), its error against kq, then the three-product kernel unsplit: its error, at 64 and 128 x rows, one\n"
-           "product of three, no f32 weights; and Q4_K's exact variant unsplit at 4 and 2 warpgroups a CTA (ms)\n");
-    printf("%-24s %8s %7s %8s %7s %3s %8s %7s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "kq ms", "TF/s", "gen ms", "TF/s", "S",
-           "wg ms", "TF/s", "err", "err 3p", "3p 64", "3p 128", "1prod", "nosplit", "exact4", "exact2");
+           "product of three, no f32 weights; and Q4_K's exact variant unsplit: 4 and 2 warpgroups x 64 x rows, 2 x 128 (ms)\n");
+    printf("%-24s %8s %7s %8s %7s %3s %8s %7s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "shape", "kq ms", "TF/s", "gen ms", "TF/s",
+           "S", "wg ms", "TF/s", "err", "err 3p", "3p 64", "3p 128", "1prod", "nosplit", "x4x64", "x2x64", "x2x128");
     float *y2, *y3, *part;
     CK(cudaMalloc(&y2, (size_t)n * Mmax * 4));
     CK(cudaMalloc(&y3, (size_t)n * Mmax * 4));
@@ -381,7 +381,7 @@ int main(int argc, char **argv)
         std::vector<float> hp((size_t)n * s.M), h64((size_t)n * s.M), h128((size_t)n * s.M);
         CK(cudaMemcpy(hp.data(), y2, hp.size() * 4, cudaMemcpyDeviceToHost));
         const pf_kq_args W1 = wg_args(xh, xl, xsh, xsl, rs, n, &m, 1, &y3, &ldy, MV_OP_STORE, 1.f, 0.f, NULL);
-        double wgt[6] = {0, 0, 0, 0, 0, 0};
+        double wgt[7] = {0, 0, 0, 0, 0, 0, 0};
         wgt[0] = kb_median_ms(10, 1, a, b, [&] { s.q6 ? wg_launch<true, 64>(0, W1) : wg_launch<false, 64>(0, W1); });
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(h64.data(), y3, h64.size() * 4, cudaMemcpyDeviceToHost));
@@ -393,13 +393,17 @@ int main(int argc, char **argv)
         wgt[2] = kb_median_ms(10, 1, a, b, [&] { s.q6 ? wg_launch<true, 128, 1>(0, W1) : wg_launch<false, 128, 1>(0, W1); });
         wgt[3] = kb_median_ms(10, 1, a, b, [&] { s.q6 ? wg_launch<true, 128, 2>(0, W1) : wg_launch<false, 128, 2>(0, W1); });
         if (!s.q6) { /* the exact variant unsplit: 4 warpgroups a CTA, and 2 (two CTAs an SM), the same bytes */
-            wgt[4] = kb_median_ms(10, 1, a, b, [&] { wgx_launch<4>(0, W1); });
+            wgt[4] = kb_median_ms(10, 1, a, b, [&] { wgx_launch<4, 64>(0, W1); });
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(h64.data(), y3, h64.size() * 4, cudaMemcpyDeviceToHost));
-            wgt[5] = kb_median_ms(10, 1, a, b, [&] { wgx_launch<2>(0, W1); });
+            wgt[5] = kb_median_ms(10, 1, a, b, [&] { wgx_launch<2, 64>(0, W1); });
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(h128.data(), y3, h128.size() * 4, cudaMemcpyDeviceToHost));
             if (memcmp(h64.data(), h128.data(), h64.size() * 4)) bad_bytes++, printf("  MISMATCH exact 4 vs 2 warpgroups\n");
+            wgt[6] = kb_median_ms(10, 1, a, b, [&] { wgx_launch<2, 128>(0, W1); });
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(h128.data(), y3, h128.size() * 4, cudaMemcpyDeviceToHost));
+            if (memcmp(h64.data(), h128.data(), h64.size() * 4)) bad_bytes++, printf("  MISMATCH exact 64 vs 128 x rows\n");
         }
         CK(cudaGetLastError());
         /* the product's bytes with 5 rows in the call */
@@ -418,9 +422,9 @@ int main(int argc, char **argv)
             err = d > err || d != d ? d : err;
             err1 = d1 > err1 || d1 != d1 ? d1 : err1;
         }
-        printf("%-24s %8.3f %7.1f %8.3f %7.1f %3u %8.3f %7.1f %8.2e %8.2e %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f\n", s.name, kq,
-               fl / kq / 1e9, gen, gen ? fl / gen / 1e9 : 0.0, S, prod, fl / prod / 1e9, err / ymax, err1 / ymax, wgt[0], wgt[1],
-               wgt[2], wgt[3], wgt[4], wgt[5]);
+        printf("%-24s %8.3f %7.1f %8.3f %7.1f %3u %8.3f %7.1f %8.2e %8.2e %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f\n", s.name,
+               kq, fl / kq / 1e9, gen, gen ? fl / gen / 1e9 : 0.0, S, prod, fl / prod / 1e9, err / ymax, err1 / ymax, wgt[0],
+               wgt[1], wgt[2], wgt[3], wgt[4], wgt[5], wgt[6]);
     }
     printf("warpgroup GEMM bytes: %s\n", bad_bytes ? "MISMATCH" : "64 = 128 x rows a CTA; 5 rows in the call = n");
     return bad_bytes ? 1 : 0;

@@ -736,11 +736,11 @@ static __global__ void __launch_bounds__(128 * WG_NWG(NX), 1) pf_wg_kernel(const
  * per (weight row, block) acc += d·tmp − dmin·Σ_j m_j·xs_j in f32 (the min term one m16n8k8 pair of
  * 64·m against xs = 2^−6·Σ_{sub-block} x, pf_split_kq's sums). Two accumulators a thread, so 64 x
  * rows a CTA; the fold waits for the block's products (wgmma.wait_group 0). */
-#define WGX_NX 64
-#define WGX_XS 2048u /* shared bytes of a block's sub-block sums: 64 rows × 8 × (hi, lo) */
-/* NWG warpgroups (64 weight rows each) a CTA: 4, one CTA an SM, or 2, two */
-#define WGX_STAGE_BYTES(nwg) (2 * WG_XT(WGX_NX) + (nwg) * 4 * KQ_WU + WGX_XS)
-#define WGX_SMEM(nwg) ((size_t)WG_STAGES * WGX_STAGE_BYTES(nwg) + 2 * (nwg) * 4 * KQ_HU + 1024)
+/* NWG warpgroups (64 weight rows each) × NX x rows a CTA: 4 × 64, one CTA an SM (the product's); 2 × 64,
+ * two an SM, and 2 × 128, one (213 registers), the same bytes and slower (kbench_pfgemm) */
+#define WGX_XS(nx) ((nx) * 32u) /* shared bytes of a block's sub-block sums: rows × 8 × (hi, lo) */
+#define WGX_STAGE_BYTES(nwg, nx) (2 * WG_XT(nx) + (nwg) * 4 * KQ_WU + WGX_XS(nx))
+#define WGX_SMEM(nwg, nx) ((size_t)WG_STAGES * WGX_STAGE_BYTES(nwg, nx) + 2 * (nwg) * 4 * KQ_HU + 1024)
 
 __device__ __forceinline__ void pf_mma_k8(float c[4], uint32_t a0, uint32_t a1, uint32_t b0)
 {
@@ -771,30 +771,30 @@ __device__ __forceinline__ void pf_q4_fold_tile(float ac[4], float tp[4], uint32
     tp[0] = tp[1] = tp[2] = tp[3] = 0.f;
 }
 
-template <int NWG>
-static __global__ void __launch_bounds__(128 * NWG, 4 / NWG) pf_wgx_kernel(const pf_kq_args A)
+template <int NWG, int NX>
+static __global__ void __launch_bounds__(128 * NWG, NX == 64 ? 4 / NWG : 1) pf_wgx_kernel(const pf_kq_args A)
 {
     extern __shared__ uint8_t wg_sm_raw[];
     uint8_t *wg_sm = wg_sm_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(wg_sm_raw) & 1023u)) & 1023u);
-    uint8_t *hbuf = wg_sm + WG_STAGES * WGX_STAGE_BYTES(NWG);
+    uint8_t *hbuf = wg_sm + WG_STAGES * WGX_STAGE_BYTES(NWG, NX);
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t m0 = blockIdx.x * WGX_NX, n0 = blockIdx.y * (64 * NWG), tile = n0 / 16 + wid;
+    const uint32_t m0 = blockIdx.x * NX, n0 = blockIdx.y * (64 * NWG), tile = n0 / 16 + wid;
     const uint32_t NB = A.K / 256, z = blockIdx.z, i0 = 4 * (z * NB / A.nsplit), i1 = 4 * ((z + 1) * NB / A.nsplit);
-    float acc[WGX_NX / 2], tmp[WGX_NX / 2];
+    float acc[NX / 2], tmp[NX / 2];
 #pragma unroll
-    for (int j = 0; j < WGX_NX / 2; j++) acc[j] = tmp[j] = 0.f;
-#define WGX_STAGE_AT(i) (wg_sm + ((i) % WG_STAGES) * WGX_STAGE_BYTES(NWG))
+    for (int j = 0; j < NX / 2; j++) acc[j] = tmp[j] = 0.f;
+#define WGX_STAGE_AT(i) (wg_sm + ((i) % WG_STAGES) * WGX_STAGE_BYTES(NWG, NX))
 #define WGX_HB_AT(i) (hbuf + (((i) / 4) % 2) * ((64 * NWG) / 16) * KQ_HU)
 #define WGX_LOAD(i)                                                                                            \
     do {                                                                                                       \
         uint8_t *sm_ = WGX_STAGE_AT(i);                                                                        \
-        wg_load<false, WGX_NX, 64 * NWG>(A, sm_, WGX_HB_AT(i), m0, n0, (i));                                             \
+        wg_load<false, NX, 64 * NWG>(A, sm_, WGX_HB_AT(i), m0, n0, (i));                                             \
         if ((i) % 4 == 3)                                                                                      \
-            for (uint32_t c = threadIdx.x; c < 2 * WGX_NX; c += blockDim.x) {                                  \
+            for (uint32_t c = threadIdx.x; c < 2 * NX; c += blockDim.x) {                                  \
                 const uint32_t r = c / 2, row = m0 + r;                                                        \
                 const bool ok = row < A.n;                                                                     \
                 const __half *src = (c & 1 ? A.xsl : A.xsh) + (size_t)(ok ? row : 0) * (A.K / 32) + 8 * ((i) / 4); \
-                pf_cp16(sm_ + WGX_STAGE_BYTES(NWG) - WGX_XS + (c & 1) * WGX_NX * 16 + 16 * r, src, ok);               \
+                pf_cp16(sm_ + WGX_STAGE_BYTES(NWG, NX) - WGX_XS(NX) + (c & 1) * NX * 16 + 16 * r, src, ok);               \
             }                                                                                                  \
     } while (0)
     for (uint32_t s = i0; s < i0 + WG_STAGES - 2; s++) {
@@ -811,7 +811,7 @@ static __global__ void __launch_bounds__(128 * NWG, 4 / NWG) pf_wgx_kernel(const
         const uint32_t nk = i + WG_STAGES - 2;
         if (nk < i1) WGX_LOAD(nk);
         asm volatile("cp.async.commit_group;\n" ::);
-        const uint8_t *sm = WGX_STAGE_AT(i), *ws = sm + 2 * WG_XT(WGX_NX), *hb = WGX_HB_AT(i);
+        const uint8_t *sm = WGX_STAGE_AT(i), *ws = sm + 2 * WG_XT(NX), *hb = WGX_HB_AT(i);
         const uint32_t xs = (uint32_t)__cvta_generic_to_shared(sm);
         /* the slice's scale constants (pf_kq_frag's, made once for its four k16 steps) and the lane's
          * 16 bytes of the unit slice */
@@ -840,21 +840,21 @@ static __global__ void __launch_bounds__(128 * NWG, 4 / NWG) pf_wgx_kernel(const
             a[2] = pf_h2fma(pf_lop_or(w0 >> 8, mask, 0x64006400u), mul[hi][0], add[hi][0]);
             a[3] = pf_h2fma(pf_lop_or(w1 >> 8, mask, 0x64006400u), mul[hi][1], add[hi][1]);
             wg_fence();
-            wg_mma<WGX_NX>(tmp, a, wg_desc_sw128(xs + 32 * step));
-            wg_mma<WGX_NX>(tmp, a, wg_desc_sw128(xs + WG_XT(WGX_NX) + 32 * step));
+            wg_mma<NX>(tmp, a, wg_desc_sw128(xs + 32 * step));
+            wg_mma<NX>(tmp, a, wg_desc_sw128(xs + WG_XT(NX) + 32 * step));
             wg_commit();
             wg_wait<1>();
         }
         if (s == 3) {
             /* the block's end: acc += d·tmp − dmin·(64·m · xs) per weight row */
             wg_wait<0>();
-            const uint8_t *xsb = sm + WGX_STAGE_BYTES(NWG) - WGX_XS;
-            uint32_t xb[2][2][4]; /* [hi, lo][32-row half] the B fragments of 4 n8 tiles each */
+            const uint8_t *xsb = sm + WGX_STAGE_BYTES(NWG, NX) - WGX_XS(NX);
+            uint32_t xb[2][NX / 32][4]; /* [hi, lo][32-row group] the B fragments of 4 n8 tiles each */
 #pragma unroll
             for (int p = 0; p < 2; p++)
 #pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    const uint32_t sh = (uint32_t)__cvta_generic_to_shared(xsb + p * WGX_NX * 16 + 16 * (32 * q + lane));
+                for (int q = 0; q < NX / 32; q++) {
+                    const uint32_t sh = (uint32_t)__cvta_generic_to_shared(xsb + p * NX * 16 + 16 * (32 * q + lane));
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                                  : "=r"(xb[p][q][0]), "=r"(xb[p][q][1]), "=r"(xb[p][q][2]), "=r"(xb[p][q][3])
                                  : "r"(sh));
@@ -868,12 +868,12 @@ static __global__ void __launch_bounds__(128 * NWG, 4 / NWG) pf_wgx_kernel(const
             const float d0 = __half2float(dd[0]), d1 = __half2float(dd[1]), mn0 = __half2float(dd[2]),
                         mn1 = __half2float(dd[3]);
 #pragma unroll
-            for (int j = 0; j < WGX_NX / 8; j++)
+            for (int j = 0; j < NX / 8; j++)
                 pf_q4_fold_tile(acc + 4 * j, tmp + 4 * j, am0, am1, xb[0][j / 4][j % 4], xb[1][j / 4][j % 4], d0, d1, mn0, mn1);
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    wg_store<WGX_NX>(A, acc, m0, 16 * tile, lane, 1.f, 1.f);
+    wg_store<NX>(A, acc, m0, 16 * tile, lane, 1.f, 1.f);
 #undef WGX_STAGE_AT
 #undef WGX_HB_AT
 #undef WGX_LOAD
@@ -947,15 +947,15 @@ template <bool Q6, int NX, int VAR = 0> static void wg_launch(cudaStream_t st, c
     }
 }
 
-template <int NWG = 4> static void wgx_launch(cudaStream_t st, const pf_kq_args &A)
+template <int NWG, int NX> static void wgx_launch(cudaStream_t st, const pf_kq_args &A)
 {
     static bool attr = false;
     if (!attr) {
-        cudaFuncSetAttribute(pf_wgx_kernel<NWG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WGX_SMEM(NWG));
+        cudaFuncSetAttribute(pf_wgx_kernel<NWG, NX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WGX_SMEM(NWG, NX));
         attr = true;
     }
-    const dim3 grid((A.n + WGX_NX - 1) / WGX_NX, (A.M + 64 * NWG - 1) / (64 * NWG), A.nsplit);
-    pf_wgx_kernel<NWG><<<grid, 128 * NWG, WGX_SMEM(NWG), st>>>(A);
+    const dim3 grid((A.n + NX - 1) / NX, (A.M + 64 * NWG - 1) / (64 * NWG), A.nsplit);
+    pf_wgx_kernel<NWG, NX><<<grid, 128 * NWG, WGX_SMEM(NWG, NX), st>>>(A);
     if (A.nsplit > 1) {
         const size_t nm = (size_t)A.n * A.M;
         pf_wg_reduce_kernel<<<(unsigned)((nm + 255) / 256), 256, 0, st>>>(A);
@@ -996,7 +996,7 @@ static pf_kq_args wg_args(const __half *xh, const __half *xl, const __half *xsh,
  * the three-product kernel (128) */
 static uint32_t pf_kq_nsplit(uint32_t type, uint32_t M, uint32_t K)
 {
-    return type == MV_T_Q4_KT ? wg_nsplit(M, K, 512 / WGX_NX, 0.8) : wg_nsplit(M, K, 512 / 128, 2.1);
+    return type == MV_T_Q4_KT ? wg_nsplit(M, K, 512 / 64, 0.8) : wg_nsplit(M, K, 512 / 128, 2.1);
 }
 
 void pf_gemm_kq_n(cudaStream_t st, const __half *xh, const __half *xl, const __half *xsh, const __half *xsl,
@@ -1006,7 +1006,7 @@ void pf_gemm_kq_n(cudaStream_t st, const __half *xh, const __half *xl, const __h
     pf_kq_args A = wg_args(xh, xl, xsh, xsl, rs, n, w, nw, y, ldy, op, scale, cap, part);
     A.nsplit = part ? pf_kq_nsplit(w[0].type, A.M, A.K) : 1;
     if (w[0].type == MV_T_Q4_KT) { /* the exact variant */
-        wgx_launch(st, A);
+        wgx_launch<4, 64>(st, A);
         return;
     }
     /* 128 x rows a CTA, 64 for calls of up to 64 rows (the same bytes: kbench_pfgemm) */
