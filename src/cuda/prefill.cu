@@ -499,16 +499,18 @@ bool pf_kq_adjacent(const mv_mat *a, const mv_mat *b)
 }
 
 /* ---- the warpgroup GEMM (wgmma) -------------------------------------------------------------------
- * The same inputs as pf_kq_kernel (x in the unit's k order from pf_split_kq; the units as they
- * are), on Hopper's warpgroup products. Each weight is made whole in f32 from its unit (Q4_K
- * d·(sc·q) − dmin·m, Q6_K (d·sc)·(q − 32), each one rounding), scaled by a power of two per weight
- * row 2^e_r (max |w·2^e_r| < 2^15) and split into an f16 pair wh + wl (22 bits, as the general
- * path's unpack), so one accumulator takes the whole sum: three products wh·xh + wh·xl + wl·xh per
- * k16 step, no per-block fold. The weights are the A operand, built in registers by the warp that
- * owns their 16 rows (a unit); x is B, both halves 128-byte-swizzled tiles in shared memory.
- * CTA: WG_NWG warpgroups × 64 weight rows, WG_NX x rows (the products' N); k in slices of 64
- * through a WG_STAGES cp.async pipeline, loads WG_STAGES − 2 slices ahead, one barrier a slice.
- * Each output's sum runs over k in one order whatever rows share the call, so a row's bytes do not
+ * x in the unit's k order from pf_split_kq, the units as they are, on Hopper's warpgroup products;
+ * the weights are the A operand, built in registers by the warp that owns their 16 rows (a unit),
+ * x is B, both halves 128-byte-swizzled tiles in shared memory. Two kernels:
+ *  - pf_wg_kernel, three products (the product's Q6_K; its Q4_K instance is kbench_pfgemm's
+ *    contender): each weight made whole in f32 from its unit (Q6_K (d·sc)·(q − 32), Q4_K
+ *    d·(sc·q) − dmin·m, each one rounding), scaled by a power of two per weight row 2^e_r
+ *    (max |w·2^e_r| < 2^15) and split into an f16 pair wh + wl (22 bits, as the general path's
+ *    unpack), so one accumulator takes the whole sum wh·xh + wh·xl + wl·xh, no fold;
+ *  - pf_wgx_kernel, Q4_K exact (below): two products of sc·q and a fold per block.
+ * CTA: WG_NWG warpgroups × 64 weight rows, NX x rows (the products' N); k in slices of 64 through
+ * a WG_STAGES cp.async pipeline, loads WG_STAGES − 2 slices ahead, one barrier a slice. Each
+ * output's sum runs over k in one order whatever rows share the call, so a row's bytes do not
  * depend on n (checked by kbench_pfgemm and test_cuda). A grid that would leave SMs idle splits K
  * into pieces fixed by the matrix's shape alone (wg_nsplit: never by n), summed in one order. */
 #define WG_NWG(nx) 4
