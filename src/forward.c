@@ -31,6 +31,8 @@ int fwd_run(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *
             ops->gate(be, r);
         const fwd_matmul o_proj = {&L->attn_output, FWD_SUB};
         ops->matmul(be, r, FWD_O, &o_proj, 1);
+        if (ops->reduce)
+            ops->reduce(be, r, FWD_SUB);
         ops->tail(be, r, hp->sandwich ? &L->post_attention_norm : NULL, post_eps, &L->ffn_norm,
                   eps, FWD_X);
 
@@ -40,6 +42,8 @@ int fwd_run(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *
         ops->swiglu(be, r);
         const fwd_matmul down = {&L->ffn_down, FWD_SUB};
         ops->matmul(be, r, FWD_FG, &down, 1);
+        if (ops->reduce)
+            ops->reduce(be, r, FWD_SUB);
         const muser_tensor *next =
             l + 1 < hp->n_layer ? &m->layers[l + 1].attn_norm : &m->output_norm;
         ops->tail(be, r, hp->sandwich ? &L->post_ffw_norm : NULL, post_eps, next, eps, FWD_X);

@@ -110,6 +110,9 @@ typedef struct fwd_ops {
     int (*kv_append_staged)(void *be, const fwd_rows *r, muser_error *err);
     /* r->tap->out[i][slot] = FWD_H of row i (called after the tapped layer's last tail). */
     void (*tap)(void *be, const fwd_rows *r, uint32_t slot);
+    /* Tensor parallel (tp.h): buf's n rows = their sum over the ranks, in rank order (after o_proj
+     * and ffn_down, whose products are partial sums on a rank's shard). NULL: one rank. */
+    void (*reduce)(void *be, const fwd_rows *r, fwd_buf buf);
 } fwd_ops;
 
 /* The forward pass of SPEC §1 (muse) and its llama / qwen3 variants over ops. want_logits:

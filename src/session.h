@@ -36,6 +36,8 @@ typedef struct muser_session_opts {
     uint32_t n_threads;      /* CPU; 0 = all cores */
     uint32_t max_batch;      /* rows per prefill-route call; 0 = 512 */
     int device;              /* CUDA device ordinal */
+    struct muser_tp_comm *tp; /* tensor parallel (tp.h): the ranks' reduce, NULL: one rank */
+    uint32_t tp_rank;         /* this device's rank (its model is that rank's shard) */
 } muser_session_opts;
 
 typedef struct muser_session muser_session;

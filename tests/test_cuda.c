@@ -15,6 +15,7 @@
  * format and layout against the f64 dot, and a row's bytes alone and among 70.
  * SKIP (77) when built without CUDA or when no GPU is present. */
 #include "check.h"
+#include "synth_model.h"
 #include "quant.h"
 #include "sampler.h"
 #include "session.h"
@@ -63,23 +64,7 @@ static int cuda_present(void)
 /* Returns 0 ok, 77 if the backend reports no device. */
 /* The tiny preset of arch with matrices of type (a synth type), written and loaded; NULL on failure
  * (a failed check). */
-static muser_model *tiny_model(muser_arch arch, int type)
-{
-    char path[256];
-    snprintf(path, sizeof path, "test_cuda_%d_%d.gguf", type, (int)getpid());
-    muser_synth_opts so;
-    muser_synth_opts_default(&so);
-    so.arch = arch;
-    so.preset = MUSER_SYNTH_TINY;
-    so.type = type;
-    so.n_threads = 2;
-    muser_error err = {0};
-    muser_model *m = NULL;
-    CHECK_OK(muser_synth_write(&so, path, NULL, &err), &err);
-    CHECK_OK(muser_model_load(&m, path, &err), &err);
-    unlink(path);
-    return m;
-}
+static muser_model *tiny_model(muser_arch arch, int type) { return check_synth_model("test_cuda", arch, type); }
 
 static int parity_one(muser_arch arch, int type, uint32_t n, bool extra)
 {

@@ -10,6 +10,7 @@
  *   one that never saw the block; a partly accepted block carries on within the contract;
  *   the same for the llama architecture. */
 #include "check.h"
+#include "synth_model.h"
 #include "session.h"
 #include "synth.h"
 #include "util.h"
@@ -97,18 +98,8 @@ static void feed(muser_session *s, const int32_t *tok, uint32_t n, uint32_t step
 
 static void parity_model(muser_arch arch, uint32_t n)
 {
-    char path[256];
-    snprintf(path, sizeof path, "test_parity_%s_%d.gguf", muser_arch_name(arch), (int)getpid());
-    muser_synth_opts so;
-    muser_synth_opts_default(&so);
-    so.arch = arch;
-    so.preset = MUSER_SYNTH_TINY;
-    so.n_threads = 2;
     muser_error err = {0};
-    muser_model *m = NULL;
-    CHECK_OK(muser_synth_write(&so, path, NULL, &err), &err);
-    CHECK_OK(muser_model_load(&m, path, &err), &err);
-    unlink(path);
+    muser_model *m = check_synth_model("test_parity", arch, MUSER_SYNTH_TYPE_MIX);
     if (!m)
         return;
     V = m->hp.n_vocab;

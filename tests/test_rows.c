@@ -12,6 +12,7 @@
  * Then the packed route against the oracle within the contract, the hidden-state tap, and the
  * refusals (each leaves every session as it was). */
 #include "check.h"
+#include "synth_model.h"
 #include "sampler.h"
 #include "session.h"
 #include "synth.h"
@@ -421,22 +422,7 @@ out:
     muser_device_free(dp);
 }
 
-static muser_model *synth(int type, muser_arch arch)
-{
-    char path[256];
-    snprintf(path, sizeof path, "test_rows_%d_%d_%d.gguf", type, (int)arch, (int)getpid());
-    muser_synth_opts so;
-    muser_synth_opts_default(&so);
-    so.arch = arch;
-    so.type = type;
-    so.n_threads = 2;
-    muser_error err = {0};
-    muser_model *m = NULL;
-    CHECK_OK(muser_synth_write(&so, path, NULL, &err), &err);
-    CHECK_OK(muser_model_load(&m, path, &err), &err);
-    unlink(path);
-    return m;
-}
+static muser_model *synth(int type, muser_arch arch) { return check_synth_model("test_rows", arch, type); }
 
 int main(void)
 {

@@ -20,6 +20,7 @@
 #include "forward.h"
 #include "quant.h"
 #include "session.h"
+#include "tp.h"
 #include "util.h"
 
 #include <math.h>
@@ -55,6 +56,8 @@ typedef struct cpu_seq {
 /* The device: threads, kernels and one pass's workspace, shared by its sessions. */
 typedef struct cpu_state {
     const muser_model *m;
+    muser_tp_comm *tp;            /* tensor parallel: this rank's reduce (NULL: one rank) */
+    uint32_t tp_rank;
     muser_kv **pass_kv;           /* [pass_rows] the caches of the pass in flight (fwd_rows.seq) */
     cpu_pool *pool;
     cpu_kernels kn;
@@ -527,6 +530,13 @@ static void op_tap(void *be, const fwd_rows *r, uint32_t slot)
                (uint64_t)st->E * sizeof(float));
 }
 
+static void op_reduce(void *be, const fwd_rows *r, fwd_buf buf)
+{
+    cpu_state *st = be;
+    if (st->tp)
+        muser_tp_reduce(st->tp, st->tp_rank, st->buf[buf], (size_t)r->n * st->width[buf]);
+}
+
 static const fwd_ops cpu_ops = {
     .embed = op_embed,
     .rmsnorm = op_rmsnorm,
@@ -539,6 +549,7 @@ static const fwd_ops cpu_ops = {
     .lm_head = op_lm_head,
     .kv_append_staged = op_kv_append_staged,
     .tap = op_tap,
+    .reduce = op_reduce,
 };
 
 /* ---- the vtable ---- */
@@ -591,6 +602,8 @@ static int cpu_dev_init(muser_device *d, muser_error *err)
         return muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for the device state");
     d->be_state = st;
     st->m = m;
+    st->tp = d->opts.tp;
+    st->tp_rank = d->opts.tp_rank;
     st->n_ctx = d->opts.n_ctx;
     st->E = hp->n_embd;
     st->F = hp->n_ff;

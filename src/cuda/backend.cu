@@ -1689,7 +1689,8 @@ static void pfo_tap(void *be, const fwd_rows *r, uint32_t slot)
 }
 
 static const fwd_ops pf_ops = {pfo_embed, pfo_rmsnorm,  pfo_matmul, pfo_attn_stage, pfo_attention, pfo_gate,
-                               pfo_swiglu, pfo_tail, pfo_lm_head, pfo_kv_append_staged, pfo_tap};
+                               pfo_swiglu, pfo_tail, pfo_lm_head, pfo_kv_append_staged, pfo_tap,
+                               NULL /* reduce: one rank */};
 
 /* Whether the prefill route takes this model: every matrix's columns a whole number of GEMM steps. */
 static bool pf_model_ok(const cu_ctx *c)

@@ -1,0 +1,59 @@
+/* tp.h — tensor parallelism: a model split across N ranks that each read 1/N of every matrix.
+ *
+ * The split (Megatron's): the attention projections q, k, v and gate and the FFN's gate and up by
+ * output rows, whole heads per rank (rank r holds query heads [r·H/N, (r+1)·H/N) and the KV heads
+ * they read, [r·HKV/N, (r+1)·HKV/N)); attn_output and ffn_down by input columns, so each rank's
+ * product is a partial sum of the full output, which the ranks add together (an all-reduce, the
+ * forward pass's `reduce` op: after o_proj and after ffn_down). Everything else — the embedding,
+ * the norms, the residual stream, the LM head — is whole on every rank, so every rank holds the
+ * same residual and the same logits. Each rank's KV cache holds its own heads.
+ *
+ * The sum over ranks runs in rank order on every rank, so a split run is deterministic and every
+ * rank ends with the same bytes; it is not bit-identical to one rank (the dot products of
+ * attn_output and ffn_down are summed in N pieces), and meets SPEC §4's contract instead.
+ *
+ * Here the ranks are threads over the CPU backend, each with its shard (muser_tp_shard) and its own
+ * device (muser_session_opts.tp, .tp_rank), reducing through muser_tp_comm; a GPU backend would
+ * reduce through NCCL behind the same op. */
+#ifndef MUSER_TP_H
+#define MUSER_TP_H
+
+#include "session.h"
+
+#define MUSER_TP_MAX 8u
+
+/* Whether m splits into n ranks, with the reason when not: n in 1..MUSER_TP_MAX dividing the KV
+ * heads, and the column splits of attn_output (H·D/n) and ffn_down (F/n) whole blocks of their
+ * formats. */
+int muser_tp_check(const muser_model *m, uint32_t n, muser_error *err);
+
+/* Rank `rank` of n's shard of m: its hyper-parameters (H/n, HKV/n, F/n) and tensors; row splits
+ * are views into m's bytes, column splits copies (freed by muser_tp_shard_free). m must outlive
+ * the shard. */
+int muser_tp_shard(const muser_model *m, uint32_t n, uint32_t rank, muser_model *out, muser_error *err);
+void muser_tp_shard_free(muser_model *shard);
+
+/* The ranks' reduce: n threads, each with its rank, call muser_tp_reduce with buffers of the same
+ * count; each returns with buf = the sum of all n buffers, added in rank order. */
+typedef struct muser_tp_comm muser_tp_comm;
+int muser_tp_comm_new(muser_tp_comm **out, uint32_t n, size_t max_count, muser_error *err);
+void muser_tp_comm_free(muser_tp_comm *c);
+void muser_tp_reduce(muser_tp_comm *c, uint32_t rank, float *buf, size_t count);
+
+/* A model split over n CPU ranks (a thread each during a call), one session per rank. */
+typedef struct muser_tp_group muser_tp_group;
+int muser_tp_group_new(muser_tp_group **out, const muser_model *m, uint32_t n, const muser_session_opts *o,
+                       muser_error *err);
+void muser_tp_group_free(muser_tp_group *g);
+/* The prefill route on every rank (muser_session_prefill): tokens[0..n) at the group's position;
+ * logits [V] of the last row (rank 0's; every rank has the same), may be NULL. An error any rank
+ * meets before its pass (a full context) every rank meets, and nothing changes; ranks whose
+ * logits differ (a broken split, never expected) are MUSER_E_NUMERIC after the pass, and the
+ * group is then not to be used again. */
+int muser_tp_prefill(muser_tp_group *g, const int32_t *tokens, uint32_t n, float *logits, muser_error *err);
+/* One decode step of one row on every rank (the small-batch route): logits [V], may be NULL. */
+int muser_tp_step(muser_tp_group *g, int32_t token, float *logits, muser_error *err);
+/* Rank r's session (its cache holds its heads). */
+muser_session *muser_tp_session(muser_tp_group *g, uint32_t r);
+
+#endif
