@@ -73,6 +73,13 @@ static void refusals(void)
     CHECK(muser_tp_group_new(&g, m, 2, NULL, &err) == MUSER_E_ARG && g == NULL);
     muser_model shard;
     CHECK(muser_tp_shard(m, 1, 1, &shard, &err) == MUSER_E_ARG);
+    /* a rank on a backend without the reduce is refused, not run unsplit */
+    muser_session_opts o = cpu_opts();
+    o.backend = MUSER_BACKEND_ORACLE;
+    o.tp = (muser_tp_comm *)&shard; /* never read: refused first */
+    muser_device *d = NULL;
+    CHECK(muser_device_new(&d, m, &o, &err) == MUSER_E_UNSUPPORTED && d == NULL);
+    CHECK(muser_tp_group_new(&g, m, 1, &o, &err) == MUSER_E_UNSUPPORTED);
     muser_model_free(m);
 }
 
