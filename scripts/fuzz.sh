@@ -60,7 +60,7 @@ S=$ROOT/src
 # util.c asks the CPU what it has (its row passes): every target with it links the shim
 UTIL_SOURCES=("$S/util.c" "$ROOT/fuzz/fuzz_cpu_shim.c")
 TOK_SOURCES=("$S/tokenizer.c" "$S/vocab_o200k.c" "$S/gguf.c" "${UTIL_SOURCES[@]}")
-ENGINE_SOURCES=("$S/model.c" "$S/kv.c" "$S/session.c" "$S/sampler.c" "$S/reference.c" "$S/forward.c" "$S/quant.c"
+ENGINE_SOURCES=("$S/model.c" "$S/kv.c" "$S/session.c" "$S/sampler.c" "$S/reference.c" "$S/forward.c" "$S/tp.c" "$S/quant.c"
                 "$S/cpu/"*.c "$S/gguf.c" "${UTIL_SOURCES[@]}")
 
 # build TARGET: compile fuzz/fuzz_TARGET.c and what it drives into $dir/fuzz_TARGET.

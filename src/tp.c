@@ -2,6 +2,7 @@
 #include "tp.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,9 @@ int muser_tp_check(const muser_model *m, uint32_t n, muser_error *err)
                             n, hp->n_head_kv, hp->n_head);
     if (hp->n_ff % n)
         return muser_errorf(err, MUSER_E_ARG, "tensor parallel: %u ranks do not divide the FFN width %u", n, hp->n_ff);
+    if (hp->n_vocab % n)
+        return muser_errorf(err, MUSER_E_ARG, "tensor parallel: %u ranks do not divide the vocabulary of %u", n,
+                            hp->n_vocab);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const muser_layer *L = &m->layers[l];
         const muser_tensor *cs[] = {&L->attn_output, &L->ffn_down};
@@ -92,9 +96,8 @@ int muser_tp_shard(const muser_model *m, uint32_t n, uint32_t rank, muser_model 
     out->hp.n_ff = hp->n_ff / n;
     out->layers = (muser_layer *)mem;
     uint8_t *at = mem + (size_t)hp->n_layer * sizeof(muser_layer);
-    uint64_t wb = m->tok_embd.rows * m->tok_embd.row_bytes;
-    if (m->output.data != m->tok_embd.data)
-        wb += m->output.rows * m->output.row_bytes;
+    out->output = rows_view(&m->output, n, rank); /* the LM head by vocabulary rows */
+    uint64_t wb = m->tok_embd.rows * m->tok_embd.row_bytes + out->output.rows * out->output.row_bytes;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const muser_layer *L = &m->layers[l];
         muser_layer *S = &out->layers[l];
@@ -191,7 +194,26 @@ void muser_tp_reduce(muser_tp_comm *c, uint32_t rank, float *buf, size_t count)
     memcpy(buf, s, count * sizeof(float));
 }
 
+void muser_tp_gather(muser_tp_comm *c, uint32_t rank, const float *mine, uint32_t rows, size_t per, float *full)
+{
+    c->slot[rank] = (float *)mine;
+    if (c->n > 1)
+        pthread_barrier_wait(&c->bar);
+    for (uint32_t i = 0; i < rows; i++)
+        for (uint32_t r = 0; r < c->n; r++)
+            memcpy(full + ((size_t)i * c->n + r) * per, c->slot[r] + (size_t)i * per, per * sizeof(float));
+    if (c->n > 1)
+        pthread_barrier_wait(&c->bar); /* nobody reads a slot after this */
+}
+
 /* ---- a group of CPU ranks ----------------------------------------------------------------------- */
+
+/* One call, as every rank runs it. */
+typedef struct tp_call {
+    const int32_t *tokens;
+    uint32_t n;
+    bool step;
+} tp_call;
 
 struct muser_tp_group {
     uint32_t n;
@@ -200,12 +222,65 @@ struct muser_tp_group {
     muser_session *s[MUSER_TP_MAX];
     muser_tp_comm *comm;
     float *scratch; /* [n][V] each rank's logits */
+    /* ranks 1..n−1 run on their own threads, started once, woken per call (rank 0: the caller's) */
+    pthread_t th[MUSER_TP_MAX];
+    uint32_t started;           /* threads running */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t gen;               /* calls posted */
+    uint32_t finished;          /* ranks done with the current call */
+    bool quit;
+    tp_call call;
+    int rc[MUSER_TP_MAX];
+    muser_error err[MUSER_TP_MAX];
 };
+
+static void tp_rank_run(muser_tp_group *g, uint32_t r)
+{
+    muser_session *s = g->s[r];
+    float *logits = g->scratch + (size_t)r * g->shard[0].hp.n_vocab;
+    memset(&g->err[r], 0, sizeof g->err[r]);
+    if (g->call.step)
+        g->rc[r] = muser_step(g->dev[r], &s, g->call.tokens, 1, logits, NULL, NULL, &g->err[r]);
+    else
+        g->rc[r] = muser_session_prefill(s, g->call.tokens, g->call.n, logits, &g->err[r]);
+}
+
+
+static void *tp_rank_main(void *arg)
+{
+    muser_tp_group *g = ((void **)arg)[0];
+    const uint32_t r = (uint32_t)(uintptr_t)((void **)arg)[1];
+    free(arg);
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        while (!g->quit && g->gen == seen)
+            pthread_cond_wait(&g->go, &g->mu);
+        if (g->quit) {
+            pthread_mutex_unlock(&g->mu);
+            return NULL;
+        }
+        seen = g->gen;
+        pthread_mutex_unlock(&g->mu);
+        tp_rank_run(g, r);
+        pthread_mutex_lock(&g->mu);
+        g->finished++;
+        pthread_cond_signal(&g->done);
+        pthread_mutex_unlock(&g->mu);
+    }
+}
 
 void muser_tp_group_free(muser_tp_group *g)
 {
     if (!g)
         return;
+    pthread_mutex_lock(&g->mu);
+    g->quit = true;
+    pthread_cond_broadcast(&g->go);
+    pthread_mutex_unlock(&g->mu);
+    for (uint32_t r = 1; r < g->started; r++)
+        pthread_join(g->th[r], NULL);
     for (uint32_t r = 0; r < g->n; r++) {
         muser_session_free(g->s[r]);
         muser_device_free(g->dev[r]);
@@ -213,6 +288,9 @@ void muser_tp_group_free(muser_tp_group *g)
     }
     muser_tp_comm_free(g->comm);
     free(g->scratch);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->go);
+    pthread_cond_destroy(&g->done);
     free(g);
 }
 
@@ -234,6 +312,10 @@ int muser_tp_group_new(muser_tp_group **out, const muser_model *m, uint32_t n, c
     if (!g)
         return muser_errorf(err, MUSER_E_NOMEM, "tensor parallel: out of memory");
     g->n = n;
+    g->started = 1;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->go, NULL);
+    pthread_cond_init(&g->done, NULL);
     const uint32_t rows = opts.max_batch ? opts.max_batch : 512;
     /* a reduce carries FWD_SUB: a pass's rows × E (a pass holds at most a chunk or a step) */
     rc = muser_tp_comm_new(&g->comm, n, (size_t)(rows > MUSER_STEP_MAX_ROWS ? rows : MUSER_STEP_MAX_ROWS) * m->hp.n_embd, err);
@@ -249,6 +331,17 @@ int muser_tp_group_new(muser_tp_group **out, const muser_model *m, uint32_t n, c
         if (!rc)
             rc = muser_session_open(&g->s[r], g->dev[r], 0, err);
     }
+    for (uint32_t r = 1; !rc && r < n; r++) {
+        void **arg = malloc(2 * sizeof(void *));
+        if (arg)
+            arg[0] = g, arg[1] = (void *)(uintptr_t)r;
+        if (!arg || pthread_create(&g->th[r], NULL, tp_rank_main, arg)) {
+            free(arg);
+            rc = muser_errorf(err, MUSER_E_BACKEND, "tensor parallel: cannot start rank %u's thread", r);
+            break;
+        }
+        g->started = r + 1;
+    }
     if (rc) {
         muser_tp_group_free(g);
         return rc;
@@ -259,101 +352,35 @@ int muser_tp_group_new(muser_tp_group **out, const muser_model *m, uint32_t n, c
 
 muser_session *muser_tp_session(muser_tp_group *g, uint32_t r) { return r < g->n ? g->s[r] : NULL; }
 
-/* The ranks of one call start together or not at all (a rank that never runs would leave the
- * others waiting at the first reduce). */
-typedef struct tp_gate {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int state; /* 0 waiting, 1 go, -1 abandoned */
-} tp_gate;
-
-typedef struct tp_call {
-    muser_tp_group *g;
-    tp_gate *gate;
-    uint32_t rank;
-    const int32_t *tokens;
-    uint32_t n;
-    bool step;
-    float *logits;
-    int rc;
-    muser_error err;
-} tp_call;
-
-static void tp_rank_run(tp_call *c)
-{
-    muser_session *s = c->g->s[c->rank];
-    if (c->step)
-        c->rc = muser_step(c->g->dev[c->rank], &s, c->tokens, 1, c->logits, NULL, NULL, &c->err);
-    else
-        c->rc = muser_session_prefill(s, c->tokens, c->n, c->logits, &c->err);
-}
-
-static void *tp_rank_main(void *arg)
-{
-    tp_call *c = arg;
-    pthread_mutex_lock(&c->gate->mu);
-    while (c->gate->state == 0)
-        pthread_cond_wait(&c->gate->cv, &c->gate->mu);
-    const int go = c->gate->state;
-    pthread_mutex_unlock(&c->gate->mu);
-    if (go > 0)
-        tp_rank_run(c);
-    return NULL;
-}
-
-static void tp_gate_set(tp_gate *gate, int state)
-{
-    pthread_mutex_lock(&gate->mu);
-    gate->state = state;
-    pthread_cond_broadcast(&gate->cv);
-    pthread_mutex_unlock(&gate->mu);
-}
-
-/* Every rank runs the same call on its own thread (rank 0 on the caller's); the first failing
- * rank's error is the call's. The ranks fail alike: they see the same positions and tokens, and
- * hold the same residual and logits. */
+/* Every rank runs the same call (rank 0 on the caller's thread, the others woken on theirs); the
+ * first failing rank's error is the call's. The ranks fail alike: they see the same positions and
+ * tokens, and hold the same residual and logits. */
 static int tp_run(muser_tp_group *g, const int32_t *tokens, uint32_t n, bool step, float *logits, muser_error *err)
 {
-    tp_call c[MUSER_TP_MAX];
-    pthread_t th[MUSER_TP_MAX];
-    tp_gate gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-    for (uint32_t r = 0; r < g->n; r++) {
-        memset(&c[r], 0, sizeof c[r]);
-        c[r].g = g;
-        c[r].gate = &gate;
-        c[r].rank = r;
-        c[r].tokens = tokens;
-        c[r].n = n;
-        c[r].step = step;
-        c[r].logits = g->scratch + (size_t)r * g->shard[0].hp.n_vocab;
-    }
-    uint32_t started = 1;
-    for (; started < g->n; started++)
-        if (pthread_create(&th[started], NULL, tp_rank_main, &c[started]))
-            break;
-    if (started < g->n) {
-        tp_gate_set(&gate, -1);
-        for (uint32_t r = 1; r < started; r++)
-            pthread_join(th[r], NULL);
-        return muser_errorf(err, MUSER_E_BACKEND, "tensor parallel: cannot start rank %u's thread", started);
-    }
-    tp_gate_set(&gate, 1);
-    tp_rank_run(&c[0]);
-    for (uint32_t r = 1; r < g->n; r++)
-        pthread_join(th[r], NULL);
+    pthread_mutex_lock(&g->mu);
+    g->call = (tp_call){tokens, n, step};
+    g->finished = 0;
+    g->gen++;
+    pthread_cond_broadcast(&g->go);
+    pthread_mutex_unlock(&g->mu);
+    tp_rank_run(g, 0);
+    pthread_mutex_lock(&g->mu);
+    while (g->finished < g->n - 1)
+        pthread_cond_wait(&g->done, &g->mu);
+    pthread_mutex_unlock(&g->mu);
     for (uint32_t r = 0; r < g->n; r++)
-        if (c[r].rc) {
+        if (g->rc[r]) {
             if (err)
-                *err = c[r].err;
-            return c[r].rc;
+                *err = g->err[r];
+            return g->rc[r];
         }
     /* every rank holds the same residual, so the same logits: anything else is a broken split */
     const size_t V = g->shard[0].hp.n_vocab;
     for (uint32_t r = 1; r < g->n; r++)
-        if (memcmp(c[r].logits, c[0].logits, V * sizeof(float)))
+        if (memcmp(g->scratch + r * V, g->scratch, V * sizeof(float)))
             return muser_errorf(err, MUSER_E_NUMERIC, "tensor parallel: rank %u's logits differ from rank 0's", r);
     if (logits)
-        memcpy(logits, c[0].logits, V * sizeof(float));
+        memcpy(logits, g->scratch, V * sizeof(float));
     return MUSER_OK;
 }
 

@@ -4,9 +4,11 @@
  * output rows, whole heads per rank (rank r holds query heads [r·H/N, (r+1)·H/N) and the KV heads
  * they read, [r·HKV/N, (r+1)·HKV/N)); attn_output and ffn_down by input columns, so each rank's
  * product is a partial sum of the full output, which the ranks add together (an all-reduce, the
- * forward pass's `reduce` op: after o_proj and after ffn_down). Everything else — the embedding,
- * the norms, the residual stream, the LM head — is whole on every rank, so every rank holds the
- * same residual and the same logits. Each rank's KV cache holds its own heads.
+ * forward pass's `reduce` op: after o_proj and after ffn_down). The LM head by vocabulary rows:
+ * each rank's logits of its rows are gathered into the whole row on every rank before the scale,
+ * the cap and the non-finite check. Everything else — the embedding, the norms, the residual
+ * stream — is whole on every rank, so every rank holds the same residual and the same logits.
+ * Each rank's KV cache holds its own heads.
  *
  * The sum over ranks runs in rank order on every rank, so a split run is deterministic and every
  * rank ends with the same bytes; it is not bit-identical to one rank (the dot products of
@@ -23,8 +25,8 @@
 #define MUSER_TP_MAX 8u
 
 /* Whether m splits into n ranks, with the reason when not: n in 1..MUSER_TP_MAX dividing the KV
- * heads, and the column splits of attn_output (H·D/n) and ffn_down (F/n) whole blocks of their
- * formats. */
+ * heads and the vocabulary, and the column splits of attn_output (H·D/n) and ffn_down (F/n) whole
+ * blocks of their formats. */
 int muser_tp_check(const muser_model *m, uint32_t n, muser_error *err);
 
 /* Rank `rank` of n's shard of m: its hyper-parameters (H/n, HKV/n, F/n) and tensors; row splits
@@ -39,6 +41,9 @@ typedef struct muser_tp_comm muser_tp_comm;
 int muser_tp_comm_new(muser_tp_comm **out, uint32_t n, size_t max_count, muser_error *err);
 void muser_tp_comm_free(muser_tp_comm *c);
 void muser_tp_reduce(muser_tp_comm *c, uint32_t rank, float *buf, size_t count);
+/* The LM head's gather: each of n threads passes its rows × per logits `mine` (its vocabulary
+ * rows); each returns with full [rows][n·per] = every rank's in rank order. */
+void muser_tp_gather(muser_tp_comm *c, uint32_t rank, const float *mine, uint32_t rows, size_t per, float *full);
 
 /* A model split over n CPU ranks (a thread each during a call), one session per rank. */
 typedef struct muser_tp_group muser_tp_group;

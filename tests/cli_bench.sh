@@ -2,7 +2,7 @@
 # (and --prompt length) with prefill and decode tok/s, bytes/token, GB/s, the same run's bandwidth and the number of
 # timed repetitions; bad arguments exit 2; a context too long for the model is an error. --verify
 # prints a line per block; -p with a drafter measures speculation against plain decoding (the
-# same text) on the committed model.
+# same text) on the committed model; --tensor-parallel splits the model over CPU ranks.
 set -u
 BIN=${MUSER_BIN:?MUSER_BIN not set}
 DIR=$(mktemp -d)
@@ -32,6 +32,19 @@ out=$("$BIN" bench -m "$DIR/tiny.gguf" --backend cpu --prompt 8,30 --gen 2 --ctx
 out=$("$BIN" bench -m "$DIR/tiny.gguf" --verify 4 --gen 2 --reps 1 --threads 1 2>&1) || fail "bench --verify: $out"
 [ "$(echo "$out" | grep -c '^verify  ctx 0 ')" = 2 ] || fail "--verify 4: expected the lines of B 1 and 4: $out"
 "$BIN" bench -m "$DIR/tiny.gguf" --verify 17 >/dev/null 2>&1; [ $? = 2 ] || fail "--verify 17 not a usage error"
+# --tensor-parallel N (CPU ranks): a line for one rank, then for N; what does not split is an error
+"$BIN" synth --preset tiny --type q8_0 -o "$DIR/tiny-q8.gguf" >/dev/null || fail "synth tiny q8_0"
+out=$("$BIN" bench -m "$DIR/tiny-q8.gguf" --tensor-parallel 2 --prompt 8 --gen 2 --reps 1 --threads 2 2>&1) ||
+    fail "bench --tensor-parallel 2 exited $?: $out"
+[ "$(echo "$out" | grep -c '^tp [12] *prefill *8 tok: *[0-9.]* tok/s (.*) | decode *2 tok: *[0-9.]* tok/s')" = 2 ] ||
+    fail "--tensor-parallel 2: want the lines of 1 and 2 ranks: $out"
+out=$("$BIN" bench -m "$DIR/tiny-q8.gguf" --tensor-parallel 3 2>&1); rc=$?
+[ $rc = 1 ] && echo "$out" | grep -q "KV heads" || fail "--tensor-parallel 3 on 2 KV heads: rc $rc: $out"
+out=$("$BIN" bench -m "$DIR/tiny.gguf" --tensor-parallel 2 2>&1); rc=$?
+[ $rc = 1 ] && echo "$out" | grep -q "blocks" || fail "--tensor-parallel 2 on Q4_K tiny (half blocks): rc $rc: $out"
+"$BIN" bench -m "$DIR/tiny-q8.gguf" --tensor-parallel 0 >/dev/null 2>&1; [ $? = 2 ] || fail "--tensor-parallel 0 not a usage error"
+"$BIN" bench -m "$DIR/tiny-q8.gguf" --backend oracle --tensor-parallel 2 >/dev/null 2>&1; [ $? = 1 ] ||
+    fail "--tensor-parallel on the oracle accepted"
 # speculation against plain decoding on the committed model: the same text, the figures on one line
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 out=$("$BIN" bench -m "$SRC/models/default.gguf" -p "And God said, Let there be light" --gen 48 --reps 1 \

@@ -2,7 +2,7 @@
  * divide the KV heads, column pieces that are not whole blocks), one rank through the group giving
  * a plain session's bytes, two ranks meeting SPEC §4 against the oracle on muse, llama and qwen3
  * (a prompt past the sliding window, then decode steps), deterministic run to run, each rank's
- * cache holding its own heads. */
+ * cache holding its own heads and its LM head its vocabulary rows. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,9 +42,12 @@ static int run_group(const muser_model *m, uint32_t n, const int32_t *tok, float
     CHECK_OK(rc, &err);
     if (rc)
         return rc;
-    /* each rank's cache holds its own heads */
-    for (uint32_t r = 0; r < n; r++)
-        CHECK(muser_tp_session(g, r)->model->hp.n_head_kv == m->hp.n_head_kv / n);
+    /* each rank's cache holds its own heads; its LM head, its vocabulary rows */
+    for (uint32_t r = 0; r < n; r++) {
+        const muser_model *sm = muser_tp_session(g, r)->model;
+        CHECK(sm->hp.n_head_kv == m->hp.n_head_kv / n && sm->hp.n_head == m->hp.n_head / n);
+        CHECK(sm->output.rows == m->hp.n_vocab / n && sm->hp.n_vocab == m->hp.n_vocab);
+    }
     rc = muser_tp_prefill(g, tok, N_PRE, out, &err);
     CHECK_OK(rc, &err);
     for (uint32_t i = N_PRE; !rc && i < N_TOK; i++) {

@@ -26,6 +26,7 @@
 #include "engine.h"
 #include "generate.h"
 #include "session.h"
+#include "tp.h"
 #include "util.h"
 
 #ifdef MUSER_HAVE_CUDA
@@ -56,6 +57,7 @@ typedef struct bench_opts {
     uint32_t n_par;
     uint32_t ver[BENCH_MAX_CTX]; /* --verify: block sizes (0 entries: not asked) */
     uint32_t n_ver;
+    uint32_t tp;                 /* --tensor-parallel: ranks (0: not asked) */
     const char *text;            /* -p: the prompt speculation is measured after */
     gen_draft dr;                /* --draft, --draft-ngram, --draft-dflash, --draft-max, --draft-fixed */
 } bench_opts;
@@ -766,12 +768,103 @@ static int parse_count_list(const char *v, const char *flag, const char *what, u
     return 0;
 }
 
+/* --threads, or every online core */
+static uint32_t bench_threads(const bench_opts *o)
+{
+    if (o->threads) return o->threads;
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (uint32_t)n : 1;
+}
+
+/* --tensor-parallel N (CPU): a prefill of --prompt tokens, then --gen greedy decode steps, on N
+ * ranks that each hold 1/N of every matrix and share the threads, beside one rank (tp.h). */
+static int bench_tp_one(const bench_opts *o, const muser_model *m, uint32_t n, uint32_t threads, double *pf, double *dec)
+{
+    const uint32_t V = m->hp.n_vocab;
+    muser_session_opts so = {.backend = MUSER_BACKEND_CPU,
+                             .n_ctx = o->prompt + o->gen + 1,
+                             .n_threads = threads / n ? threads / n : 1,
+                             .max_batch = o->max_batch};
+    muser_tp_group *g = NULL;
+    muser_error err = {0};
+    float *logits = malloc((size_t)V * sizeof(float));
+    int32_t *tok = malloc((size_t)o->prompt * sizeof(int32_t));
+    double tpf[BENCH_MAX_REPS], tdec[BENCH_MAX_REPS];
+    int rc = 1;
+    if (!logits || !tok) {
+        fprintf(stderr, "muser bench: out of memory\n");
+        goto out;
+    }
+    uint64_t x = 88172645463325252ull;
+    for (uint32_t i = 0; i < o->prompt; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        tok[i] = (int32_t)(x % V);
+    }
+    for (uint32_t r = 0; r <= o->reps; r++) { /* rep 0: untimed warm-up */
+        muser_tp_group_free(g);
+        g = NULL;
+        if (muser_tp_group_new(&g, m, n, &so, &err)) {
+            fprintf(stderr, "muser bench: --tensor-parallel %u: %s\n", n, err.msg);
+            goto out;
+        }
+        const double t0 = muser_now_s();
+        if (muser_tp_prefill(g, tok, o->prompt, logits, &err)) {
+            fprintf(stderr, "muser bench: prompt: %s\n", err.msg);
+            goto out;
+        }
+        const double t1 = muser_now_s();
+        for (uint32_t k = 0; k < o->gen; k++)
+            if (muser_tp_step(g, muser_argmax(logits, V), logits, &err)) {
+                fprintf(stderr, "muser bench: step: %s\n", err.msg);
+                goto out;
+            }
+        if (r) tpf[r - 1] = o->prompt / (t1 - t0), tdec[r - 1] = o->gen / (muser_now_s() - t1);
+    }
+    *pf = median(tpf, o->reps);
+    *dec = median(tdec, o->reps);
+    rc = 0;
+out:
+    muser_tp_group_free(g);
+    free(logits);
+    free(tok);
+    return rc;
+}
+
+static int bench_tp(const bench_opts *o, const muser_model *m)
+{
+    if (o->backend != MUSER_BACKEND_CPU) {
+        fprintf(stderr, "muser bench: --tensor-parallel runs on the cpu backend only for now; across GPUs it is not "
+                        "built (docs/tp.md)\n");
+        return 1;
+    }
+    muser_error err = {0};
+    if (muser_tp_check(m, o->tp, &err)) {
+        fprintf(stderr, "muser bench: --tensor-parallel %u: %s\n", o->tp, err.msg);
+        return 1;
+    }
+    const uint32_t threads = bench_threads(o);
+    printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights; backend cpu, %u threads\n", o->model,
+           muser_arch_name(m->hp.arch), m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, m->hp.n_vocab, m->weight_bytes / 1e6,
+           threads);
+    double pf1 = 0, dec1 = 0;
+    const uint32_t ns[2] = {1, o->tp};
+    for (uint32_t k = 0; k < (o->tp > 1 ? 2u : 1u); k++) {
+        double pf, dec;
+        if (bench_tp_one(o, m, ns[k], threads, &pf, &dec)) return 1;
+        if (k == 0) pf1 = pf, dec1 = dec;
+        printf("tp %-2u   prefill %5u tok: %9.2f tok/s (%.2fx one rank) | decode %4u tok: %8.2f tok/s (%.2fx) | "
+               "%u threads a rank | median of %u\n",
+               ns[k], o->prompt, pf, pf / pf1, o->gen, dec, dec / dec1, threads / ns[k] ? threads / ns[k] : 1, o->reps);
+    }
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
         printf("usage: muser bench [-m MODEL] [--backend cpu|cuda|oracle] [--prompt N1,N2,...] [--gen N]\n"
                "                   [--threads N] [--ctx C1,C2,...] [--max-batch N] [--reps N]\n"
-               "                   [--parallel P1,P2,...] [--verify B1,B2,...]\n"
+               "                   [--parallel P1,P2,...] [--verify B1,B2,...] [--tensor-parallel N]\n"
                "                   [-p TEXT --draft MODEL|--draft-ngram N|--draft-dflash MODEL\n"
                "                    [--draft-max K] [--draft-fixed]]\n"
                "Prefill (one batch call of --prompt tokens, default 128; a list measures each\n"
@@ -787,6 +880,9 @@ int cmd_bench(int argc, char **argv)
                "--verify B1,B2,...: the cost of a speculative verify pass of B rows of one\n"
                "sequence (checkpoint, one muser_step of B rows, rollback) beside a decode step,\n"
                "after each --ctx of context (B <= 16).\n"
+               "--tensor-parallel N: prefill (--prompt) and decode (--gen) with the model split\n"
+               "across N ranks (heads and FFN rows; CPU threads share the cores), beside one rank\n"
+               "(docs/tp.md; the GPU version is not built).\n"
                "-p TEXT with a drafter (below): greedy speculative decoding of --gen tokens after\n"
                "TEXT against plain greedy decoding, in turns, --reps rounds after a warm-up; the\n"
                "medians, the speedup, the acceptance; the texts must be the same.\n");
@@ -809,7 +905,7 @@ int cmd_bench(int argc, char **argv)
         if (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "--backend") ||
             !strcmp(a, "--prompt") || !strcmp(a, "--gen") || !strcmp(a, "--threads") ||
             !strcmp(a, "--ctx") || !strcmp(a, "--max-batch") || !strcmp(a, "--reps") ||
-            !strcmp(a, "--parallel") || !strcmp(a, "--verify")) {
+            !strcmp(a, "--parallel") || !strcmp(a, "--verify") || !strcmp(a, "--tensor-parallel")) {
             if (!v)
                 return cli_usage_error("bench", "%s needs a value", a);
             i++;
@@ -847,6 +943,9 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--verify")) {
             if (parse_count_list(v, "--verify", "blocks", KV_MAX_SPEC_ROWS, o.ver, &o.n_ver))
                 return CLI_EXIT_USAGE;
+        } else if (!strcmp(a, "--tensor-parallel")) {
+            if (!parse_u32(v, &o.tp, 1) || o.tp > MUSER_TP_MAX)
+                return cli_usage_error("bench", "--tensor-parallel wants 1..%u ranks, got '%s'", MUSER_TP_MAX, v);
         } else if (!strcmp(a, "--parallel")) {
             if (parse_count_list(v, "--parallel", "counts", MUSER_STEP_MAX_ROWS, o.par, &o.n_par))
                 return CLI_EXIT_USAGE;
@@ -879,6 +978,11 @@ int cmd_bench(int argc, char **argv)
             muser_model_free(m);
             return 1;
         }
+    if (o.tp) {
+        const int rc = bench_tp(&o, m);
+        muser_model_free(m);
+        return rc;
+    }
     if (o.n_ver) { /* verify passes: B = 1 first, so each block compares with it */
         printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights; backend %s\n", o.model,
                muser_arch_name(hp->arch), hp->n_layer, hp->n_embd, hp->n_ff, hp->n_vocab, m->weight_bytes / 1e6,
@@ -911,11 +1015,7 @@ int cmd_bench(int argc, char **argv)
         muser_model_free(m);
         return rc;
     }
-    uint32_t threads = o.threads;
-    if (threads == 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n > 0 ? (uint32_t)n : 1;
-    }
+    const uint32_t threads = bench_threads(&o);
     const char *bw_name;
     const double bw = measure_bandwidth(o.backend, threads, &bw_name);
     printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights\n", o.model,

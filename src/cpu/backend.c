@@ -58,6 +58,7 @@ typedef struct cpu_state {
     const muser_model *m;
     muser_tp_comm *tp;            /* tensor parallel: this rank's reduce (NULL: one rank) */
     uint32_t tp_rank;
+    float *tp_logits;             /* [MUSER_STEP_MAX_ROWS][its vocabulary rows] the LM head's part */
     muser_kv **pass_kv;           /* [pass_rows] the caches of the pass in flight (fwd_rows.seq) */
     cpu_pool *pool;
     cpu_kernels kn;
@@ -495,7 +496,18 @@ static int op_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_tens
     const uint32_t first = all_rows ? 0 : r->n - 1, m = r->n - first;
     float *out = st->out_logits;
     const uint64_t V = st->V;
-    run_matmul(st, r->route, row_of(st, src, first), st->width[src], m, &w, &out, &V, 1);
+    if (st->tp && w->rows != V) {
+        /* tensor parallel: this rank's vocabulary rows, gathered into whole rows on every rank
+         * (before the cap and the check, so every rank decides alike) */
+        const uint64_t per = w->rows;
+        for (uint32_t i0 = 0; i0 < m; i0 += MUSER_STEP_MAX_ROWS) {
+            const uint32_t mi = m - i0 < MUSER_STEP_MAX_ROWS ? m - i0 : MUSER_STEP_MAX_ROWS;
+            float *part = st->tp_logits;
+            run_matmul(st, r->route, row_of(st, src, first + i0), st->width[src], mi, &w, &part, &per, 1);
+            muser_tp_gather(st->tp, st->tp_rank, part, mi, per, out + (uint64_t)i0 * V);
+        }
+    } else
+        run_matmul(st, r->route, row_of(st, src, first), st->width[src], m, &w, &out, &V, 1);
     for (uint32_t i = 0; i < m; i++)
         if (!st->kn.logit_finish(out + (uint64_t)i * V, V, scale, cap))
             return muser_errorf(err, MUSER_E_NUMERIC,
@@ -583,6 +595,7 @@ static void cpu_dev_free(muser_device *d)
     }
     free(st->ts);
     free(st->logits);
+    free(st->tp_logits);
     free(st->commit_k);
     free(st->commit_v);
     free(st->pos);
@@ -678,6 +691,8 @@ static int cpu_dev_init(muser_device *d, muser_error *err)
     ok &= (st->xpack = muser_alloc_aligned((uint64_t)st->pass_rows * st->kmax * sizeof(float))) !=
           NULL;
     ok &= (st->logits = calloc((uint64_t)MUSER_STEP_MAX_ROWS * st->V, sizeof(float))) != NULL;
+    if (st->tp)
+        ok &= (st->tp_logits = calloc((uint64_t)MUSER_STEP_MAX_ROWS * m->output.rows, sizeof(float))) != NULL;
     ok &= (st->commit_k = calloc(st->KVD, sizeof(float))) != NULL;
     ok &= (st->commit_v = calloc(st->KVD, sizeof(float))) != NULL;
     ok &= (st->pos = calloc(R, sizeof(uint64_t))) != NULL;
