@@ -2,7 +2,6 @@
 #include "tp.h"
 
 #include <pthread.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -233,6 +232,10 @@ struct muser_tp_group {
     tp_call call;
     int rc[MUSER_TP_MAX];
     muser_error err[MUSER_TP_MAX];
+    struct tp_rank {
+        muser_tp_group *g;
+        uint32_t r;
+    } rank[MUSER_TP_MAX]; /* each thread's argument */
 };
 
 static void tp_rank_run(muser_tp_group *g, uint32_t r)
@@ -246,12 +249,10 @@ static void tp_rank_run(muser_tp_group *g, uint32_t r)
         g->rc[r] = muser_session_prefill(s, g->call.tokens, g->call.n, logits, &g->err[r]);
 }
 
-
 static void *tp_rank_main(void *arg)
 {
-    muser_tp_group *g = ((void **)arg)[0];
-    const uint32_t r = (uint32_t)(uintptr_t)((void **)arg)[1];
-    free(arg);
+    muser_tp_group *g = ((struct tp_rank *)arg)->g;
+    const uint32_t r = ((struct tp_rank *)arg)->r;
     uint64_t seen = 0;
     for (;;) {
         pthread_mutex_lock(&g->mu);
@@ -332,11 +333,9 @@ int muser_tp_group_new(muser_tp_group **out, const muser_model *m, uint32_t n, c
             rc = muser_session_open(&g->s[r], g->dev[r], 0, err);
     }
     for (uint32_t r = 1; !rc && r < n; r++) {
-        void **arg = malloc(2 * sizeof(void *));
-        if (arg)
-            arg[0] = g, arg[1] = (void *)(uintptr_t)r;
-        if (!arg || pthread_create(&g->th[r], NULL, tp_rank_main, arg)) {
-            free(arg);
+        g->rank[r].g = g;
+        g->rank[r].r = r;
+        if (pthread_create(&g->th[r], NULL, tp_rank_main, &g->rank[r])) {
             rc = muser_errorf(err, MUSER_E_BACKEND, "tensor parallel: cannot start rank %u's thread", r);
             break;
         }
