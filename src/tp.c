@@ -136,6 +136,7 @@ struct muser_tp_comm {
     uint32_t n;
     size_t max_count;
     pthread_barrier_t bar;
+    bool bar_ok;               /* bar was initialised */
     float *slot[MUSER_TP_MAX]; /* each rank's buffer of the reduce in progress */
     float *sum[MUSER_TP_MAX];  /* each rank's copy of the sum, [max_count] */
 };
@@ -156,11 +157,10 @@ int muser_tp_comm_new(muser_tp_comm **out, uint32_t n, size_t max_count, muser_e
             return muser_errorf(err, MUSER_E_NOMEM, "tensor parallel: out of memory for the reduce");
         }
     if (pthread_barrier_init(&c->bar, NULL, n)) {
-        for (uint32_t r = 0; r < n; r++)
-            free(c->sum[r]);
-        free(c);
+        muser_tp_comm_free(c);
         return muser_errorf(err, MUSER_E_BACKEND, "tensor parallel: no barrier");
     }
+    c->bar_ok = true;
     *out = c;
     return MUSER_OK;
 }
@@ -169,7 +169,7 @@ void muser_tp_comm_free(muser_tp_comm *c)
 {
     if (!c)
         return;
-    if (c->sum[0]) /* the barrier exists once every buffer did */
+    if (c->bar_ok)
         pthread_barrier_destroy(&c->bar);
     for (uint32_t r = 0; r < c->n; r++)
         free(c->sum[r]);
