@@ -32,7 +32,15 @@
  *
  * Launch: a CTA of 8 warps = (8 / KW) tiles × KW warps splitting the blocks (warp kw takes blocks
  * kw, kw + KW, …); a warp does NT n-tiles (2·NT x rows). KW is the matrix's; NT only what fits.
+ *
+ * Contenders for the rows, each checked byte for byte against mmi_kernel of its KW (NOTES, "mmw"):
+ * mmi_kernel<…, P2> (the sub-block scales inside the integer products: two u8 planes), mmw_kernel (those
+ * planes as wgmma's A, x's digits as B from shared memory, the KW split over a cluster) and
+ * mmw3_kernel (the weights staged through a cp.async ring, a persistent grid).
  *   usage: kbench_mmi [reps]   (exit 1 if a check fails) */
+#include <cooperative_groups.h>
+
+#include "cuda/wgmma.cuh"
 #include "mmi.cuh"
 
 #define MMI_UNIT 2368u
@@ -70,11 +78,81 @@ __global__ void mmi_repack(const uint8_t *raw, uint8_t *dst, uint32_t rows, uint
     dd[3] = *(const uint16_t *)(rw[1] + 2);
 }
 
+/* the block's eight sub-blocks as the two planes sl·q and sh·q (sc = 8·sh + sl): pl[j][plane][a0..a3],
+ * the m16n8k32 A fragments of sub-block j from the lane's unit words q and its row pair's scales sc */
+__device__ __forceinline__ void mmi_planes(const uint4 (&q)[4], const uint4 sc, uint32_t (&pl)[8][2][4])
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const uint4 &qq = q[j >> 1];
+        const uint32_t w0 = (j & 1) ? qq.z : qq.x, w1 = (j & 1) ? qq.w : qq.y;
+        const uint32_t a[4] = {w0 & 0x0F0F0F0Fu, w1 & 0x0F0F0F0Fu, (w0 >> 4) & 0x0F0F0F0Fu, (w1 >> 4) & 0x0F0F0F0Fu};
+        const uint32_t s0 = ((j < 4 ? sc.x : sc.y) >> (8 * (j & 3))) & 0xFF;
+        const uint32_t s8 = ((j < 4 ? sc.z : sc.w) >> (8 * (j & 3))) & 0xFF;
+        const uint32_t l0 = s0 & 7, h0 = s0 >> 3, l8 = s8 & 7, h8 = s8 >> 3;
+        pl[j][0][0] = a[0] * l0;
+        pl[j][0][1] = a[1] * l8;
+        pl[j][0][2] = a[2] * l0;
+        pl[j][0][3] = a[3] * l8;
+        pl[j][1][0] = a[0] * h0;
+        pl[j][1][1] = a[1] * h8;
+        pl[j][1][2] = a[2] * h0;
+        pl[j][1][3] = a[3] * h8;
+    }
+}
+
+/* The min term's products, one m16n8k8 per 4 x rows: A = m of rows g, g+8 at sub-blocks 2t, 2t+1
+ * (from the row pair's mins mn), B = bm[k], x rows 4k + g/2's sums' pieces (lane (g, t)'s word) */
+template <int NM>
+__device__ __forceinline__ void mmi_min_mma(const uint4 mn, uint32_t t, const uint32_t (&bm)[NM], float (&Mv)[NM][4])
+{
+    const uint32_t mw0 = t < 2 ? mn.x : mn.y, mw8 = t < 2 ? mn.z : mn.w, sh = 2 * (t & 1);
+    const uint32_t am0 = kq4_h2u(kq4_bytes_h2(mw0, (sh | (sh + 1) << 8) | 0x4040u));
+    const uint32_t am1 = kq4_h2u(kq4_bytes_h2(mw8, (sh | (sh + 1) << 8) | 0x4040u));
+#pragma unroll
+    for (int k = 0; k < NM; k++) {
+        Mv[k][0] = Mv[k][1] = Mv[k][2] = Mv[k][3] = 0.f;
+        kq4_mma8(Mv[k], am0, am1, bm[k]);
+    }
+}
+
+/* One block's fold for n-tile n (x row 2n + t/2): yacc += s·(d·T − dmin·2^20·M), in f64; dd: the row
+ * pair's d and dmin pairs (f16), Mv: the min products (the x row's in lane 4g + x row % 4), sx: s */
+template <int NM>
+__device__ __forceinline__ void mmi_fold(double &yacc, double T, const float (&Mv)[NM][4], int n, uint32_t lane, uint2 dd,
+                                         double sx)
+{
+    const uint32_t g = lane >> 2, t = lane & 3, hi = t & 1;
+    const uint32_t xr = 2 * n + (t >> 1), src = 4 * g + (xr & 3);
+    const float *mv = Mv[n >> 1];
+    const float M0 = __fadd_rn(mv[0], mv[1]), M8 = __fadd_rn(mv[2], mv[3]);
+    const float M0r = __shfl_sync(0xFFFFFFFFu, M0, src), M8r = __shfl_sync(0xFFFFFFFFu, M8, src);
+    const float Mr = hi ? M8r : M0r;
+    const double d = (double)__half2float(__ushort_as_half((unsigned short)(hi ? dd.x >> 16 : dd.x & 0xFFFF)));
+    const double m = 0x1p20 * (double)__half2float(__ushort_as_half((unsigned short)(hi ? dd.y >> 16 : dd.y & 0xFFFF)));
+    yacc = fma(sx, fma(d, T, -m * (double)Mr), yacc);
+}
+
+/* A lane's words of one unit: its qs words, its row pair's scales and mins (bytes), d and dmin (f16) */
+struct mmi_w {
+    uint4 q[4], sc, mn;
+    uint2 dd;
+};
+__device__ __forceinline__ void mmi_load(const uint8_t *unit, uint32_t lane, mmi_w &w)
+{
+    const uint32_t g = lane >> 2;
+#pragma unroll
+    for (int u = 0; u < 4; u++) w.q[u] = __ldg((const uint4 *)(unit + (u * 32 + lane) * 16));
+    w.sc = __ldg((const uint4 *)(unit + 2048 + 16 * g));
+    w.mn = __ldg((const uint4 *)(unit + 2176 + 16 * g));
+    w.dd = __ldg((const uint2 *)(unit + 2304 + 8 * g));
+}
+
 /* ---- the kernel ------------------------------------------------------------------------------- */
 /* NW warps a CTA: NW / (KW·CG) tiles × CG column groups (of 2·NT x rows each, x row 2·NT·cg on)
  * × KW. Each lane folds one weight row: the lane of a pair with the low digits row g, its partner
  * (the high digits) row g + 8, each getting the other's digits for its row by one shuffle. */
-template <int NT, int KW, int MINB, int CG = 1, int NW = 8>
+template <int NT, int KW, int MINB, int CG = 1, int NW = 8, bool P2 = false>
 __global__ void __launch_bounds__(32 * NW, MINB)
     mmi_kernel(const uint8_t *__restrict__ W, uint32_t nb, const uint8_t *__restrict__ xq, uint32_t nx, float *__restrict__ y,
                uint32_t rows)
@@ -90,12 +168,11 @@ __global__ void __launch_bounds__(32 * NW, MINB)
 #pragma unroll
     for (int n = 0; n < NT; n++) yacc[n] = 0.0;
     for (uint32_t b = kw; live && b < nb; b += KW) {
-        const uint8_t *unit = W + ((size_t)tile * nb + b) * MMI_UNIT;
-        uint4 q[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) q[u] = __ldg((const uint4 *)(unit + (u * 32 + lane) * 16));
-        const uint4 sc = __ldg((const uint4 *)(unit + 2048 + 16 * g)), mn = __ldg((const uint4 *)(unit + 2176 + 16 * g));
-        const uint2 dd = __ldg((const uint2 *)(unit + 2304 + 8 * g));
+        mmi_w U;
+        mmi_load(W + ((size_t)tile * nb + b) * MMI_UNIT, lane, U);
+        const uint4(&q)[4] = U.q;
+        const uint4 sc = U.sc, mn = U.mn;
+        const uint2 dd = U.dd;
         /* this lane's B column: x row 2n + g/4, digit g%4 */
         const uint8_t *xb[NT];
 #pragma unroll
@@ -104,8 +181,27 @@ __global__ void __launch_bounds__(32 * NW, MINB)
         int acc[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
+        if (P2) {
+            /* the two planes: the block's products without an IMAD per n-tile and sub-block */
+            uint32_t pl[8][2][4];
+            mmi_planes(q, sc, pl);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+            for (int n = 0; n < NT; n++) {
+                uint2 bx[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) bx[j] = __ldg((const uint2 *)(xb[n] + j * 128));
+                int cl[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    mmi_imma(cl, pl[j][0], bx[j].x, bx[j].y);
+                    mmi_imma(ch, pl[j][1], bx[j].x, bx[j].y);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[n][e] = 8 * ch[e] + cl[e];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8 && !P2; j++) {
             const uint4 &qq = q[j >> 1];
             const uint32_t w0 = (j & 1) ? qq.z : qq.x, w1 = (j & 1) ? qq.w : qq.y;
             const uint32_t a[4] = {w0 & 0x0F0F0F0Fu, w1 & 0x0F0F0F0Fu, (w0 >> 4) & 0x0F0F0F0Fu, (w1 >> 4) & 0x0F0F0F0Fu};
@@ -122,58 +218,388 @@ __global__ void __launch_bounds__(32 * NW, MINB)
                 acc[n][3] += s8 * c[3];
             }
         }
-        /* the min term: A = m of rows g, g+8 at sub-blocks 2t, 2t+1 (f16), B = the sums' pieces */
-        const uint32_t mw0 = t < 2 ? mn.x : mn.y, mw8 = t < 2 ? mn.z : mn.w, sh = 2 * (t & 1);
-        const uint32_t am0 = kq4_h2u(kq4_bytes_h2(mw0, (sh | (sh + 1) << 8) | 0x4040u));
-        const uint32_t am1 = kq4_h2u(kq4_bytes_h2(mw8, (sh | (sh + 1) << 8) | 0x4040u));
-        float Mv[NM][4];
+        /* the min term (x rows x0 + 4k + g/2), then the fold: this lane's two digits, exact, and the
+         * partner's two; the min of x row xr sits in lane (g, xr % 4) of min tile n / 2 */
+        uint32_t bm[NM];
 #pragma unroll
-        for (int k = 0; k < NM; k++) {
-            const uint32_t xr = min(x0 + 4 * k + (g >> 1), nx - 1);
-            const uint32_t bm = __ldg((const uint32_t *)(xq + ((size_t)xr * nb + b) * MMI_XBLK + 1024 + ((g & 1) * 4 + t) * 4));
-            Mv[k][0] = Mv[k][1] = Mv[k][2] = Mv[k][3] = 0.f;
-            kq4_mma8(Mv[k], am0, am1, bm);
-        }
-        const double d0 = (double)__half2float(__ushort_as_half((unsigned short)(dd.x & 0xFFFF))),
-                     d8 = (double)__half2float(__ushort_as_half((unsigned short)(dd.x >> 16))),
-                     m0 = 0x1p20 * (double)__half2float(__ushort_as_half((unsigned short)(dd.y & 0xFFFF))),
-                     m8 = 0x1p20 * (double)__half2float(__ushort_as_half((unsigned short)(dd.y >> 16)));
+        for (int k = 0; k < NM; k++)
+            bm[k] = __ldg((const uint32_t *)(xq + ((size_t)min(x0 + 4 * k + (g >> 1), nx - 1) * nb + b) * MMI_XBLK + 1024 +
+                                             ((g & 1) * 4 + t) * 4));
+        float Mv[NM][4];
+        mmi_min_mma<NM>(mn, t, bm, Mv);
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            /* this lane's two digits, exact; the partner's two; x row xr = 2n + t/2 */
-            const double p0 = (double)acc[n][0] + 256.0 * (double)acc[n][1];
-            const double p8 = (double)acc[n][2] + 256.0 * (double)acc[n][3];
-            /* the low-digit lane folds row g and gives row g + 8's low digits to its partner */
-            const double mine = hi ? p8 : p0, other = __shfl_xor_sync(0xFFFFFFFFu, hi ? p0 : p8, 1);
-            const double T = hi ? other + 65536.0 * mine : mine + 65536.0 * other;
-            /* the min of x row xr is in lane (g, xr % 4) of min tile n / 2 */
-            const uint32_t xr = x0 + 2 * n + (t >> 1), src = 4 * g + (xr & 3);
-            const float *mv = Mv[n >> 1];
-            const float M0 = __fadd_rn(mv[0], mv[1]), M8 = __fadd_rn(mv[2], mv[3]);
-            const float M0r = __shfl_sync(0xFFFFFFFFu, M0, src), M8r = __shfl_sync(0xFFFFFFFFu, M8, src);
-            const float Mr = hi ? M8r : M0r;
+            const uint32_t xr = x0 + 2 * n + (t >> 1);
             const double sx = (double)__ldg((const float *)(xq + ((size_t)min(xr, nx - 1) * nb + b) * MMI_XBLK + 1056));
-            yacc[n] = fma(sx, fma(hi ? d8 : d0, T, -(hi ? m8 : m0) * (double)Mr), yacc[n]);
+            mmi_fold<NM>(yacc[n], mmi_pair_T(acc[n], hi), Mv, n, lane, dd, sx);
         }
     }
-    if (KW > 1) {
-        if (kw > 0)
-#pragma unroll
-            for (int n = 0; n < NT; n++) red[kw - 1][tg * CG + cg][n][lane] = yacc[n];
-        __syncthreads();
-        if (kw > 0) return;
-#pragma unroll
-        for (int k = 0; k < KW - 1; k++)
-#pragma unroll
-            for (int n = 0; n < NT; n++) yacc[n] += red[k][tg * CG + cg][n][lane];
+    if (!mmi_kw_sum<KW, NT, TG * CG>(red, kw, tg * CG + cg, lane, yacc) || !live) return;
+    mmi_store<NT>(y + (size_t)x0 * rows, yacc, nx - min(x0, nx), rows, tile, lane);
+}
+
+/* ---- mmw: the same sums on warpgroup products (wgmma), for several x rows ------------------------
+ * mmi_kernel<…, P2>'s two planes sl·q and sh·q as wgmma's A (u8, in registers: each warp its 16 rows, the
+ * m16n8k32 A fragments mmi builds), x's digits as B (s8) from shared memory, one CTA of MMW_NWG
+ * warpgroups = 4·MMW_NWG tiles, and KW CTAs of a cluster (blockIdx.z) splitting the blocks as
+ * mmi_kernel's KW warps do (CTA kw: blocks kw, kw + KW, …), their f64 sums added in kw order
+ * through distributed shared memory: the same integers, the same fold, the same order, so the
+ * same bytes as mmi_kernel of that KW. x here is in columns: per (row, block) [digit][256 k] (1024
+ * bytes: column n = 4·row + digit of B, K contiguous), then mmi's sums and s (mmw_cols makes it
+ * from mmi's layout). Per block: x for NX rows through a 3-stage cp.async ring (two 128-k slices
+ * of N rows × 128 bytes, 128-byte swizzled); the 16 products (8 sub-blocks × 2 planes) one
+ * group; the fold after wgmma.wait_group 0. */
+#define MMW_NWG 2
+#define MMW_STAGES 3
+__global__ void mmw_cols(const uint8_t *src, uint8_t *dst, uint32_t nblk)
+{
+    const uint32_t i = blockIdx.x; /* one (row, block) per CTA of 256 threads */
+    if (i >= nblk) return;
+    const uint8_t *s = src + (size_t)i * MMI_XBLK;
+    uint8_t *d = dst + (size_t)i * MMI_XBLK;
+    for (uint32_t o = threadIdx.x; o < 1024; o += blockDim.x) {
+        /* mmi: ((j·4 + c)·4 + t)·8 + half·4 + by holds digit c at k = 32j + 16·half + 4t + by */
+        const uint32_t by = o & 3, half = (o >> 2) & 1, t = (o >> 3) & 3, c = (o >> 5) & 3, j = o >> 7;
+        d[c * 256 + 32 * j + 16 * half + 4 * t + by] = s[o];
     }
-    if (!live) return;
+    for (uint32_t o = 1024 + threadIdx.x; o < MMI_XBLK; o += blockDim.x) d[o] = s[o];
+}
+
+/* s32 D (64 × N) += u8 A (64 × 32, registers, m16n8k32's A layout per warp) · s8 B (N × 32 in shared
+ * memory, K-major, 128-byte swizzle); acc 0: D = A·B */
+template <int N> __device__ __forceinline__ void mmw_mma(int *d, const uint32_t a[4], uint64_t desc, int acc);
+template <> __device__ __forceinline__ void mmw_mma<8>(int *d, const uint32_t a[4], uint64_t desc, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k32.s32.u8.s8 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                 : "memory");
+}
+template <> __device__ __forceinline__ void mmw_mma<16>(int *d, const uint32_t a[4], uint64_t desc, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k32.s32.u8.s8 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                 : "memory");
+}
+template <> __device__ __forceinline__ void mmw_mma<32>(int *d, const uint32_t a[4], uint64_t desc, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.s8 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                 : "memory");
+}
+template <> __device__ __forceinline__ void mmw_mma<64>(int *d, const uint32_t a[4], uint64_t desc, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mmw_cp16(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+/* the block's 16 products (8 sub-blocks × the planes sl, sh) as one group: B is the stage at shared
+ * address st, two 128-k slices `slice` bytes apart */
+template <int N>
+__device__ __forceinline__ void mmw_products(int (&cl)[N / 2], int (&ch)[N / 2], const uint32_t (&pl)[8][2][4], uint32_t st,
+                                             uint32_t slice)
+{
+    wg_fence();
 #pragma unroll
-    for (int n = 0; n < NT; n++) {
-        const uint32_t xr = x0 + 2 * n + (t >> 1), row = tile * 16 + g + 8 * hi;
-        if (xr < nx) y[(size_t)xr * rows + row] = (float)yacc[n];
+    for (int j = 0; j < 8; j++) {
+        const uint64_t desc = wg_desc_sw128(st + (j >> 2) * slice + 32 * (j & 3));
+        mmw_mma<N>(cl, pl[j][0], desc, j);
+        mmw_mma<N>(ch, pl[j][1], desc, j);
+    }
+    wg_commit();
+}
+
+/* block b's x columns for NX rows (row past nx: row nx − 1) into a stage at shared address st by
+ * the CTA's threads: column n = 4·row + digit, its 256 k as two 128-byte-swizzled slices */
+template <int NX>
+__device__ __forceinline__ void mmw_load_x(uint32_t st, const uint8_t *xc, uint32_t b, uint32_t nb, uint32_t nx)
+{
+    constexpr uint32_t N = 4 * NX, SLICE = N * 128;
+    for (uint32_t c = threadIdx.x; c < N * 16; c += blockDim.x) {
+        const uint32_t n = c >> 4, h = (c >> 3) & 1, q = c & 7, r = min(n >> 2, nx - 1);
+        mmw_cp16(st + h * SLICE + n * 128 + ((q ^ (n & 7)) << 4), xc + ((size_t)r * nb + b) * MMI_XBLK + (n & 3) * 256 + 128 * h + 16 * q);
     }
 }
+
+template <int NX, int KW, int MINB>
+__global__ void __cluster_dims__(1, 1, KW) __launch_bounds__(128 * MMW_NWG, MINB)
+    mmw_kernel(const uint8_t *__restrict__ W, uint32_t nb, const uint8_t *__restrict__ xc, uint32_t nx, float *__restrict__ y,
+               uint32_t rows)
+{
+    constexpr int N = 4 * NX, NT = NX / 2, NM = (NX + 3) / 4;
+    constexpr uint32_t SLICE = N * 128, STAGE = 2 * SLICE;
+    extern __shared__ uint8_t mmw_raw[];
+    uint8_t *sm = mmw_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(mmw_raw) & 1023u)) & 1023u);
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, hi = t & 1;
+    const uint32_t kw = blockIdx.z, ntile = rows / 16, tile0 = blockIdx.x * (4 * MMW_NWG) + wid;
+    const bool live = tile0 < ntile;
+    const uint32_t tile = live ? tile0 : ntile - 1; /* a warp past the end computes a copy, stores nothing */
+    const uint32_t nbk = (nb - kw + KW - 1) / KW;
+    auto load = [&](uint32_t i) { mmw_load_x<NX>(sbase + (i % MMW_STAGES) * STAGE, xc, kw + KW * i, nb, nx); };
+    if (nbk > 0) load(0);
+    asm volatile("cp.async.commit_group;\n" ::);
+    if (nbk > 1) load(1);
+    asm volatile("cp.async.commit_group;\n" ::);
+    double yacc[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++) yacc[n] = 0.0;
+    for (uint32_t i = 0; i < nbk; i++) {
+        const uint32_t b = kw + KW * i;
+        mmi_w U;
+        mmi_load(W + ((size_t)tile * nb + b) * MMI_UNIT, lane, U);
+        const uint4(&q)[4] = U.q;
+        const uint4 sc = U.sc, mn = U.mn;
+        const uint2 dd = U.dd;
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (i + 2 < nbk) load(i + 2);
+        asm volatile("cp.async.commit_group;\n" ::);
+        uint32_t pl[8][2][4];
+        mmi_planes(q, sc, pl);
+        int cl[N / 2], ch[N / 2];
+        mmw_products<N>(cl, ch, pl, sbase + (i % MMW_STAGES) * STAGE, SLICE);
+        /* the min term and the scales while the products run */
+        uint32_t bm[NM];
+#pragma unroll
+        for (int k = 0; k < NM; k++)
+            bm[k] = __ldg((const uint32_t *)(xc + ((size_t)min(4 * k + (g >> 1), nx - 1) * nb + b) * MMI_XBLK + 1024 +
+                                             ((g & 1) * 4 + t) * 4));
+        float Mv[NM][4];
+        mmi_min_mma<NM>(mn, t, bm, Mv);
+        double sxv[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            sxv[n] = (double)__ldg((const float *)(xc + ((size_t)min(2 * n + (t >> 1), nx - 1) * nb + b) * MMI_XBLK + 1056));
+        wg_wait<0>();
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int acc[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[e] = 8 * ch[4 * n + e] + cl[4 * n + e];
+            mmi_fold<NM>(yacc[n], mmi_pair_T(acc, hi), Mv, n, lane, dd, sxv[n]);
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();
+    /* the cluster's sums in kw order, through CTA 0's reads of the others' shared memory */
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    double *part = (double *)sm; /* [warp][n][lane] */
+    if (KW > 1) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) part[(wid * NT + n) * 32 + lane] = yacc[n];
+        cl.sync();
+        if (kw == 0)
+#pragma unroll
+            for (int k = 1; k < KW; k++) {
+                const double *rp = cl.map_shared_rank(part, k);
+#pragma unroll
+                for (int n = 0; n < NT; n++) yacc[n] += rp[(wid * NT + n) * 32 + lane];
+            }
+        cl.sync();
+        if (kw != 0) return;
+    }
+    if (live) mmi_store<NT>(y, yacc, nx, rows, tile, lane);
+}
+/* mmw3's x bytes a stage: two 128-k slices of N = 4·NX columns × 128 bytes */
+template <int NX> __host__ __device__ constexpr uint32_t mmw3_xbytes() { return 2u * (4 * NX) * 128; }
+template <int NX, int NWG> __host__ __device__ constexpr uint32_t mmw3_stage()
+{
+    return (mmw3_xbytes<NX>() + 4 * NWG * MMI_UNIT + NX * 48 + 1023) & ~1023u;
+}
+/* the stages that fit 227 KB over the CTAs an SM takes (NWG 1: two), at most 5 */
+template <int NX, int NWG> __host__ __device__ constexpr uint32_t mmw3_nst()
+{
+    return ((227u * 1024) / (NWG == 1 ? 2 : 1) - 1024) / mmw3_stage<NX, NWG>() < 5
+               ? ((227u * 1024) / (NWG == 1 ? 2 : 1) - 1024) / mmw3_stage<NX, NWG>()
+               : 5;
+}
+template <int NX, int NWG> constexpr size_t mmw3_smem() { return (size_t)mmw3_nst<NX, NWG>() * mmw3_stage<NX, NWG>() + 1024; }
+/* mmw3: the weights staged too, on a persistent grid. The block's units of the CTA's 4·NWG tiles
+ * and x's columns for NX rows (and its sums and s) go through an S-stage cp.async ring, S − 2
+ * blocks ahead (a block's stage stays intact while the block after it runs, for its fold); a warp
+ * builds its planes from shared memory, issues the block's 16 products into one of two
+ * accumulator sets and folds the block before it from the other set while they run (the min
+ * term's mma.sync goes before the products: one while a group is in flight makes the compiler
+ * wait for the group). One CTA an SM (NWG 1: two). The work is (tile group of 4·NWG tiles, kw)
+ * items, item k·grid + blockIdx.x to CTA blockIdx.x; the ring runs on across items, so a CTA fills
+ * its pipeline once. An item's f64 sums go to part[kw][x row][row]; the CTA whose item is a
+ * group's last to arrive (a counter per group, reset by it) adds the KW pieces in kw order and
+ * rounds once: the order of mmi_kernel's KW warps, so the same bytes. */
+struct mmw3_args {
+    const uint8_t *W, *xc;
+    uint32_t nb, nx, rows;
+    float *y;
+    double *part;   /* [KW][nx][rows] */
+    uint32_t *cnt;  /* [groups], zero between launches */
+};
+template <int NX, int KW, int NWG = MMW_NWG>
+__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) mmw3_kernel(const mmw3_args A)
+{
+    constexpr int N = 4 * NX, NT = NX / 2, NM = (NX + 3) / 4;
+    constexpr uint32_t S = mmw3_nst<NX, NWG>();
+    constexpr uint32_t SLICE = N * 128, XB = mmw3_xbytes<NX>(), STG = mmw3_stage<NX, NWG>(), UB = XB,
+                       SB = XB + 4 * NWG * MMI_UNIT;
+    extern __shared__ uint8_t mmw_raw[];
+    uint8_t *sm = mmw_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(mmw_raw) & 1023u)) & 1023u);
+    __shared__ uint32_t last_flag;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, hi = t & 1;
+    const uint32_t nb = A.nb, nx = A.nx, rows = A.rows, ntile = rows / 16, TPG = 4 * NWG;
+    const uint32_t ngroup = (ntile + TPG - 1) / TPG, nitem = ngroup * KW;
+    /* a cursor over this CTA's (item, block) steps */
+    struct cur {
+        uint32_t item, j;
+    };
+    auto nblk = [&](uint32_t item) { return (nb - item % KW + KW - 1) / KW; };
+    auto advance = [&](cur &c) {
+        if (++c.j >= nblk(c.item)) c.j = 0, c.item += gridDim.x;
+    };
+    auto load = [&](const cur &c, uint32_t slot) {
+        if (c.item >= nitem) return;
+        const uint32_t grp = c.item / KW, b = c.item % KW + KW * c.j, st = sbase + (slot % S) * STG, tg0 = grp * TPG;
+        mmw_load_x<NX>(st, A.xc, b, nb, nx);
+        for (uint32_t k = threadIdx.x; k < TPG * (MMI_UNIT / 16); k += blockDim.x) {
+            const uint32_t u = k / (MMI_UNIT / 16), o = k % (MMI_UNIT / 16), tl = min(tg0 + u, ntile - 1);
+            mmw_cp16(st + UB + u * MMI_UNIT + 16 * o, A.W + ((size_t)tl * nb + b) * MMI_UNIT + 16 * o);
+        }
+        for (uint32_t k = threadIdx.x; k < NX * 3; k += blockDim.x) {
+            const uint32_t r = k / 3, o = k % 3;
+            mmw_cp16(st + SB + 48 * r + 16 * o, A.xc + ((size_t)min(r, nx - 1) * nb + b) * MMI_XBLK + 1024 + 16 * o);
+        }
+    };
+    cur lc = {blockIdx.x, 0}; /* the load cursor, S − 2 steps ahead */
+#pragma unroll
+    for (uint32_t s = 0; s < S - 2; s++) {
+        load(lc, s);
+        advance(lc);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    double yacc[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++) yacc[n] = 0.0;
+    int acc[2][2][N / 2];
+    /* the min term of block `slot` (one m16n8k8 per 4 x rows), made before its products are issued:
+     * an mma.sync while a group is in flight makes the compiler wait for the group */
+    auto minterm = [&](uint32_t slot, float (&Mv)[NM][4]) {
+        const uint8_t *stp = sm + (slot % S) * STG, *unit = stp + UB + wid * MMI_UNIT;
+        uint32_t bm[NM];
+#pragma unroll
+        for (int k = 0; k < NM; k++)
+            bm[k] = *(const uint32_t *)(stp + SB + 48 * min(4 * k + (g >> 1), nx - 1) + ((g & 1) * 4 + t) * 4);
+        mmi_min_mma<NM>(*(const uint4 *)(unit + 2176 + 16 * g), t, bm, Mv);
+    };
+    float Mset[2][NM][4];
+    auto fold = [&](uint32_t slot, const int (&cl)[N / 2], const int (&ch)[N / 2], const float (&Mv)[NM][4]) {
+        const uint8_t *stp = sm + (slot % S) * STG, *unit = stp + UB + wid * MMI_UNIT;
+        const uint2 dd = *(const uint2 *)(unit + 2304 + 8 * g);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int a[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) a[e] = 8 * ch[4 * n + e] + cl[4 * n + e];
+            const double sx = (double)*(const float *)(stp + SB + 48 * min(2 * n + (t >> 1), nx - 1) + 32);
+            mmi_fold<NM>(yacc[n], mmi_pair_T(a, hi), Mv, n, lane, dd, sx);
+        }
+    };
+    auto issue = [&](uint32_t slot, int (&cl)[N / 2], int (&ch)[N / 2], float (&Mv)[NM][4]) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 3));
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        load(lc, slot + S - 2);
+        advance(lc);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const uint8_t *unit = sm + (slot % S) * STG + UB + wid * MMI_UNIT;
+        uint4 q[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) q[u] = *(const uint4 *)(unit + (u * 32 + lane) * 16);
+        const uint4 sc = *(const uint4 *)(unit + 2048 + 16 * g);
+        uint32_t pl[8][2][4];
+        mmi_planes(q, sc, pl);
+        minterm(slot, Mv);
+        mmw_products<N>(cl, ch, pl, sbase + (slot % S) * STG, SLICE);
+    };
+    /* an item's end: its sums to part; the group's last item adds the pieces in kw order */
+    auto finish = [&](uint32_t item) {
+        const uint32_t grp = item / KW, kw = item % KW, tile = grp * TPG + wid;
+        if (KW == 1) {
+            if (tile < ntile) mmi_store<NT>(A.y, yacc, nx, rows, tile, lane);
+        } else {
+            if (tile < ntile)
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    const uint32_t xr = 2 * n + (t >> 1);
+                    if (xr < nx) A.part[((size_t)kw * nx + xr) * rows + tile * 16 + g + 8 * hi] = yacc[n];
+                }
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) last_flag = atomicAdd(A.cnt + grp, 1u) == KW - 1;
+            __syncthreads();
+            if (last_flag) {
+                __threadfence();
+                const uint32_t r0 = grp * TPG * 16, nr = min(TPG * 16, rows - r0);
+                for (uint32_t k = threadIdx.x; k < nr * nx; k += blockDim.x) {
+                    const uint32_t xr = k / nr, row = r0 + k % nr;
+                    double v = __ldcg(A.part + (size_t)xr * rows + row);
+#pragma unroll
+                    for (int z = 1; z < KW; z++) v += __ldcg(A.part + ((size_t)z * nx + xr) * rows + row);
+                    A.y[(size_t)xr * rows + row] = (float)v;
+                }
+                if (threadIdx.x == 0) A.cnt[grp] = 0;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) yacc[n] = 0.0;
+    };
+    cur cc = {blockIdx.x, 0}; /* the compute cursor */
+    uint32_t slot = 0;
+    bool have_prev = false;
+    cur pc = cc;
+    /* steps in pairs, so each accumulator set is a compile-time name */
+    while (cc.item < nitem) {
+        issue(slot, acc[0][0], acc[0][1], Mset[0]);
+        if (have_prev) {
+            fold(slot - 1, acc[1][0], acc[1][1], Mset[1]);
+            if (pc.j + 1 == nblk(pc.item)) finish(pc.item);
+        }
+        wg_wait<0>();
+        pc = cc;
+        have_prev = true;
+        advance(cc);
+        slot++;
+        if (cc.item >= nitem) break;
+        issue(slot, acc[1][0], acc[1][1], Mset[1]);
+        fold(slot - 1, acc[0][0], acc[0][1], Mset[0]);
+        if (pc.j + 1 == nblk(pc.item)) finish(pc.item);
+        wg_wait<0>();
+        pc = cc;
+        advance(cc);
+        slot++;
+    }
+    if (have_prev) {
+        if (slot % 2) fold(slot - 1, acc[0][0], acc[0][1], Mset[0]);
+        else fold(slot - 1, acc[1][0], acc[1][1], Mset[1]);
+        finish(pc.item);
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
+
+template <int NX> constexpr size_t mmw_smem() { return (size_t)MMW_STAGES * 2 * (4 * NX) * 128 + 1024; }
 
 /* ---- workbench -------------------------------------------------------------------------------- */
 typedef void (*mmi_fn)(const uint8_t *, uint32_t, const uint8_t *, uint32_t, float *, uint32_t);
@@ -181,11 +607,18 @@ struct mmi_variant {
     const char *name;
     int nt, kw;
     mmi_fn fn;
-    int cg, nw; /* column groups across warps, warps a CTA */
+    int cg, nw;  /* column groups across warps, warps a CTA */
+    size_t smem; /* mmw_kernel's dynamic shared memory (its x in columns); 0: mmi's kernels */
+    void (*k3)(const mmw3_args); /* mmw3_kernel (persistent): fn unused */
+    int nwg;                     /* its warpgroups a CTA */
 };
 #define VI(NT, KW, MB) {#NT " n-tiles (" #NT "x2 rows), KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB>, 1, 8}
 #define VIC(NT, KW, MB, CG, NW)                                                                                          \
     {#NT " n-tiles x " #CG " warps, KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB, CG, NW>, CG, NW}
+#define V2(NT, KW, MB, NW) {"2 planes, " #NT " n-tiles, KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB, 1, NW, true>, 1, NW}
+#define VW(NX, KW, MB) {"wgmma, " #NX " rows, KW " #KW ", " #MB "/SM", NX / 2, KW, mmw_kernel<NX, KW, MB>, 1, 8, mmw_smem<NX>()}
+#define VW3(NX, KW) {"wgmma persistent, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, MMW_NWG>(), mmw3_kernel<NX, KW>, MMW_NWG}
+#define VW31(NX, KW) {"wgmma persistent 1 WG x2, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, 1>(), mmw3_kernel<NX, KW, 1>, 1}
 
 int main(int argc, char **argv)
 {
@@ -214,8 +647,47 @@ int main(int argc, char **argv)
                                     VIC(4, 8, 1, 2, 16), VIC(2, 8, 1, 4, 32), VIC(2, 8, 2, 2, 16),
                                     /* other block splits (other bits, each checked against its own 16-row kernel) */
                                     VIC(8, 16, 1, 1, 16), VIC(1, 16, 2, 1, 16), VIC(2, 16, 2, 1, 16), VIC(8, 4, 1, 1, 8),
-                                    VIC(1, 4, 4, 1, 8), VIC(1, 4, 3, 1, 8)};
+                                    VIC(1, 4, 4, 1, 8), VIC(1, 4, 3, 1, 8),
+                                    /* the two-plane kernels (mmi_kernel<…, true>) */
+                                    V2(8, 8, 1, 8), V2(8, 8, 2, 8), V2(4, 8, 2, 8), V2(2, 8, 2, 8), V2(2, 8, 3, 8),
+                                    V2(8, 16, 1, 16), V2(8, 4, 1, 8), V2(8, 4, 2, 8),
+                                    /* the warpgroup kernels (mmw_kernel) */
+                                    VW(16, 4, 1), VW(16, 8, 1), VW(16, 4, 2), VW(8, 4, 2), VW(4, 4, 2), VW(4, 4, 3),
+                                    VW(2, 4, 2), VW(16, 2, 1), VW(16, 1, 1),
+                                    VW3(16, 4), VW3(16, 8), VW3(16, 2), VW3(16, 1), VW3(8, 4), VW3(4, 4), VW3(4, 8), VW3(2, 4),
+                                    VW31(16, 4), VW31(16, 2), VW31(16, 8), VW31(8, 4), VW31(4, 4), VW31(4, 2), VW31(2, 4)};
+        for (const auto &v : vars) {
+            if (v.k3) CK(cudaFuncSetAttribute(v.k3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.smem));
+            else if (v.smem) CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.smem));
+        }
+        double *part3;
+        uint32_t *cnt3;
+        CK(cudaMalloc(&part3, (size_t)8 * 16 * rows * sizeof(double)));
+        CK(cudaMalloc(&cnt3, (size_t)(rows / 16 + 1) * sizeof(uint32_t)));
+        CK(cudaMemset(cnt3, 0, (size_t)(rows / 16 + 1) * sizeof(uint32_t)));
+        uint8_t *xc, *xc1; /* the x rows in mmw's column layout */
+        CK(cudaMalloc(&xc, (size_t)16 * nb * MMI_XBLK));
+        CK(cudaMalloc(&xc1, (size_t)nb * MMI_XBLK));
+        mmw_cols<<<16 * nb, 256>>>(B.xq, xc, 16 * nb);
+        CK(cudaGetLastError());
         auto launch = [&](const mmi_variant &v, int copy, const uint8_t *xx, uint32_t n, float *yy) {
+            if (v.smem) {
+                const uint8_t *xw = xc;
+                if (xx != B.xq) { /* a row alone: its columns first (untimed: only the checks pass other rows) */
+                    mmw_cols<<<nb, 256>>>(xx, xc1, nb);
+                    xw = xc1;
+                }
+                const dim3 grid((rows / 16 + 4 * MMW_NWG - 1) / (4 * MMW_NWG), 1, v.kw);
+                if (v.k3) {
+                    const mmw3_args a3 = {units[copy], xw, nb, n, rows, yy, part3, cnt3};
+                    const uint32_t items = (rows / 16 + 4 * v.nwg - 1) / (4 * v.nwg) * v.kw;
+                    const uint32_t per_sm = v.nwg == 1 ? 2 : 1;
+                    v.k3<<<std::min<uint32_t>(items, per_sm * (uint32_t)prop.multiProcessorCount), 128 * v.nwg, v.smem>>>(a3);
+                    return;
+                }
+                v.fn<<<grid, 128 * MMW_NWG, v.smem>>>(units[copy], nb, xw, n, yy, rows);
+                return;
+            }
             const uint32_t per = (uint32_t)(v.nw / (v.kw * v.cg));
             v.fn<<<(rows / 16 + per - 1) / per, 32 * v.nw>>>(units[copy], nb, xx, n, yy, rows);
         };
@@ -227,6 +699,10 @@ int main(int argc, char **argv)
                                     [&](int i, int copy, const uint8_t *xx, uint32_t n, float *yy) { launch(vars[i], copy, xx, n, yy); },
                                     engine);
         for (uint8_t *p : units) CK(cudaFree(p));
+        CK(cudaFree(xc));
+        CK(cudaFree(xc1));
+        CK(cudaFree(part3));
+        CK(cudaFree(cnt3));
         kb_free_qmat(ref);
         mmi_bufs_free(B);
     }

@@ -66,6 +66,49 @@ __device__ __forceinline__ void mmi_imma16(int c[4], uint32_t a0, uint32_t a1, u
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
+/* ---- the kernels' shared steps (mmi.cu's header has the numerics) --------------------------------- */
+/* T = Σ_k 2^8k·T_k of this lane's weight row from its C fragment a (digits 2(t&1), 2(t&1)+1 of rows
+ * g, g+8) and its partner's (lane ^ 1): the low-digit lane gets row g, its partner row g + 8 */
+__device__ __forceinline__ double mmi_pair_T(const int a[4], uint32_t hi)
+{
+    const double p0 = (double)a[0] + 256.0 * (double)a[1];
+    const double p8 = (double)a[2] + 256.0 * (double)a[3];
+    const double mine = hi ? p8 : p0, other = __shfl_xor_sync(0xFFFFFFFFu, hi ? p0 : p8, 1);
+    return hi ? other + 65536.0 * mine : mine + 65536.0 * other;
+}
+
+/* The KW warps' (or CTAs') f64 sums added in kw order: warp kw > 0 leaves its sums in red and is
+ * done (false); warp 0 adds them (every thread of the CTA calls it) */
+template <int KW, int NT, int SL>
+__device__ __forceinline__ bool mmi_kw_sum(double (&red)[KW > 1 ? KW - 1 : 1][SL][NT][32], uint32_t kw, uint32_t slot,
+                                           uint32_t lane, double (&yacc)[NT])
+{
+    if (KW == 1) return true;
+    if (kw > 0)
+#pragma unroll
+        for (int n = 0; n < NT; n++) red[kw - 1][slot][n][lane] = yacc[n];
+    __syncthreads();
+    if (kw > 0) return false;
+#pragma unroll
+    for (int k = 0; k < KW - 1; k++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) yacc[n] += red[k][slot][n][lane];
+    return true;
+}
+
+/* y for this lane's rows: x row 2n + t/2 (of nx), weight row 16·tile + g + 8·(t&1), rounded once */
+template <int NT>
+__device__ __forceinline__ void mmi_store(float *y, const double (&yacc)[NT], uint32_t nx, uint32_t rows, uint32_t tile,
+                                          uint32_t lane)
+{
+    const uint32_t g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const uint32_t xr = 2 * n + (t >> 1), row = tile * 16 + g + 8 * (t & 1);
+        if (xr < nx) y[(size_t)xr * rows + row] = (float)yacc[n];
+    }
+}
+
 /* ncopy copies of the matrix in a workbench's units: copy k drawn by fill with seed + k (the draws of
  * kb_make_qmat's copy k), repacked by repack (one thread per (tile, block, row pair)) */
 typedef void (*mmi_repack_fn)(const uint8_t *, uint8_t *, uint32_t, uint32_t);

@@ -120,32 +120,14 @@ __global__ void __launch_bounds__(32 * NW, MINB)
                      d8 = 0.25 * (double)__half2float(__ushort_as_half((unsigned short)(dd >> 16)));
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            const double p0 = (double)acc[n][0] + 256.0 * (double)acc[n][1];
-            const double p8 = (double)acc[n][2] + 256.0 * (double)acc[n][3];
-            const double mine = hi ? p8 : p0, other = __shfl_xor_sync(0xFFFFFFFFu, hi ? p0 : p8, 1);
-            const double T = hi ? other + 65536.0 * mine : mine + 65536.0 * other;
+            const double T = mmi_pair_T(acc[n], hi);
             const uint32_t xr = 2 * n + (t >> 1);
             const double sx = (double)__ldg((const float *)(xq + ((size_t)min(xr, nx - 1) * nb + b) * MMI_XBLK + 1056));
             yacc[n] = fma(sx, (hi ? d8 : d0) * T, yacc[n]);
         }
     }
-    if (KW > 1) {
-        if (kw > 0)
-#pragma unroll
-            for (int n = 0; n < NT; n++) red[kw - 1][tg][n][lane] = yacc[n];
-        __syncthreads();
-        if (kw > 0) return;
-#pragma unroll
-        for (int k = 0; k < KW - 1; k++)
-#pragma unroll
-            for (int n = 0; n < NT; n++) yacc[n] += red[k][tg][n][lane];
-    }
-    if (!live) return;
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-        const uint32_t xr = 2 * n + (t >> 1), row = tile * 16 + g + 8 * hi;
-        if (xr < nx) y[(size_t)xr * rows + row] = (float)yacc[n];
-    }
+    if (!mmi_kw_sum<KW, NT, NW / KW>(red, kw, tg, lane, yacc) || !live) return;
+    mmi_store<NT>(y, yacc, nx, rows, tile, lane);
 }
 
 /* ---- workbench -------------------------------------------------------------------------------- */
