@@ -36,7 +36,8 @@
  * Contenders for the rows, each checked byte for byte against mmi_kernel of its KW (NOTES, "mmw"):
  * mmi_kernel<…, P2> (the sub-block scales inside the integer products: two u8 planes), mmw_kernel (those
  * planes as wgmma's A, x's digits as B from shared memory, the KW split over a cluster) and
- * mmw3_kernel (the weights staged through a cp.async ring, a persistent grid).
+ * mmw3_kernel (the weights staged through a cp.async ring, a persistent grid), mmw4_kernel (that ring
+ * with a producer warp and mbarriers).
  *   usage: kbench_mmi [reps]   (exit 1 if a check fails) */
 #include <cooperative_groups.h>
 
@@ -322,6 +323,46 @@ __device__ __forceinline__ void mmw_products(int (&cl)[N / 2], int (&ch)[N / 2],
     wg_commit();
 }
 
+/* A block's fold from the wgmma accumulators (T_k = 8·C_sh + C_sl per n-tile) into yacc */
+template <int N, int NM>
+__device__ __forceinline__ void mmw_fold(double (&yacc)[N / 8], const int (&cl)[N / 2], const int (&ch)[N / 2],
+                                         const float (&Mv)[NM][4], uint32_t lane, uint2 dd, const double (&sx)[N / 8])
+{
+#pragma unroll
+    for (int n = 0; n < N / 8; n++) {
+        int a[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) a[e] = 8 * ch[4 * n + e] + cl[4 * n + e];
+        mmi_fold<NM>(yacc[n], mmi_pair_T(a, (lane & 3) & 1), Mv, n, lane, dd, sx[n]);
+    }
+}
+
+/* An item's piece kw of this lane's sums into part[kw][x row][row] (mmw3, mmw4) */
+template <int NT>
+__device__ __forceinline__ void mmw_part_put(double *part, const double (&yacc)[NT], uint32_t kw, uint32_t nx, uint32_t rows,
+                                             uint32_t tile, uint32_t lane)
+{
+    const uint32_t g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const uint32_t xr = 2 * n + (t >> 1);
+        if (xr < nx) part[((size_t)kw * nx + xr) * rows + tile * 16 + g + 8 * (t & 1)] = yacc[n];
+    }
+}
+/* rows r0 .. r0 + nr of y: the KW pieces added in kw order, rounded once; thread i of n */
+template <int KW>
+__device__ __forceinline__ void mmw_part_sum(const double *part, float *y, uint32_t r0, uint32_t nr, uint32_t nx,
+                                             uint32_t rows, uint32_t i0, uint32_t n)
+{
+    for (uint32_t i = i0; i < nr * nx; i += n) {
+        const uint32_t xr = i / nr, row = r0 + i % nr;
+        double v = __ldcg(part + (size_t)xr * rows + row);
+#pragma unroll
+        for (int z = 1; z < KW; z++) v += __ldcg(part + ((size_t)z * nx + xr) * rows + row);
+        y[(size_t)xr * rows + row] = (float)v;
+    }
+}
+
 /* block b's x columns for NX rows (row past nx: row nx − 1) into a stage at shared address st by
  * the CTA's threads: column n = 4·row + digit, its 256 k as two 128-byte-swizzled slices */
 template <int NX>
@@ -344,7 +385,7 @@ __global__ void __cluster_dims__(1, 1, KW) __launch_bounds__(128 * MMW_NWG, MINB
     extern __shared__ uint8_t mmw_raw[];
     uint8_t *sm = mmw_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(mmw_raw) & 1023u)) & 1023u);
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
-    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, hi = t & 1;
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint32_t kw = blockIdx.z, ntile = rows / 16, tile0 = blockIdx.x * (4 * MMW_NWG) + wid;
     const bool live = tile0 < ntile;
     const uint32_t tile = live ? tile0 : ntile - 1; /* a warp past the end computes a copy, stores nothing */
@@ -386,13 +427,7 @@ __global__ void __cluster_dims__(1, 1, KW) __launch_bounds__(128 * MMW_NWG, MINB
         for (int n = 0; n < NT; n++)
             sxv[n] = (double)__ldg((const float *)(xc + ((size_t)min(2 * n + (t >> 1), nx - 1) * nb + b) * MMI_XBLK + 1056));
         wg_wait<0>();
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            int acc[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[e] = 8 * ch[4 * n + e] + cl[4 * n + e];
-            mmi_fold<NM>(yacc[n], mmi_pair_T(acc, hi), Mv, n, lane, dd, sxv[n]);
-        }
+        mmw_fold<N, NM>(yacc, cl, ch, Mv, lane, dd, sxv);
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();
@@ -459,7 +494,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) mmw3_kernel(const
     uint8_t *sm = mmw_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(mmw_raw) & 1023u)) & 1023u);
     __shared__ uint32_t last_flag;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
-    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, hi = t & 1;
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint32_t nb = A.nb, nx = A.nx, rows = A.rows, ntile = rows / 16, TPG = 4 * NWG;
     const uint32_t ngroup = (ntile + TPG - 1) / TPG, nitem = ngroup * KW;
     /* a cursor over this CTA's (item, block) steps */
@@ -507,15 +542,10 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) mmw3_kernel(const
     float Mset[2][NM][4];
     auto fold = [&](uint32_t slot, const int (&cl)[N / 2], const int (&ch)[N / 2], const float (&Mv)[NM][4]) {
         const uint8_t *stp = sm + (slot % S) * STG, *unit = stp + UB + wid * MMI_UNIT;
-        const uint2 dd = *(const uint2 *)(unit + 2304 + 8 * g);
+        double sx[NT];
 #pragma unroll
-        for (int n = 0; n < NT; n++) {
-            int a[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) a[e] = 8 * ch[4 * n + e] + cl[4 * n + e];
-            const double sx = (double)*(const float *)(stp + SB + 48 * min(2 * n + (t >> 1), nx - 1) + 32);
-            mmi_fold<NM>(yacc[n], mmi_pair_T(a, hi), Mv, n, lane, dd, sx);
-        }
+        for (int n = 0; n < NT; n++) sx[n] = (double)*(const float *)(stp + SB + 48 * min(2 * n + (t >> 1), nx - 1) + 32);
+        mmw_fold<N, NM>(yacc, cl, ch, Mv, lane, *(const uint2 *)(unit + 2304 + 8 * g), sx);
     };
     auto issue = [&](uint32_t slot, int (&cl)[N / 2], int (&ch)[N / 2], float (&Mv)[NM][4]) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 3));
@@ -540,26 +570,15 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) mmw3_kernel(const
         if (KW == 1) {
             if (tile < ntile) mmi_store<NT>(A.y, yacc, nx, rows, tile, lane);
         } else {
-            if (tile < ntile)
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    const uint32_t xr = 2 * n + (t >> 1);
-                    if (xr < nx) A.part[((size_t)kw * nx + xr) * rows + tile * 16 + g + 8 * hi] = yacc[n];
-                }
+            if (tile < ntile) mmw_part_put<NT>(A.part, yacc, kw, nx, rows, tile, lane);
             __threadfence();
             __syncthreads();
             if (threadIdx.x == 0) last_flag = atomicAdd(A.cnt + grp, 1u) == KW - 1;
             __syncthreads();
             if (last_flag) {
                 __threadfence();
-                const uint32_t r0 = grp * TPG * 16, nr = min(TPG * 16, rows - r0);
-                for (uint32_t k = threadIdx.x; k < nr * nx; k += blockDim.x) {
-                    const uint32_t xr = k / nr, row = r0 + k % nr;
-                    double v = __ldcg(A.part + (size_t)xr * rows + row);
-#pragma unroll
-                    for (int z = 1; z < KW; z++) v += __ldcg(A.part + ((size_t)z * nx + xr) * rows + row);
-                    A.y[(size_t)xr * rows + row] = (float)v;
-                }
+                const uint32_t r0 = grp * TPG * 16;
+                mmw_part_sum<KW>(A.part, A.y, r0, min(TPG * 16, rows - r0), nx, rows, threadIdx.x, blockDim.x);
                 if (threadIdx.x == 0) A.cnt[grp] = 0;
             }
         }
@@ -599,6 +618,141 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) mmw3_kernel(const
     asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
+/* mmw4: mmw3's ring with the warps specialized. One producer warp fills the stages by cp.async, each
+ * lane's copies completing on the stage's `full` mbarrier (cp.async.mbarrier.arrive.noinc); the two
+ * consumer warpgroups never meet at a CTA barrier: each waits on `full`, makes its planes, issues its
+ * products, folds, and arrives on the stage's `empty` barrier, so one warpgroup's fold runs while the
+ * other's products do. An item's pieces are added by the last of its KW arrivals per (group,
+ * warpgroup), as in mmw3. */
+__device__ __forceinline__ void mbar_init(uint32_t a, uint32_t n)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n));
+}
+__device__ __forceinline__ void mbar_wait(uint32_t a, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(a),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t a)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_cp_arrive(uint32_t a)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+
+template <int NX, int KW>
+__global__ void __launch_bounds__(288, 1) mmw4_kernel(const mmw3_args A)
+{
+    constexpr int N = 4 * NX, NT = NX / 2, NM = (NX + 3) / 4, NWG = 2;
+    constexpr uint32_t S = mmw3_nst<NX, NWG>();
+    constexpr uint32_t SLICE = N * 128, XB = mmw3_xbytes<NX>(), STG = mmw3_stage<NX, NWG>(), UB = XB,
+                       SB = XB + 4 * NWG * MMI_UNIT;
+    extern __shared__ uint8_t mmw_raw[];
+    uint8_t *sm = mmw_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(mmw_raw) & 1023u)) & 1023u);
+    __shared__ __align__(8) uint64_t bars[2 * S];
+    __shared__ uint32_t last_flag[NWG];
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm), bbase = (uint32_t)__cvta_generic_to_shared(bars);
+    const uint32_t lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint32_t nb = A.nb, nx = A.nx, rows = A.rows, ntile = rows / 16, TPG = 4 * NWG;
+    const uint32_t ngroup = (ntile + TPG - 1) / TPG, nitem = ngroup * KW;
+    auto full = [&](uint32_t s) { return bbase + 8 * s; };
+    auto empty = [&](uint32_t s) { return bbase + 8 * (S + s); };
+    if (threadIdx.x == 0)
+        for (uint32_t s = 0; s < S; s++) {
+            mbar_init(full(s), 32); /* the producer warp's lanes, each when its copies land */
+            mbar_init(empty(s), 8); /* the consumer warps */
+        }
+    __syncthreads();
+    struct cur {
+        uint32_t item, j;
+    };
+    auto nblk = [&](uint32_t item) { return (nb - item % KW + KW - 1) / KW; };
+    auto advance = [&](cur &c) {
+        if (++c.j >= nblk(c.item)) c.j = 0, c.item += gridDim.x;
+    };
+    if (threadIdx.x >= 256) { /* the producer warp */
+        uint32_t k = 0;
+        for (cur c = {blockIdx.x, 0}; c.item < nitem; advance(c), k++) {
+            const uint32_t slot = k % S;
+            mbar_wait(empty(slot), ((k / S) & 1) ^ 1);
+            const uint32_t grp = c.item / KW, b = c.item % KW + KW * c.j, st = sbase + slot * STG, tg0 = grp * TPG;
+            for (uint32_t q = lane; q < N * 16; q += 32) {
+                const uint32_t n = q >> 4, h = (q >> 3) & 1, qq = q & 7, r = min(n >> 2, nx - 1);
+                mmw_cp16(st + h * SLICE + n * 128 + ((qq ^ (n & 7)) << 4),
+                         A.xc + ((size_t)r * nb + b) * MMI_XBLK + (n & 3) * 256 + 128 * h + 16 * qq);
+            }
+            for (uint32_t q = lane; q < TPG * (MMI_UNIT / 16); q += 32) {
+                const uint32_t u = q / (MMI_UNIT / 16), o = q % (MMI_UNIT / 16), tl = min(tg0 + u, ntile - 1);
+                mmw_cp16(st + UB + u * MMI_UNIT + 16 * o, A.W + ((size_t)tl * nb + b) * MMI_UNIT + 16 * o);
+            }
+            for (uint32_t q = lane; q < NX * 3; q += 32) {
+                const uint32_t r = q / 3, o = q % 3;
+                mmw_cp16(st + SB + 48 * r + 16 * o, A.xc + ((size_t)min(r, nx - 1) * nb + b) * MMI_XBLK + 1024 + 16 * o);
+            }
+            mbar_cp_arrive(full(slot));
+        }
+        asm volatile("cp.async.wait_all;\n" ::);
+        return;
+    }
+    const uint32_t wid = threadIdx.x >> 5, wg = wid >> 2;
+    double yacc[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++) yacc[n] = 0.0;
+    int cl[N / 2], ch[N / 2];
+    uint32_t k = 0;
+    for (cur c = {blockIdx.x, 0}; c.item < nitem; advance(c), k++) {
+        const uint32_t slot = k % S;
+        mbar_wait(full(slot), (k / S) & 1);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        const uint8_t *stp = sm + slot * STG, *unit = stp + UB + wid * MMI_UNIT;
+        uint4 q[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) q[u] = *(const uint4 *)(unit + (u * 32 + lane) * 16);
+        uint32_t pl[8][2][4];
+        mmi_planes(q, *(const uint4 *)(unit + 2048 + 16 * g), pl);
+        float Mv[NM][4];
+        {
+            uint32_t bm[NM];
+#pragma unroll
+            for (int kk = 0; kk < NM; kk++)
+                bm[kk] = *(const uint32_t *)(stp + SB + 48 * min(4 * kk + (g >> 1), nx - 1) + ((g & 1) * 4 + t) * 4);
+            mmi_min_mma<NM>(*(const uint4 *)(unit + 2176 + 16 * g), t, bm, Mv);
+        }
+        mmw_products<N>(cl, ch, pl, sbase + slot * STG, SLICE);
+        const uint2 dd = *(const uint2 *)(unit + 2304 + 8 * g);
+        double sxv[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++) sxv[n] = (double)*(const float *)(stp + SB + 48 * min(2 * n + (t >> 1), nx - 1) + 32);
+        wg_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(slot));
+        mmw_fold<N, NM>(yacc, cl, ch, Mv, lane, dd, sxv);
+        if (c.j + 1 < nblk(c.item)) continue;
+        /* the item's end: this warpgroup's 64 rows */
+        const uint32_t grp = c.item / KW, kw = c.item % KW, tile = grp * TPG + wid;
+        if (KW == 1) {
+            if (tile < ntile) mmi_store<NT>(A.y, yacc, nx, rows, tile, lane);
+        } else {
+            if (tile < ntile) mmw_part_put<NT>(A.part, yacc, kw, nx, rows, tile, lane);
+            __threadfence();
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg));
+            if ((threadIdx.x & 127) == 0) last_flag[wg] = atomicAdd(A.cnt + 2 * grp + wg, 1u) == KW - 1;
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg));
+            if (last_flag[wg]) {
+                __threadfence();
+                const uint32_t r0 = (grp * TPG + 4 * wg) * 16;
+                mmw_part_sum<KW>(A.part, A.y, r0, r0 < rows ? min(64u, rows - r0) : 0, nx, rows, threadIdx.x & 127, 128);
+                if ((threadIdx.x & 127) == 0) A.cnt[2 * grp + wg] = 0;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) yacc[n] = 0.0;
+    }
+}
+
 template <int NX> constexpr size_t mmw_smem() { return (size_t)MMW_STAGES * 2 * (4 * NX) * 128 + 1024; }
 
 /* ---- workbench -------------------------------------------------------------------------------- */
@@ -618,6 +772,7 @@ struct mmi_variant {
 #define V2(NT, KW, MB, NW) {"2 planes, " #NT " n-tiles, KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB, 1, NW, true>, 1, NW}
 #define VW(NX, KW, MB) {"wgmma, " #NX " rows, KW " #KW ", " #MB "/SM", NX / 2, KW, mmw_kernel<NX, KW, MB>, 1, 8, mmw_smem<NX>()}
 #define VW3(NX, KW) {"wgmma persistent, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, MMW_NWG>(), mmw3_kernel<NX, KW>, MMW_NWG}
+#define VW4(NX, KW) {"wgmma specialized, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, 2>(), mmw4_kernel<NX, KW>, -2}
 #define VW31(NX, KW) {"wgmma persistent 1 WG x2, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, 1>(), mmw3_kernel<NX, KW, 1>, 1}
 
 int main(int argc, char **argv)
@@ -655,7 +810,8 @@ int main(int argc, char **argv)
                                     VW(16, 4, 1), VW(16, 8, 1), VW(16, 4, 2), VW(8, 4, 2), VW(4, 4, 2), VW(4, 4, 3),
                                     VW(2, 4, 2), VW(16, 2, 1), VW(16, 1, 1),
                                     VW3(16, 4), VW3(16, 8), VW3(16, 2), VW3(16, 1), VW3(8, 4), VW3(4, 4), VW3(4, 8), VW3(2, 4),
-                                    VW31(16, 4), VW31(16, 2), VW31(16, 8), VW31(8, 4), VW31(4, 4), VW31(4, 2), VW31(2, 4)};
+                                    VW31(16, 4), VW31(16, 2), VW31(16, 8), VW31(8, 4), VW31(4, 4), VW31(4, 2), VW31(2, 4),
+                                    VW4(16, 4), VW4(16, 2), VW4(16, 1), VW4(16, 8), VW4(8, 4), VW4(4, 4), VW4(2, 4), VW4(2, 2)};
         for (const auto &v : vars) {
             if (v.k3) CK(cudaFuncSetAttribute(v.k3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.smem));
             else if (v.smem) CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.smem));
@@ -663,8 +819,8 @@ int main(int argc, char **argv)
         double *part3;
         uint32_t *cnt3;
         CK(cudaMalloc(&part3, (size_t)8 * 16 * rows * sizeof(double)));
-        CK(cudaMalloc(&cnt3, (size_t)(rows / 16 + 1) * sizeof(uint32_t)));
-        CK(cudaMemset(cnt3, 0, (size_t)(rows / 16 + 1) * sizeof(uint32_t)));
+        CK(cudaMalloc(&cnt3, (size_t)(rows / 16 + 2) * sizeof(uint32_t)));
+        CK(cudaMemset(cnt3, 0, (size_t)(rows / 16 + 2) * sizeof(uint32_t)));
         uint8_t *xc, *xc1; /* the x rows in mmw's column layout */
         CK(cudaMalloc(&xc, (size_t)16 * nb * MMI_XBLK));
         CK(cudaMalloc(&xc1, (size_t)nb * MMI_XBLK));
@@ -680,9 +836,11 @@ int main(int argc, char **argv)
                 const dim3 grid((rows / 16 + 4 * MMW_NWG - 1) / (4 * MMW_NWG), 1, v.kw);
                 if (v.k3) {
                     const mmw3_args a3 = {units[copy], xw, nb, n, rows, yy, part3, cnt3};
-                    const uint32_t items = (rows / 16 + 4 * v.nwg - 1) / (4 * v.nwg) * v.kw;
-                    const uint32_t per_sm = v.nwg == 1 ? 2 : 1;
-                    v.k3<<<std::min<uint32_t>(items, per_sm * (uint32_t)prop.multiProcessorCount), 128 * v.nwg, v.smem>>>(a3);
+                    const uint32_t nwg = v.nwg < 0 ? -v.nwg : v.nwg; /* < 0: mmw4 (a producer warp more) */
+                    const uint32_t items = (rows / 16 + 4 * nwg - 1) / (4 * nwg) * v.kw;
+                    const uint32_t per_sm = nwg == 1 ? 2 : 1;
+                    v.k3<<<std::min<uint32_t>(items, per_sm * (uint32_t)prop.multiProcessorCount),
+                           v.nwg < 0 ? 288 : 128 * nwg, v.smem>>>(a3);
                     return;
                 }
                 v.fn<<<grid, 128 * MMW_NWG, v.smem>>>(units[copy], nb, xw, n, yy, rows);
