@@ -36,8 +36,8 @@
  * Contenders for the rows, each checked byte for byte against mmi_kernel of its KW (NOTES, "mmw"):
  * mmi_kernel<…, P2> (the sub-block scales inside the integer products: two u8 planes), mmw_kernel (those
  * planes as wgmma's A, x's digits as B from shared memory, the KW split over a cluster) and
- * mmw3_kernel (the weights staged through a cp.async ring, a persistent grid), mmw4_kernel (that ring
- * with a producer warp and mbarriers).
+ * mmw3_kernel (the weights staged through a cp.async ring, a persistent grid), mmw5_kernel<…, false> (mmw4: that ring
+ * with a producer warp and mbarriers) and mmw5_kernel (its copies made by the bulk engine).
  *   usage: kbench_mmi [reps]   (exit 1 if a check fails) */
 #include <cooperative_groups.h>
 
@@ -618,12 +618,6 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) mmw3_kernel(const
     asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
-/* mmw4: mmw3's ring with the warps specialized. One producer warp fills the stages by cp.async, each
- * lane's copies completing on the stage's `full` mbarrier (cp.async.mbarrier.arrive.noinc); the two
- * consumer warpgroups never meet at a CTA barrier: each waits on `full`, makes its planes, issues its
- * products, folds, and arrives on the stage's `empty` barrier, so one warpgroup's fold runs while the
- * other's products do. An item's pieces are added by the last of its KW arrivals per (group,
- * warpgroup), as in mmw3. */
 __device__ __forceinline__ void mbar_init(uint32_t a, uint32_t n)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n));
@@ -643,13 +637,55 @@ __device__ __forceinline__ void mbar_cp_arrive(uint32_t a)
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
 }
 
-template <int NX, int KW>
-__global__ void __launch_bounds__(288, 1) mmw4_kernel(const mmw3_args A)
+/* mmw4 (BULK false): the staged ring with the warps specialized. One producer warp fills the stages by
+ * cp.async, each lane's copies completing on the stage's `full` mbarrier
+ * (cp.async.mbarrier.arrive.noinc); the consumer warpgroups never meet at a CTA barrier: each waits
+ * on `full`, makes its planes, issues its products, arrives on the stage's `empty` barrier once they
+ * are done and folds, so one warpgroup's fold runs while another's products do. An item's pieces
+ * are added by the last of its KW arrivals per (group, warpgroup), as in mmw3.
+ * mmw5 (BULK): the copies made by the bulk engine. One lane of the producer warp issues, per stage,
+ * eight cp.async.bulk of the group's 2368-byte units and one of x's block, the whole stage completing
+ * on `full` as bytes (mbarrier expect_tx / complete_tx). x comes pre-laid for it (mmw_swz): per block
+ * [slice][column][128 bytes, 16-byte chunk q at q ^ (column & 7)] for NX rows, then each row's 48
+ * bytes of sums and s — the shared tile's image, so one copy lands it. */
+template <int NX> __host__ __device__ constexpr uint32_t mmw5_xblk() { return mmw3_xbytes<NX>() + NX * 48; }
+/* x rows (column layout, mmw_cols) → mmw5's image for NX rows; row r ≥ nx takes row nx − 1 */
+template <int NX>
+__global__ void mmw_swz(const uint8_t *xc, uint8_t *dst, uint32_t nb, uint32_t nx)
 {
-    constexpr int N = 4 * NX, NT = NX / 2, NM = (NX + 3) / 4, NWG = 2;
+    constexpr uint32_t N = 4 * NX, SLICE = N * 128;
+    const uint32_t b = blockIdx.x;
+    uint8_t *d = dst + (size_t)b * mmw5_xblk<NX>();
+    for (uint32_t c = threadIdx.x; c < N * 16; c += blockDim.x) {
+        const uint32_t n = c >> 4, h = (c >> 3) & 1, q = c & 7, r = min(n >> 2, nx - 1);
+        const uint8_t *src = xc + ((size_t)r * nb + b) * MMI_XBLK + (n & 3) * 256 + 128 * h + 16 * q;
+        uint8_t *o = d + h * SLICE + n * 128 + ((q ^ (n & 7)) << 4);
+        for (int i = 0; i < 16; i++) o[i] = src[i];
+    }
+    for (uint32_t c = threadIdx.x; c < NX * 48; c += blockDim.x) {
+        const uint32_t r = c / 48, o = c % 48;
+        d[mmw3_xbytes<NX>() + c] = xc[((size_t)min(r, nx - 1) * nb + b) * MMI_XBLK + 1024 + o];
+    }
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t a, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+template <int NX, int KW, int NWG = 2, bool BULK = true>
+__global__ void __launch_bounds__(128 * NWG + 32, 1) mmw5_kernel(const mmw3_args A)
+{
+    constexpr int N = 4 * NX, NT = NX / 2, NM = (NX + 3) / 4;
     constexpr uint32_t S = mmw3_nst<NX, NWG>();
-    constexpr uint32_t SLICE = N * 128, XB = mmw3_xbytes<NX>(), STG = mmw3_stage<NX, NWG>(), UB = XB,
-                       SB = XB + 4 * NWG * MMI_UNIT;
+    constexpr uint32_t SLICE = N * 128, XB = mmw3_xbytes<NX>(), STG = mmw3_stage<NX, NWG>(), UB = XB + NX * 48,
+                       SB = XB, XBLK = mmw5_xblk<NX>();
+    static_assert(UB + 4 * NWG * MMI_UNIT <= STG, "a stage holds x, the sums and the units");
     extern __shared__ uint8_t mmw_raw[];
     uint8_t *sm = mmw_raw + ((1024u - ((uint32_t)__cvta_generic_to_shared(mmw_raw) & 1023u)) & 1023u);
     __shared__ __align__(8) uint64_t bars[2 * S];
@@ -660,11 +696,13 @@ __global__ void __launch_bounds__(288, 1) mmw4_kernel(const mmw3_args A)
     const uint32_t ngroup = (ntile + TPG - 1) / TPG, nitem = ngroup * KW;
     auto full = [&](uint32_t s) { return bbase + 8 * s; };
     auto empty = [&](uint32_t s) { return bbase + 8 * (S + s); };
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         for (uint32_t s = 0; s < S; s++) {
-            mbar_init(full(s), 32); /* the producer warp's lanes, each when its copies land */
-            mbar_init(empty(s), 8); /* the consumer warps */
+            mbar_init(full(s), BULK ? 1 : 32); /* the copying lanes, each when its copies land (mmw4) */
+            mbar_init(empty(s), 4 * NWG);
         }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
     __syncthreads();
     struct cur {
         uint32_t item, j;
@@ -673,28 +711,38 @@ __global__ void __launch_bounds__(288, 1) mmw4_kernel(const mmw3_args A)
     auto advance = [&](cur &c) {
         if (++c.j >= nblk(c.item)) c.j = 0, c.item += gridDim.x;
     };
-    if (threadIdx.x >= 256) { /* the producer warp */
+    if (threadIdx.x >= 128 * NWG) { /* the producer: one lane (BULK), or the warp's 16-byte copies (mmw4) */
+        if (BULK && threadIdx.x != 128 * NWG) return;
+        const uint32_t lane_p = threadIdx.x - 128 * NWG;
         uint32_t k = 0;
         for (cur c = {blockIdx.x, 0}; c.item < nitem; advance(c), k++) {
             const uint32_t slot = k % S;
             mbar_wait(empty(slot), ((k / S) & 1) ^ 1);
             const uint32_t grp = c.item / KW, b = c.item % KW + KW * c.j, st = sbase + slot * STG, tg0 = grp * TPG;
-            for (uint32_t q = lane; q < N * 16; q += 32) {
-                const uint32_t n = q >> 4, h = (q >> 3) & 1, qq = q & 7, r = min(n >> 2, nx - 1);
-                mmw_cp16(st + h * SLICE + n * 128 + ((qq ^ (n & 7)) << 4),
-                         A.xc + ((size_t)r * nb + b) * MMI_XBLK + (n & 3) * 256 + 128 * h + 16 * qq);
+            const uint32_t nu = min(TPG, ntile - tg0);
+            if constexpr (BULK) {
+                mbar_expect_tx(full(slot), XBLK + nu * MMI_UNIT);
+                bulk_g2s(st, A.xc + (size_t)b * XBLK, XBLK, full(slot));
+                for (uint32_t u = 0; u < nu; u++)
+                    bulk_g2s(st + UB + u * MMI_UNIT, A.W + ((size_t)(tg0 + u) * nb + b) * MMI_UNIT, MMI_UNIT, full(slot));
+            } else {
+                for (uint32_t q = lane_p; q < N * 16; q += 32) {
+                    const uint32_t n = q >> 4, h = (q >> 3) & 1, qq = q & 7, r = min(n >> 2, nx - 1);
+                    mmw_cp16(st + h * SLICE + n * 128 + ((qq ^ (n & 7)) << 4),
+                             A.xc + ((size_t)r * nb + b) * MMI_XBLK + (n & 3) * 256 + 128 * h + 16 * qq);
+                }
+                for (uint32_t q = lane_p; q < nu * (MMI_UNIT / 16); q += 32) {
+                    const uint32_t u = q / (MMI_UNIT / 16), o = q % (MMI_UNIT / 16);
+                    mmw_cp16(st + UB + u * MMI_UNIT + 16 * o, A.W + ((size_t)(tg0 + u) * nb + b) * MMI_UNIT + 16 * o);
+                }
+                for (uint32_t q = lane_p; q < NX * 3; q += 32) {
+                    const uint32_t r = q / 3, o = q % 3;
+                    mmw_cp16(st + SB + 48 * r + 16 * o, A.xc + ((size_t)min(r, nx - 1) * nb + b) * MMI_XBLK + 1024 + 16 * o);
+                }
+                mbar_cp_arrive(full(slot));
             }
-            for (uint32_t q = lane; q < TPG * (MMI_UNIT / 16); q += 32) {
-                const uint32_t u = q / (MMI_UNIT / 16), o = q % (MMI_UNIT / 16), tl = min(tg0 + u, ntile - 1);
-                mmw_cp16(st + UB + u * MMI_UNIT + 16 * o, A.W + ((size_t)tl * nb + b) * MMI_UNIT + 16 * o);
-            }
-            for (uint32_t q = lane; q < NX * 3; q += 32) {
-                const uint32_t r = q / 3, o = q % 3;
-                mmw_cp16(st + SB + 48 * r + 16 * o, A.xc + ((size_t)min(r, nx - 1) * nb + b) * MMI_XBLK + 1024 + 16 * o);
-            }
-            mbar_cp_arrive(full(slot));
         }
-        asm volatile("cp.async.wait_all;\n" ::);
+        if (!BULK) asm volatile("cp.async.wait_all;\n" ::);
         return;
     }
     const uint32_t wid = threadIdx.x >> 5, wg = wid >> 2;
@@ -704,10 +752,11 @@ __global__ void __launch_bounds__(288, 1) mmw4_kernel(const mmw3_args A)
     int cl[N / 2], ch[N / 2];
     uint32_t k = 0;
     for (cur c = {blockIdx.x, 0}; c.item < nitem; advance(c), k++) {
-        const uint32_t slot = k % S;
+        const uint32_t slot = k % S, grp = c.item / KW, tile = grp * TPG + wid;
+        /* a warp past the matrix's end reads its group's last unit (copied) and stores nothing */
+        const uint32_t wu = min(wid, ntile - 1 - grp * TPG);
         mbar_wait(full(slot), (k / S) & 1);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        const uint8_t *stp = sm + slot * STG, *unit = stp + UB + wid * MMI_UNIT;
+        const uint8_t *stp = sm + slot * STG, *unit = stp + UB + wu * MMI_UNIT;
         uint4 q[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) q[u] = *(const uint4 *)(unit + (u * 32 + lane) * 16);
@@ -718,34 +767,33 @@ __global__ void __launch_bounds__(288, 1) mmw4_kernel(const mmw3_args A)
             uint32_t bm[NM];
 #pragma unroll
             for (int kk = 0; kk < NM; kk++)
-                bm[kk] = *(const uint32_t *)(stp + SB + 48 * min(4 * kk + (g >> 1), nx - 1) + ((g & 1) * 4 + t) * 4);
+                bm[kk] = *(const uint32_t *)(stp + SB + 48 * (4 * kk + (g >> 1)) + ((g & 1) * 4 + t) * 4);
             mmi_min_mma<NM>(*(const uint4 *)(unit + 2176 + 16 * g), t, bm, Mv);
         }
         mmw_products<N>(cl, ch, pl, sbase + slot * STG, SLICE);
         const uint2 dd = *(const uint2 *)(unit + 2304 + 8 * g);
         double sxv[NT];
 #pragma unroll
-        for (int n = 0; n < NT; n++) sxv[n] = (double)*(const float *)(stp + SB + 48 * min(2 * n + (t >> 1), nx - 1) + 32);
+        for (int n = 0; n < NT; n++) sxv[n] = (double)*(const float *)(stp + SB + 48 * (2 * n + (t >> 1)) + 32);
         wg_wait<0>();
         __syncwarp();
         if (lane == 0) mbar_arrive(empty(slot));
         mmw_fold<N, NM>(yacc, cl, ch, Mv, lane, dd, sxv);
         if (c.j + 1 < nblk(c.item)) continue;
-        /* the item's end: this warpgroup's 64 rows */
-        const uint32_t grp = c.item / KW, kw = c.item % KW, tile = grp * TPG + wid;
+        const uint32_t kw = c.item % KW;
         if (KW == 1) {
             if (tile < ntile) mmi_store<NT>(A.y, yacc, nx, rows, tile, lane);
         } else {
             if (tile < ntile) mmw_part_put<NT>(A.part, yacc, kw, nx, rows, tile, lane);
             __threadfence();
             asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg));
-            if ((threadIdx.x & 127) == 0) last_flag[wg] = atomicAdd(A.cnt + 2 * grp + wg, 1u) == KW - 1;
+            if ((threadIdx.x & 127) == 0) last_flag[wg] = atomicAdd(A.cnt + NWG * grp + wg, 1u) == KW - 1;
             asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg));
             if (last_flag[wg]) {
                 __threadfence();
                 const uint32_t r0 = (grp * TPG + 4 * wg) * 16;
                 mmw_part_sum<KW>(A.part, A.y, r0, r0 < rows ? min(64u, rows - r0) : 0, nx, rows, threadIdx.x & 127, 128);
-                if ((threadIdx.x & 127) == 0) A.cnt[2 * grp + wg] = 0;
+                if ((threadIdx.x & 127) == 0) A.cnt[NWG * grp + wg] = 0;
             }
         }
 #pragma unroll
@@ -765,6 +813,7 @@ struct mmi_variant {
     size_t smem; /* mmw_kernel's dynamic shared memory (its x in columns); 0: mmi's kernels */
     void (*k3)(const mmw3_args); /* mmw3_kernel (persistent): fn unused */
     int nwg;                     /* its warpgroups a CTA */
+    void (*swz)(const uint8_t *, uint8_t *, uint32_t, uint32_t); /* mmw5: its x image (mmw_swz) */
 };
 #define VI(NT, KW, MB) {#NT " n-tiles (" #NT "x2 rows), KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB>, 1, 8}
 #define VIC(NT, KW, MB, CG, NW)                                                                                          \
@@ -772,7 +821,11 @@ struct mmi_variant {
 #define V2(NT, KW, MB, NW) {"2 planes, " #NT " n-tiles, KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB, 1, NW, true>, 1, NW}
 #define VW(NX, KW, MB) {"wgmma, " #NX " rows, KW " #KW ", " #MB "/SM", NX / 2, KW, mmw_kernel<NX, KW, MB>, 1, 8, mmw_smem<NX>()}
 #define VW3(NX, KW) {"wgmma persistent, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, MMW_NWG>(), mmw3_kernel<NX, KW>, MMW_NWG}
-#define VW4(NX, KW) {"wgmma specialized, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, 2>(), mmw4_kernel<NX, KW>, -2}
+#define VW4(NX, KW) {"wgmma specialized, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, 2>(), mmw5_kernel<NX, KW, 2, false>, -2}
+#define VW5(NX, KW) VW5W(NX, KW, 2)
+#define VW5W(NX, KW, W)                                                                                                  \
+    {"wgmma bulk copies, " #W " WGs, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, W>(), mmw5_kernel<NX, KW, W>, \
+     -(W), mmw_swz<NX>}
 #define VW31(NX, KW) {"wgmma persistent 1 WG x2, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, 1>(), mmw3_kernel<NX, KW, 1>, 1}
 
 int main(int argc, char **argv)
@@ -811,7 +864,9 @@ int main(int argc, char **argv)
                                     VW(2, 4, 2), VW(16, 2, 1), VW(16, 1, 1),
                                     VW3(16, 4), VW3(16, 8), VW3(16, 2), VW3(16, 1), VW3(8, 4), VW3(4, 4), VW3(4, 8), VW3(2, 4),
                                     VW31(16, 4), VW31(16, 2), VW31(16, 8), VW31(8, 4), VW31(4, 4), VW31(4, 2), VW31(2, 4),
-                                    VW4(16, 4), VW4(16, 2), VW4(16, 1), VW4(16, 8), VW4(8, 4), VW4(4, 4), VW4(2, 4), VW4(2, 2)};
+                                    VW4(16, 4), VW4(16, 2), VW4(16, 1), VW4(16, 8), VW4(8, 4), VW4(4, 4), VW4(2, 4), VW4(2, 2),
+                                    VW5(16, 4), VW5(16, 2), VW5(16, 1), VW5(16, 8), VW5(8, 4), VW5(4, 4), VW5(2, 4), VW5(2, 2),
+                                    VW5W(16, 2, 3), VW5W(8, 2, 3), VW5W(4, 4, 4), VW5W(2, 4, 4)};
         for (const auto &v : vars) {
             if (v.k3) CK(cudaFuncSetAttribute(v.k3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.smem));
             else if (v.smem) CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.smem));
@@ -826,6 +881,21 @@ int main(int argc, char **argv)
         CK(cudaMalloc(&xc1, (size_t)nb * MMI_XBLK));
         mmw_cols<<<16 * nb, 256>>>(B.xq, xc, 16 * nb);
         CK(cudaGetLastError());
+        /* mmw5's x images of the 16 rows' first NX (NX = 2, 4, 8, 16), and a scratch one for a row alone */
+        uint8_t *xs[5] = {NULL, NULL, NULL, NULL, NULL}, *xs1;
+        const size_t xs_bytes[5] = {0, (size_t)nb * mmw5_xblk<2>(), (size_t)nb * mmw5_xblk<4>(), (size_t)nb * mmw5_xblk<8>(),
+                                    (size_t)nb * mmw5_xblk<16>()};
+        {
+            void (*swz[5])(const uint8_t *, uint8_t *, uint32_t, uint32_t) = {NULL, mmw_swz<2>, mmw_swz<4>, mmw_swz<8>,
+                                                                            mmw_swz<16>};
+            for (int i = 1; i < 5; i++) {
+                CK(cudaMalloc(&xs[i], xs_bytes[i]));
+                swz[i]<<<nb, 256>>>(xc, xs[i], nb, 16);
+            }
+            CK(cudaMalloc(&xs1, xs_bytes[4]));
+            CK(cudaGetLastError());
+        }
+        auto xs_of = [&](uint32_t nxk) { return xs[nxk == 2 ? 1 : nxk == 4 ? 2 : nxk == 8 ? 3 : 4]; };
         auto launch = [&](const mmi_variant &v, int copy, const uint8_t *xx, uint32_t n, float *yy) {
             if (v.smem) {
                 const uint8_t *xw = xc;
@@ -834,13 +904,21 @@ int main(int argc, char **argv)
                     xw = xc1;
                 }
                 const dim3 grid((rows / 16 + 4 * MMW_NWG - 1) / (4 * MMW_NWG), 1, v.kw);
+                if (v.swz) { /* mmw5: x as its image for the kernel's rows */
+                    const uint32_t nxk = 2 * (uint32_t)v.nt;
+                    if (xx == B.xq) xw = xs_of(nxk);
+                    else {
+                        v.swz<<<nb, 256>>>(xc1, xs1, nb, n);
+                        xw = xs1;
+                    }
+                }
                 if (v.k3) {
                     const mmw3_args a3 = {units[copy], xw, nb, n, rows, yy, part3, cnt3};
                     const uint32_t nwg = v.nwg < 0 ? -v.nwg : v.nwg; /* < 0: mmw4 (a producer warp more) */
                     const uint32_t items = (rows / 16 + 4 * nwg - 1) / (4 * nwg) * v.kw;
                     const uint32_t per_sm = nwg == 1 ? 2 : 1;
                     v.k3<<<std::min<uint32_t>(items, per_sm * (uint32_t)prop.multiProcessorCount),
-                           v.nwg < 0 ? 288 : 128 * nwg, v.smem>>>(a3);
+                           v.nwg < 0 ? 128 * nwg + 32 : 128 * nwg, v.smem>>>(a3);
                     return;
                 }
                 v.fn<<<grid, 128 * MMW_NWG, v.smem>>>(units[copy], nb, xw, n, yy, rows);
@@ -861,6 +939,8 @@ int main(int argc, char **argv)
         CK(cudaFree(xc1));
         CK(cudaFree(part3));
         CK(cudaFree(cnt3));
+        for (int i = 1; i < 5; i++) CK(cudaFree(xs[i]));
+        CK(cudaFree(xs1));
         kb_free_qmat(ref);
         mmi_bufs_free(B);
     }
