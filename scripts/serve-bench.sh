@@ -2,7 +2,7 @@
 # inter-token latency of 8 streams idle and while a long prompt arrives (bench/RESULTS.md, "Server").
 #   sh scripts/serve-bench.sh MODEL [BUILD]   (defaults: /tmp/small.gguf, ./build; --backend via SERVE_ARGS)
 # SERVE_CTX: the per-sequence context (2048); LONG_REPEAT: the long prompt's sentences (60: ~1,150
-# tokens; 1720: ~32,700, with SERVE_CTX 34816); STREAM_TOKENS: the 8 streams' tokens each (48; make
+# tokens; 1720: ~27,400, with SERVE_CTX 34816); STREAM_TOKENS: the 8 streams' tokens each (48; make
 # them outlast the long prompt's prefill to see its whole effect).
 set -u
 CTX=${SERVE_CTX:-2048}

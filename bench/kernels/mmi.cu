@@ -333,7 +333,7 @@ __device__ __forceinline__ void mmw_fold(double (&yacc)[N / 8], const int (&cl)[
         int a[4];
 #pragma unroll
         for (int e = 0; e < 4; e++) a[e] = 8 * ch[4 * n + e] + cl[4 * n + e];
-        mmi_fold<NM>(yacc[n], mmi_pair_T(a, (lane & 3) & 1), Mv, n, lane, dd, sx[n]);
+        mmi_fold<NM>(yacc[n], mmi_pair_T(a, lane & 1), Mv, n, lane, dd, sx[n]);
     }
 }
 
@@ -363,15 +363,44 @@ __device__ __forceinline__ void mmw_part_sum(const double *part, float *y, uint3
     }
 }
 
-/* block b's x columns for NX rows (row past nx: row nx − 1) into a stage at shared address st by
- * the CTA's threads: column n = 4·row + digit, its 256 k as two 128-byte-swizzled slices */
+/* 16-byte piece c (of 4·NX·16) of block b's x for NX rows (row past nx: row nx − 1): its offset in
+ * the stage's image (column n = 4·row + digit, its 256 k as two 128-byte-swizzled slices) and its
+ * source in the column layout */
 template <int NX>
-__device__ __forceinline__ void mmw_load_x(uint32_t st, const uint8_t *xc, uint32_t b, uint32_t nb, uint32_t nx)
+__device__ __forceinline__ uint32_t mmw_x_piece(uint32_t c, const uint8_t *xc, uint32_t b, uint32_t nb, uint32_t nx,
+                                                const uint8_t *&src)
 {
-    constexpr uint32_t N = 4 * NX, SLICE = N * 128;
-    for (uint32_t c = threadIdx.x; c < N * 16; c += blockDim.x) {
-        const uint32_t n = c >> 4, h = (c >> 3) & 1, q = c & 7, r = min(n >> 2, nx - 1);
-        mmw_cp16(st + h * SLICE + n * 128 + ((q ^ (n & 7)) << 4), xc + ((size_t)r * nb + b) * MMI_XBLK + (n & 3) * 256 + 128 * h + 16 * q);
+    const uint32_t n = c >> 4, h = (c >> 3) & 1, q = c & 7, r = min(n >> 2, nx - 1);
+    src = xc + ((size_t)r * nb + b) * MMI_XBLK + (n & 3) * 256 + 128 * h + 16 * q;
+    return h * (4 * NX * 128) + n * 128 + ((q ^ (n & 7)) << 4);
+}
+
+/* block b's x into a stage at shared address st, pieces i0, i0 + step, … */
+template <int NX>
+__device__ __forceinline__ void mmw_load_x(uint32_t st, const uint8_t *xc, uint32_t b, uint32_t nb, uint32_t nx,
+                                           uint32_t i0 = threadIdx.x, uint32_t step = blockDim.x)
+{
+    for (uint32_t c = i0; c < 4 * NX * 16; c += step) {
+        const uint8_t *src;
+        const uint32_t o = mmw_x_piece<NX>(c, xc, b, nb, nx, src);
+        mmw_cp16(st + o, src);
+    }
+}
+
+/* block b's units of tiles tg0 … tg0 + nu − 1 (past the matrix's end: its last tile) and x's 48 bytes
+ * of sums and s per row for NX rows into shared addresses su and ss, pieces i0, i0 + step, … */
+template <int NX>
+__device__ __forceinline__ void mmw_load_units_sums(uint32_t su, uint32_t ss, const uint8_t *W, const uint8_t *xc, uint32_t tg0,
+                                                    uint32_t nu, uint32_t ntile, uint32_t b, uint32_t nb, uint32_t nx,
+                                                    uint32_t i0 = threadIdx.x, uint32_t step = blockDim.x)
+{
+    for (uint32_t k = i0; k < nu * (MMI_UNIT / 16); k += step) {
+        const uint32_t u = k / (MMI_UNIT / 16), o = k % (MMI_UNIT / 16), tl = min(tg0 + u, ntile - 1);
+        mmw_cp16(su + u * MMI_UNIT + 16 * o, W + ((size_t)tl * nb + b) * MMI_UNIT + 16 * o);
+    }
+    for (uint32_t k = i0; k < NX * 3; k += step) {
+        const uint32_t r = k / 3, o = k % 3;
+        mmw_cp16(ss + 48 * r + 16 * o, xc + ((size_t)min(r, nx - 1) * nb + b) * MMI_XBLK + 1024 + 16 * o);
     }
 }
 
@@ -509,14 +538,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) mmw3_kernel(const
         if (c.item >= nitem) return;
         const uint32_t grp = c.item / KW, b = c.item % KW + KW * c.j, st = sbase + (slot % S) * STG, tg0 = grp * TPG;
         mmw_load_x<NX>(st, A.xc, b, nb, nx);
-        for (uint32_t k = threadIdx.x; k < TPG * (MMI_UNIT / 16); k += blockDim.x) {
-            const uint32_t u = k / (MMI_UNIT / 16), o = k % (MMI_UNIT / 16), tl = min(tg0 + u, ntile - 1);
-            mmw_cp16(st + UB + u * MMI_UNIT + 16 * o, A.W + ((size_t)tl * nb + b) * MMI_UNIT + 16 * o);
-        }
-        for (uint32_t k = threadIdx.x; k < NX * 3; k += blockDim.x) {
-            const uint32_t r = k / 3, o = k % 3;
-            mmw_cp16(st + SB + 48 * r + 16 * o, A.xc + ((size_t)min(r, nx - 1) * nb + b) * MMI_XBLK + 1024 + 16 * o);
-        }
+        mmw_load_units_sums<NX>(st + UB, st + SB, A.W, A.xc, tg0, TPG, ntile, b, nb, nx);
     };
     cur lc = {blockIdx.x, 0}; /* the load cursor, S − 2 steps ahead */
 #pragma unroll
@@ -653,13 +675,11 @@ template <int NX> __host__ __device__ constexpr uint32_t mmw5_xblk() { return mm
 template <int NX>
 __global__ void mmw_swz(const uint8_t *xc, uint8_t *dst, uint32_t nb, uint32_t nx)
 {
-    constexpr uint32_t N = 4 * NX, SLICE = N * 128;
     const uint32_t b = blockIdx.x;
     uint8_t *d = dst + (size_t)b * mmw5_xblk<NX>();
-    for (uint32_t c = threadIdx.x; c < N * 16; c += blockDim.x) {
-        const uint32_t n = c >> 4, h = (c >> 3) & 1, q = c & 7, r = min(n >> 2, nx - 1);
-        const uint8_t *src = xc + ((size_t)r * nb + b) * MMI_XBLK + (n & 3) * 256 + 128 * h + 16 * q;
-        uint8_t *o = d + h * SLICE + n * 128 + ((q ^ (n & 7)) << 4);
+    for (uint32_t c = threadIdx.x; c < 4 * NX * 16; c += blockDim.x) {
+        const uint8_t *src;
+        uint8_t *o = d + mmw_x_piece<NX>(c, xc, b, nb, nx, src);
         for (int i = 0; i < 16; i++) o[i] = src[i];
     }
     for (uint32_t c = threadIdx.x; c < NX * 48; c += blockDim.x) {
@@ -726,19 +746,8 @@ __global__ void __launch_bounds__(128 * NWG + 32, 1) mmw5_kernel(const mmw3_args
                 for (uint32_t u = 0; u < nu; u++)
                     bulk_g2s(st + UB + u * MMI_UNIT, A.W + ((size_t)(tg0 + u) * nb + b) * MMI_UNIT, MMI_UNIT, full(slot));
             } else {
-                for (uint32_t q = lane_p; q < N * 16; q += 32) {
-                    const uint32_t n = q >> 4, h = (q >> 3) & 1, qq = q & 7, r = min(n >> 2, nx - 1);
-                    mmw_cp16(st + h * SLICE + n * 128 + ((qq ^ (n & 7)) << 4),
-                             A.xc + ((size_t)r * nb + b) * MMI_XBLK + (n & 3) * 256 + 128 * h + 16 * qq);
-                }
-                for (uint32_t q = lane_p; q < nu * (MMI_UNIT / 16); q += 32) {
-                    const uint32_t u = q / (MMI_UNIT / 16), o = q % (MMI_UNIT / 16);
-                    mmw_cp16(st + UB + u * MMI_UNIT + 16 * o, A.W + ((size_t)(tg0 + u) * nb + b) * MMI_UNIT + 16 * o);
-                }
-                for (uint32_t q = lane_p; q < NX * 3; q += 32) {
-                    const uint32_t r = q / 3, o = q % 3;
-                    mmw_cp16(st + SB + 48 * r + 16 * o, A.xc + ((size_t)min(r, nx - 1) * nb + b) * MMI_XBLK + 1024 + 16 * o);
-                }
+                mmw_load_x<NX>(st, A.xc, b, nb, nx, lane_p, 32);
+                mmw_load_units_sums<NX>(st + UB, st + SB, A.W, A.xc, tg0, nu, ntile, b, nb, nx, lane_p, 32);
                 mbar_cp_arrive(full(slot));
             }
         }
