@@ -59,7 +59,7 @@ for step in $steps; do
         note "test_cuda_attn rc=$? :: $(tail -1 "$OUT/test_cuda_attn.log")"
         if [ -x "$D/test_rows" ]; then
             (cd "$W" && MUSER_SOURCE_DIR="$OLDPWD" timeout -k 5 200 "$OLDPWD/$D/test_rows") >"$OUT/test_rows.log" 2>&1
-            note "test_rows rc=$? :: $(grep -E 'invariance|oracle|test_rows' "$OUT/test_rows.log" | tr '\n' ';')"
+            note "test_rows rc=$? :: $(grep -E 'invariance|oracle|parts|test_rows' "$OUT/test_rows.log" | tr '\n' ';')"
         fi
         ;;
     prefill)

@@ -7,9 +7,13 @@
  *      or nothing else can arrive because no other open sequence is idle-decoding), they run as
  *      one small-batch pass; a row past its context fails alone before the pass, a pass that
  *      fails on a non-finite row reruns its rows one by one so only that row fails;
- *   3. else the oldest prefill request runs its next chunk: prefill_chunk rows, contended_chunk
- *      while any open sequence is decoding (it decoded last and has not closed), so a decode step
- *      that arrives waits for at most one contended chunk;
+ *   3. else the oldest prefill request runs its next chunk: on a device that runs chunks in parts
+ *      of layers (session.h, muser_session_prefill_begin), the next part of its open chunk (one of
+ *      prefill_chunk rows), as long as ENGINE_PART_SHARE of a decode pass while any other open
+ *      sequence is decoding, the whole rest otherwise; on one that does not, a whole chunk,
+ *      contended_chunk rows while another sequence decodes; so a decode step that arrives waits
+ *      for at most one part (or contended chunk), and decode passes and prefill passes alternate
+ *      while both wait;
  *   4. else the worker sleeps until a request arrives.
  * The lock is dropped while a pass runs; the pass touches only its sequences' sessions, which no
  * caller touches while its request is queued. */
@@ -27,6 +31,10 @@
 #define ENGINE_DEFAULT_CHUNK 512u
 #define ENGINE_DEFAULT_CONTENDED 64u
 #define ENGINE_DEFAULT_MAX_SEQS 256u
+/* a contended part of a chunk in parts: about this share of the last decode pass, so that a decode
+ * step during a long prompt takes about 1.75 idle steps (below 2, with room for a part's spread),
+ * while the prompt still gets more than a third of the device */
+#define ENGINE_PART_SHARE 0.75
 
 typedef enum { REQ_NONE, REQ_DECODE, REQ_PREFILL, REQ_ROLLBACK, REQ_COPY } req_kind;
 
@@ -42,6 +50,7 @@ struct muser_seq {
     req_kind req;
     const int32_t *tokens;
     uint32_t n, done;          /* prefill: rows done so far */
+    uint32_t part_rows;        /* prefill: the rows of its chunk open in parts (0: none open) */
     int32_t token;             /* a one-row decode's token (tokens points here) */
     bool verify;               /* decode rows of a speculative block: checkpoint first */
     const muser_tap *tap;      /* the request's hidden-state tap (out [n][n_layers][E]); NULL none */
@@ -77,16 +86,21 @@ struct muser_engine {
     double busy_s;
     double last_decode_s;      /* the last decode pass's time: the window and a contended chunk scale with it */
     double prefill_row_s;      /* time per row of the last prefill chunk */
+    muser_seq *part;           /* the sequence whose chunk is open in parts (NULL: none) */
+    double part_layer_s;       /* time per layer of the last part */
     bool prefill_turn;         /* a decode pass ran since the last prefill chunk */
     float *scratch;            /* [MUSER_STEP_MAX_ROWS][V] a step's logits */
     float *tap_scratch;        /* [MUSER_STEP_MAX_ROWS][MUSER_TAP_MAX_LAYERS][E] a step's tapped rows;
                                 * made at the first tapped request */
 };
 
+/* A pass into the log; a prefill's layers [l0, l1) of its chunk, whose rows count once it is done. */
 static void log_pass(muser_engine *e, muser_pass_kind kind, uint32_t rows, uint32_t seqs, uint32_t waiting,
-                     uint64_t first, double t0, double t1)
+                     uint64_t first, double t0, double t1, uint32_t l0, uint32_t l1)
 {
     muser_pass_rec *r = &e->log[e->n_passes % MUSER_ENGINE_LOG];
+    r->layer0 = l0;
+    r->layer1 = l1;
     r->index = e->n_passes++;
     r->kind = kind;
     r->rows = rows;
@@ -97,7 +111,7 @@ static void log_pass(muser_engine *e, muser_pass_kind kind, uint32_t rows, uint3
     r->t_end = t1;
     e->busy_s += t1 - t0;
     if (kind == MUSER_PASS_DECODE) e->decode_rows += rows;
-    else e->prefill_rows += rows;
+    else if (l1 == e->d->model->hp.n_layer) e->prefill_rows += rows;
 }
 
 static void finish(muser_seq *q, int rc)
@@ -121,6 +135,8 @@ static void reap(muser_engine *e)
     for (muser_seq *q = e->seqs; q; q = q->next)
         if (q->cancelled && !q->freed) {
             if (q->req != REQ_NONE) fail(q, MUSER_E_CANCELLED, NULL);
+            if (e->part == q) e->part = NULL; /* its open chunk ends with the session, uncommitted */
+            q->part_rows = 0;
             muser_session_free(q->s);
             q->s = NULL;
             q->freed = true;
@@ -250,7 +266,7 @@ static void run_decode(muser_engine *e)
     pthread_mutex_lock(&e->mu);
     e->in_pass = false;
     pthread_cond_broadcast(&e->idle);
-    log_pass(e, MUSER_PASS_DECODE, n, nr, 0, reqs[0]->id, t0, t1);
+    log_pass(e, MUSER_PASS_DECODE, n, nr, 0, reqs[0]->id, t0, t1, 0, 0);
     e->last_decode_s = t1 - t0;
     e->prefill_turn = true;
     for (uint32_t r = 0; r < nr; r++) {
@@ -299,9 +315,78 @@ static void run_rollback(muser_seq *q)
     else finish(q, MUSER_OK);
 }
 
-/* The next chunk of the oldest prefill request, the lock dropped. */
+/* The next part of q's chunk open in parts (opened here when none is), the lock dropped. While
+ * other sequences decode, a part is about ENGINE_PART_SHARE of the last decode pass long (from
+ * the last part's time per layer; one layer at least), so a decode step waits that long for the
+ * prompt before it; otherwise the rest of the chunk. A chunk is prefill_chunk rows (at most the
+ * device's part_rows): its parts, not its rows, bound the wait. */
+static void run_part(muser_engine *e, muser_seq *q, uint32_t waiting)
+{
+    muser_session *s = q->s;
+    const uint32_t L = e->d->model->hp.n_layer;
+    muser_error err = {0};
+    int rc = MUSER_OK;
+    if (!q->part_rows) {
+        uint32_t c = q->n - q->done;
+        if (c > e->o.prefill_chunk) c = e->o.prefill_chunk;
+        if (c > e->d->part_rows) c = e->d->part_rows;
+        if ((rc = muser_session_prefill_begin(s, q->tokens + q->done, c, &err))) {
+            fail(q, rc, &err);
+            return;
+        }
+        q->part_rows = c;
+        e->part = q;
+    }
+    const uint32_t l0 = s->part.next_layer;
+    uint32_t layers = L - l0;
+    if (others_decoding(e, q)) {
+        layers = 1; /* until a part was timed */
+        if (e->part_layer_s > 0 && e->last_decode_s > 0) {
+            const double fit = ENGINE_PART_SHARE * e->last_decode_s / e->part_layer_s;
+            layers = fit < 1 ? 1 : fit >= L ? L : (uint32_t)fit;
+        }
+    }
+    const uint32_t c = q->part_rows;
+    const bool last_chunk = q->done + c == q->n;
+    float *logits = last_chunk ? q->logits : NULL;
+    e->in_pass = true;
+    pthread_mutex_unlock(&e->mu);
+    bool done = false;
+    const double t0 = muser_now_s();
+    rc = muser_session_prefill_part(s, layers, logits, &done, &err);
+    const double t1 = muser_now_s();
+    pthread_mutex_lock(&e->mu);
+    e->in_pass = false;
+    pthread_cond_broadcast(&e->idle);
+    const uint32_t l1 = rc ? l0 : done ? L : s->part.next_layer;
+    log_pass(e, MUSER_PASS_PREFILL, c, 1, waiting, q->id, t0, t1, l0, l1);
+    if (l1 > l0) e->part_layer_s = (t1 - t0) / (l1 - l0);
+    q->pos = s->n_past;
+    if (rc || done) {
+        q->part_rows = 0;
+        e->part = NULL;
+    }
+    if (rc) {
+        fail(q, rc, &err);
+        return;
+    }
+    if (!done) return;
+    e->prefill_row_s = (t1 - t0) / c;
+    q->done += c;
+    if (last_chunk) {
+        q->decoding = true; /* a prompt is usually followed by its decode steps */
+        finish(q, MUSER_OK);
+    }
+}
+
+/* The next chunk of the oldest prefill request, the lock dropped: in parts where the device runs
+ * them (run_part; not with a tap, which needs the whole chunk), else whole. */
 static void run_prefill(muser_engine *e, muser_seq *q, uint32_t waiting, bool interleaved)
 {
+    if (e->d->part_rows && !q->tap) {
+        run_part(e, q, waiting);
+        return;
+    }
     /* while other sequences decode, contended_chunk rows; while their passes actually alternate
      * with this prompt's chunks, a chunk about one decode pass long (8 rows at least), so a decode
      * step waits about a pass for the chunk before it */
@@ -340,7 +425,7 @@ static void run_prefill(muser_engine *e, muser_seq *q, uint32_t waiting, bool in
     pthread_mutex_lock(&e->mu);
     e->in_pass = false;
     pthread_cond_broadcast(&e->idle);
-    log_pass(e, MUSER_PASS_PREFILL, c, 1, waiting, q->id, t0, t1);
+    log_pass(e, MUSER_PASS_PREFILL, c, 1, waiting, q->id, t0, t1, 0, rc ? 0 : s->model->hp.n_layer);
     e->prefill_row_s = (t1 - t0) / c;
     q->pos = s->n_past;
     if (rc) {
@@ -368,8 +453,8 @@ static void *worker(void *arg)
         double oldest;
         uint32_t idle;
         const uint32_t n_dec = count_decodes(e, &oldest, &idle);
-        muser_seq *p = NULL;
-        for (muser_seq *q = e->seqs; q; q = q->next)
+        muser_seq *p = e->part; /* a chunk open in parts goes on before any other prompt */
+        for (muser_seq *q = e->seqs; q && !e->part; q = q->next)
             if (!q->freed && q->req == REQ_PREFILL && (!p || q->t_submit < p->t_submit)) p = q;
         /* a waiting prompt gets one chunk after each decode pass: decode outranks prefill, but a
          * stream of decode steps never starves a prompt */

@@ -8,11 +8,14 @@
  *     invariance), so packing never changes an output. The window is batch_window_us (250 µs by
  *     default) or an eighth of the last decode pass (at most 20 ms), whichever is longer; a pass
  *     starts at once when no other decoding sequence could join;
- *   - a prompt runs in chunks (prefill_chunk rows, 512 by default); while another sequence is
- *     decoding, in chunks of contended_chunk rows (64 by default), and while decode passes
- *     actually alternate with its chunks, in chunks about as long as the last decode pass (from
- *     the last chunk's time per row; 8 rows at least), so a waiting decode step runs after at most
- *     one such chunk; decode passes and prompt chunks alternate while both wait, so neither
+ *   - a prompt runs in chunks (prefill_chunk rows, 512 by default, at most the device's
+ *     part_rows). On a device that runs a chunk in parts of layers (the CPU and the GPU), while
+ *     another sequence is decoding each part is about three quarters of the last decode pass
+ *     (from the last part's time per layer; one layer at least), so a waiting decode step runs
+ *     after at most one part, and the chunk's bytes are those of running it whole. On one that
+ *     runs chunks whole (the oracle), contended chunks are contended_chunk rows (64 by default),
+ *     and while decode passes actually alternate with them about as long as the last decode pass
+ *     (8 rows at least). Decode passes and prefill passes alternate while both wait, so neither
  *     starves the other, and an open waits for no more than the pass in flight;
  *   - muser_seq_cancel, from any thread, makes the sequence's waiting or running request return
  *     MUSER_E_CANCELLED at the next pass boundary and frees its cache; muser_engine_close frees
@@ -35,7 +38,8 @@ typedef struct muser_engine_opts {
                                   * sequence may have (0: the model's) */
     uint32_t batch_window_us;    /* 0: 250 */
     uint32_t prefill_chunk;      /* rows per prefill pass when nothing decodes; 0: 512 */
-    uint32_t contended_chunk;    /* rows per prefill pass while a sequence decodes; 0: 64 */
+    uint32_t contended_chunk;    /* rows per prefill pass while a sequence decodes, on a device
+                                  * that runs chunks whole (the oracle); 0: 64 */
     uint64_t kv_budget_bytes;    /* KV bytes all open sequences may reserve; 0: no limit */
     uint32_t max_seqs;           /* open sequences at most; 0: 256 */
 } muser_engine_opts;
@@ -47,6 +51,8 @@ typedef struct muser_pass_rec {
     muser_pass_kind kind;
     uint32_t rows, seqs;         /* rows in the pass, sequences they came from */
     uint32_t waiting_decoders;   /* decode requests waiting when the pass started (prefill) */
+    uint32_t layer0, layer1;     /* prefill: the layers it ran, [layer0, layer1) of its chunk (a part
+                                  * of a chunk run in parts; 0 .. n_layer: the whole chunk) */
     uint64_t first_seq;          /* id of the first row's sequence */
     double t_start, t_end;       /* muser_now_s() */
 } muser_pass_rec;

@@ -9,13 +9,21 @@
 int fwd_run(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *r,
             int want_logits, muser_error *err)
 {
+    return fwd_run_layers(ops, be, m, r, 0, m->hp.n_layer, want_logits, err);
+}
+
+int fwd_run_layers(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *r, uint32_t l0,
+                   uint32_t l1, int want_logits, muser_error *err)
+{
     const muser_hparams *hp = &m->hp;
     const float eps = hp->rms_eps, post_eps = hp->post_norm_eps;
     const bool neox = hp->arch == MUSER_ARCH_QWEN3;
 
-    ops->embed(be, r, hp->entry_norm, eps);
-    ops->rmsnorm(be, r, FWD_H, &m->layers[0].attn_norm, eps, FWD_X);
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
+    if (l0 == 0) {
+        ops->embed(be, r, hp->entry_norm, eps);
+        ops->rmsnorm(be, r, FWD_H, &m->layers[0].attn_norm, eps, FWD_X);
+    }
+    for (uint32_t l = l0; l < l1; l++) {
         const muser_layer *L = &m->layers[l];
         const bool swa = muser_layer_is_swa(hp, l);
 
@@ -52,6 +60,8 @@ int fwd_run(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *
                 if (r->tap->layers[k] == l)
                     ops->tap(be, r, k);
     }
+    if (l1 < hp->n_layer)
+        return MUSER_OK;
     /* The last row's logits are computed even when nobody reads them (want_logits 0): they are
      * the NaN/Inf check, so a prefill pass with a poisoned row fails closed like any other. */
     int rc = ops->lm_head(be, r, FWD_X, &m->output, hp->logit_scale, hp->final_softcap,

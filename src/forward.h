@@ -121,5 +121,12 @@ typedef struct fwd_ops {
  * success the pass's K/V are committed; on error (non-finite logits included) nothing is. */
 int fwd_run(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *r,
             int want_logits, muser_error *err);
+/* fwd_run in parts: layers [l0, l1) of the pass, the embedding first when l0 is 0, the LM head and
+ * the commit last when l1 is n_layer. Calls over [0, a), [a, b), ... [z, n_layer) with the same
+ * rows are fwd_run exactly (the ops between layers carry nothing but the backend's buffers), so
+ * a backend that keeps its pass's buffers between the calls may run other passes in between
+ * (session.h: muser_session_prefill_begin). */
+int fwd_run_layers(const fwd_ops *ops, void *be, const muser_model *m, const fwd_rows *r, uint32_t l0,
+                   uint32_t l1, int want_logits, muser_error *err);
 
 #endif

@@ -171,6 +171,7 @@ void muser_session_free(muser_session *s)
 {
     if (!s)
         return;
+    muser_session_prefill_abort(s);
     if (s->be && s->be->free)
         s->be->free(s);
     muser_device *d = s->dev;
@@ -238,10 +239,23 @@ int muser_tap_check(const muser_model *m, const muser_tap *tap, muser_error *err
 
 /* the prefill route (the backend's forward, or forward_tap with a tap) for any n: checked here,
  * n_past advanced on success */
+/* A chunk open in parts holds the device's prefill route and its own session (what = the call). */
+static int part_busy(const muser_session *s, bool prefill_route, const char *what, muser_error *err)
+{
+    const muser_session *o = s->dev ? s->dev->part_owner : NULL;
+    if (o && (o == s || prefill_route))
+        return muser_errorf(err, MUSER_E_ARG, "%s: a prefill chunk is open in parts on %s; finish or abort it first",
+                            what, o == s ? "this session" : "another session of the device");
+    return MUSER_OK;
+}
+
 static int prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
                    const muser_tap *tap, muser_error *err)
 {
-    int rc = check_tokens(s->model, tokens, n, err);
+    int rc = part_busy(s, true, "prefill", err);
+    if (rc)
+        return rc;
+    rc = check_tokens(s->model, tokens, n, err);
     if (!rc && tap)
         rc = muser_tap_check(s->model, tap, err);
     if (!rc && tap && !s->be->forward_tap)
@@ -262,6 +276,68 @@ static int prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *l
     return MUSER_OK;
 }
 
+int muser_session_prefill_begin(muser_session *s, const int32_t *tokens, uint32_t n, muser_error *err)
+{
+    if (!s || !tokens)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill_begin: NULL argument");
+    if (!n)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill_begin: no tokens");
+    muser_device *d = s->dev;
+    if (!s->be->forward_part || !d->part_rows)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "the %s backend runs a prefill chunk whole, not in parts",
+                            s->be->name);
+    int rc = part_busy(s, true, "prefill in parts", err);
+    if (rc)
+        return rc;
+    if (n > d->part_rows)
+        return muser_errorf(err, MUSER_E_ARG, "prefill in parts: a chunk of %u rows, at most %u", n, d->part_rows);
+    if ((rc = check_tokens(s->model, tokens, n, err)))
+        return rc;
+    if (s->n_past + n > s->opts.n_ctx)
+        return muser_errorf(err, MUSER_E_CONTEXT_FULL,
+                            "context full: %llu tokens held + %u new > context of %llu",
+                            (unsigned long long)s->n_past, n, (unsigned long long)s->opts.n_ctx);
+    if (!(s->part.tokens = malloc((size_t)n * sizeof *tokens)))
+        return muser_errorf(err, MUSER_E_NOMEM, "prefill in parts: out of memory");
+    memcpy(s->part.tokens, tokens, (size_t)n * sizeof *tokens);
+    s->part.n = n;
+    s->part.next_layer = 0;
+    d->part_owner = s;
+    return MUSER_OK;
+}
+
+int muser_session_prefill_part(muser_session *s, uint32_t layers, float *logits, bool *done, muser_error *err)
+{
+    if (!s || !done)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill_part: NULL argument");
+    *done = false;
+    if (s->dev->part_owner != s)
+        return muser_errorf(err, MUSER_E_ARG, "prefill part: no chunk is open on this session");
+    const uint32_t L = s->model->hp.n_layer, l0 = s->part.next_layer;
+    const uint32_t l1 = layers >= L - l0 ? L : l0 + (layers ? layers : 1);
+    int rc = s->be->forward_part(s, s->part.tokens, s->part.n, l0, l1, l1 == L ? logits : NULL, err);
+    if (rc) {
+        muser_session_prefill_abort(s);
+        return rc;
+    }
+    s->part.next_layer = l1;
+    if (l1 == L) {
+        s->n_past += s->part.n;
+        muser_session_prefill_abort(s); /* closed: done */
+        *done = true;
+    }
+    return MUSER_OK;
+}
+
+void muser_session_prefill_abort(muser_session *s)
+{
+    if (!s || !s->dev || s->dev->part_owner != s)
+        return;
+    free(s->part.tokens);
+    memset(&s->part, 0, sizeof s->part);
+    s->dev->part_owner = NULL;
+}
+
 int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
                float *logits, const muser_top *top, const muser_tap *tap, muser_error *err)
 {
@@ -279,6 +355,8 @@ int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens
         if (!seq[i] || seq[i]->dev != d)
             return muser_errorf(err, MUSER_E_ARG, "step: row %u's session is %s", i,
                                 seq[i] ? "on another device" : "NULL");
+        if (d->part_owner == seq[i])
+            return muser_errorf(err, MUSER_E_ARG, "step: row %u's session has a prefill chunk open in parts", i);
         if (i > 0 && seq[i] != seq[i - 1])
             for (uint32_t j = 0; j + 1 < i; j++)
                 if (seq[j] == seq[i])
@@ -327,7 +405,8 @@ int muser_session_checkpoint(muser_session *s, muser_error *err)
 {
     if (!s)
         return muser_errorf(err, MUSER_E_ARG, "muser_session_checkpoint: NULL session");
-    return s->be->checkpoint(s, err);
+    const int rc = part_busy(s, false, "checkpoint", err);
+    return rc ? rc : s->be->checkpoint(s, err);
 }
 
 int muser_session_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
@@ -337,7 +416,10 @@ int muser_session_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
     if (n_keep > s->n_past)
         return muser_errorf(err, MUSER_E_ARG, "rollback to %llu: only %llu tokens are held",
                             (unsigned long long)n_keep, (unsigned long long)s->n_past);
-    int rc = s->be->rollback(s, n_keep, err);
+    int rc = part_busy(s, false, "rollback", err);
+    if (rc)
+        return rc;
+    rc = s->be->rollback(s, n_keep, err);
     if (rc)
         return rc;
     s->n_past = n_keep;
@@ -358,7 +440,12 @@ int muser_session_copy(muser_session *dst, const muser_session *src, muser_error
         return muser_errorf(err, MUSER_E_ARG, "session copy: the sessions need one device and one context");
     if (dst == src)
         return MUSER_OK;
-    int rc = dst->be->kv_copy(dst, src, err);
+    int rc = part_busy(dst, false, "session copy", err);
+    if (!rc)
+        rc = part_busy(src, false, "session copy", err);
+    if (rc)
+        return rc;
+    rc = dst->be->kv_copy(dst, src, err);
     if (rc)
         return rc;
     dst->n_past = src->n_past;
@@ -397,7 +484,9 @@ int muser_session_kv_rows(const muser_session *s, uint32_t l, uint64_t pos0, uin
     if (!s || (n && (!k || !v)))
         return muser_errorf(err, MUSER_E_ARG, "muser_session_kv_rows: NULL argument");
     kv_plane meta;
-    int rc = shape_after(s, l, s->n_past, &meta, err);
+    int rc = part_busy(s, false, "KV rows", err);
+    if (!rc)
+        rc = shape_after(s, l, s->n_past, &meta, err);
     if (!rc)
         rc = check_held(&meta, l, pos0, n, err);
     return rc || !n ? rc : s->be->kv_rows(s, l, pos0, n, k, v, err);
@@ -409,7 +498,9 @@ int muser_session_kv_import(muser_session *s, uint32_t l, uint64_t n_past, uint6
     if (!s || (n && (!k || !v)))
         return muser_errorf(err, MUSER_E_ARG, "muser_session_kv_import: NULL argument");
     kv_plane meta;
-    int rc = shape_after(s, l, n_past, &meta, err);
+    int rc = part_busy(s, false, "KV import", err);
+    if (!rc)
+        rc = shape_after(s, l, n_past, &meta, err);
     if (!rc)
         rc = check_held(&meta, l, pos0, n, err);
     return rc ? rc : s->be->kv_import(s, l, &meta, pos0, n, k, v, err);
@@ -420,7 +511,7 @@ int muser_session_kv_seal(muser_session *s, uint64_t n_past, muser_error *err)
     if (!s)
         return muser_errorf(err, MUSER_E_ARG, "muser_session_kv_seal: NULL session");
     kv_plane meta;
-    int rc = MUSER_OK;
+    int rc = part_busy(s, false, "KV seal", err);
     for (uint32_t l = 0; l < s->model->hp.n_layer && !rc; l++)
         if (!(rc = shape_after(s, l, n_past, &meta, err)))
             rc = s->be->kv_import(s, l, &meta, 0, 0, NULL, NULL, err);
@@ -435,6 +526,11 @@ int muser_session_swap(muser_session *a, muser_session *b, muser_error *err)
         return muser_errorf(err, MUSER_E_ARG, "muser_session_swap: NULL session");
     if (a->dev != b->dev || a->opts.n_ctx != b->opts.n_ctx)
         return muser_errorf(err, MUSER_E_ARG, "session swap: the sessions need one device and one context");
+    int rc = part_busy(a, false, "session swap", err);
+    if (!rc)
+        rc = part_busy(b, false, "session swap", err);
+    if (rc)
+        return rc;
     void *st = a->be_state;
     const uint64_t n = a->n_past;
     a->be_state = b->be_state;
@@ -498,6 +594,7 @@ void muser_session_reset(muser_session *s)
 {
     if (!s)
         return;
+    muser_session_prefill_abort(s);
     s->be->reset(s);
     s->n_past = 0;
 }

@@ -5,10 +5,11 @@
  *   1. outputs: 16 sequences (prompts of different lengths, teacher-forced decode steps) through
  *      the engine, alone and all at once from 16 threads, give the bytes of each one run on its own
  *      session (SHA-256 over every decode row's logits);
- *   2. decode outranks prefill: while a 4,096-token prompt prefills, a decode step of another
- *      sequence runs after at most one prefill chunk, and that chunk has at most 64 rows; and two
- *      sequences decoding without pause starve neither the opening of a sequence nor its prompt
- *      (chunks and decode passes alternate);
+ *   2. decode outranks prefill: while a 4,096-token prompt prefills, its chunks run in parts of
+ *      layers (each continuing its chunk's layers) and a decode step of another sequence runs
+ *      after at most one part; with nothing decoding the chunks run whole; and two sequences
+ *      decoding without pause starve neither the opening of a sequence nor its prompt (prefill
+ *      passes and decode passes alternate);
  *   3. the batch window: steps submitted together share a pass; a lone one runs within the window;
  *   4. cancellation mid-prefill and mid-decode returns MUSER_E_CANCELLED and frees the cache
  *      (the engine's open-sequence and reserved-KV counters return to zero);
@@ -215,34 +216,45 @@ static void outranks(void)
     pthread_join(th, NULL);
     CHECK(pj.rc == 0);
     np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
-    uint32_t before = 0, big = 0, chunks = 0;
+    const uint32_t L = g_m->hp.n_layer;
+    uint32_t before = 0, chunks = 0, parts = 0, broken = 0, next = 0, rows = 0;
     bool found = false;
     for (uint32_t i = 0; i < np; i++) {
         if (rec[i].kind == MUSER_PASS_PREFILL && rec[i].first_seq == muser_seq_id(b)) {
-            chunks++;
-            big += rec[i].rows > 64;
-            if (!found && rec[i].t_end > t_submit) before++; /* chunks that ended after the submit */
+            parts++;
+            broken += rec[i].layer0 != next || rec[i].layer1 <= rec[i].layer0 || rec[i].layer1 > L;
+            next = rec[i].layer1 == L ? 0 : rec[i].layer1;
+            if (rec[i].layer1 == L) chunks++, rows += rec[i].rows;
+            if (!found && rec[i].t_end > t_submit) before++; /* prefill passes that ended after the submit */
         }
         if (rec[i].kind == MUSER_PASS_DECODE && rec[i].first_seq == muser_seq_id(a) && rec[i].t_start >= t_submit)
             found = true;
     }
-    printf("outranks: %u-token prompt in %u chunks (none over 64 rows: %s); the decode step submitted during it "
-           "ran after %u chunk%s\n", N, chunks, big ? "no" : "yes", before, before == 1 ? "" : "s");
+    printf("outranks: %u-token prompt in %u chunks of %u passes (parts of layers) while another sequence decoded; the "
+           "decode step submitted during it ran after %u of them\n", N, chunks, parts, before);
     CHECK(found);
-    CHECKF(before <= 1, "the decode step waited for %u prefill chunks", before);
-    CHECKF(big == 0, "%u chunks over 64 rows while a sequence was decoding", big);
-    /* with nothing decoding (b's prompt done makes b a decoder too) a prompt runs in chunks of 512 */
+    CHECKF(before <= 1, "the decode step waited for %u prefill passes", before);
+    CHECKF(broken == 0, "%u prefill passes did not continue their chunk's layers", broken);
+    CHECKF(rows == N, "the chunks held %u rows of %u", rows, N);
+    CHECKF(parts > chunks, "no chunk ran in parts while a sequence decoded (%u passes, %u chunks)", parts, chunks);
+    /* with nothing decoding (b's prompt done makes b a decoder too) a prompt's chunks run whole */
     muser_engine_close(a);
     muser_engine_close(b);
     muser_seq *c = NULL;
     CHECK_OK(muser_engine_open(e, 0, &c, &err), &err);
-    const uint32_t P = N > 1100 ? 1100 : N; /* two chunks of 512 and a tail (or none) */
+    const uint32_t P = N > 1100 ? 1100 : N;
     CHECK_OK(muser_seq_prefill(c, tok, P, NULL, &err), &err);
     np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
-    uint32_t wide = 0;
+    uint32_t whole = 0, other = 0, wrows = 0;
     for (uint32_t i = 0; i < np; i++)
-        wide += rec[i].kind == MUSER_PASS_PREFILL && rec[i].first_seq == muser_seq_id(c) && rec[i].rows == 512;
-    CHECKF(wide == 2, "an uncontended %u-token prompt ran %u chunks of 512, want 2", P, wide);
+        if (rec[i].kind == MUSER_PASS_PREFILL && rec[i].first_seq == muser_seq_id(c)) {
+            const bool w = rec[i].layer0 == 0 && rec[i].layer1 == L;
+            whole += w;
+            other += !w;
+            wrows += w ? rec[i].rows : 0;
+        }
+    CHECKF(other == 0 && wrows == P, "an uncontended %u-token prompt ran %u whole chunks (%u rows) and %u parts", P,
+           whole, wrows, other);
     muser_engine_close(c);
     free(rec);
     free(tok);
@@ -310,25 +322,26 @@ static void no_starving(void)
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     muser_pass_rec *rec = malloc(MUSER_ENGINE_LOG * sizeof *rec);
     const uint32_t np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
-    uint32_t chunks = 0, between = 0, worst = 0, before = 0;
+    uint32_t chunks = 0, passes = 0, between = 0, worst = 0, before = 0;
     for (uint32_t i = 0; i < np; i++) {
-        before += !chunks && rec[i].kind == MUSER_PASS_DECODE && rec[i].t_start >= t_submit;
+        before += !passes && rec[i].kind == MUSER_PASS_DECODE && rec[i].t_start >= t_submit;
         if (rec[i].kind == MUSER_PASS_PREFILL && rec[i].first_seq == muser_seq_id(c)) {
-            if (chunks++ && between > worst) worst = between;
+            if (passes++ && between > worst) worst = between;
+            chunks += rec[i].layer1 == m->hp.n_layer;
             between = 0;
-        } else if (chunks && rec[i].kind == MUSER_PASS_DECODE) {
+        } else if (passes && rec[i].kind == MUSER_PASS_DECODE) {
             between++;
         }
     }
     printf("no starving: a %u-token prompt beside two sequences decoding without pause opened after %u decode "
-           "pass%s, started after %u and ran in %u chunks, at most %u decode pass%s between two\n", P, opening, opening == 1 ? "" : "es",
-           before, chunks, worst, worst == 1 ? "" : "es");
+           "pass%s, started after %u and ran in %u chunks of %u passes, at most %u decode pass%s between two\n", P,
+           opening, opening == 1 ? "" : "es", before, chunks, passes, worst, worst == 1 ? "" : "es");
     CHECKF(before <= 1, "the prompt waited for %u decode passes before its first chunk", before);
     CHECKF(opening <= 1, "opening the prompt's sequence waited for %u decode passes", opening);
     CHECKF(spinning, "the prompt finished only after the decoders stopped (%u, %u steps)", s0, s1);
     CHECK(sj[0].rc == 0 && sj[1].rc == 0);
-    CHECKF(chunks >= (P + 63) / 64, "%u chunks, want %u or more", chunks, (P + 63) / 64);
-    CHECKF(worst <= 1, "%u decode passes between two chunks of a waiting prompt", worst);
+    CHECKF(passes > chunks, "%u prefill passes for %u chunks: none in parts beside the decoders", passes, chunks);
+    CHECKF(worst <= 1, "%u decode passes between two prefill passes of a waiting prompt", worst);
     for (int i = 0; i < 2; i++) muser_engine_close(sj[i].q);
     muser_engine_close(c);
     free(rec);

@@ -9,6 +9,7 @@
  * 16-row window (the ring wraps inside a verify block too). Models: tiny in the release mix (the
  * tensor-core kernels on a GPU) and in Q8_0 (the general path), tiny llama, the trained default
  * model. The CPU always runs; CUDA where a GPU is present (else a visible SKIP line).
+ * A prefill chunk in parts with other sessions' steps between them gives the chunk's bytes (parts).
  * Then the packed route against the oracle within the contract, the hidden-state tap, and the
  * refusals (each leaves every session as it was). */
 #include "check.h"
@@ -50,6 +51,7 @@ typedef struct run {
 /* Tokens: spread ids for the random models; for the trained model, real text (the PyTorch
  * reference's ids, tests/data/ref_logits.txt), whose sharp distributions are what the contract is
  * stated for (random ids reach 1.2e-3 against the oracle with honest f32 arithmetic). */
+static bool bool_sink; /* a done flag nobody reads */
 static int32_t *g_text;
 static bool g_san; /* MUSER_SANITIZED=1: fewer routes */
 static uint32_t g_n_text;
@@ -422,6 +424,101 @@ out:
     muser_device_free(dp);
 }
 
+/* A prefill chunk in parts (muser_session_prefill_begin / _part): cut after every k layers
+ * (k = 1, 2, 3, all), with a step of another session between every two parts, it gives the bytes
+ * of muser_session_prefill (the chunk's last logits row and the cache's SHA-256), and so do the
+ * steps beside it; while it is open the device refuses other prefills, the session any other call;
+ * an abort and a free leave the session as it was. */
+static void parts(const muser_model *m, muser_backend_kind b, const char *what)
+{
+    const uint32_t V = m->hp.n_vocab, L = m->hp.n_layer, HEAD = 5, N = 31, STEPS = 12;
+    muser_device *d = dev_new(m, b);
+    if (!d) return;
+    if (!d->part_rows) {
+        printf("parts, %s on %s: the backend runs chunks whole for this model (no parts to check)\n", what,
+               muser_backend_name(b));
+        muser_device_free(d);
+        return;
+    }
+    muser_error err = {0};
+    int32_t tok[HEAD + N + STEPS];
+    for (uint32_t i = 0; i < HEAD + N + STEPS; i++) tok[i] = tok_of(3, i, V);
+    float *ref = malloc((size_t)V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
+    float *side_ref = malloc((size_t)STEPS * V * sizeof(float)), *side = malloc((size_t)STEPS * V * sizeof(float));
+    char ref_kv[65] = {0}, kv[65] = {0}, side_kv[65] = {0}, kv2[65] = {0};
+    /* the chunk whole, and the side sequence's steps alone */
+    muser_session *a = NULL, *c = NULL;
+    CHECK_OK(muser_session_open(&a, d, 0, &err), &err);
+    CHECK_OK(muser_session_open(&c, d, 0, &err), &err);
+    if (!a || !c) return;
+    CHECK_OK(muser_session_prefill(a, tok, HEAD, NULL, &err), &err);
+    CHECK_OK(muser_session_prefill(a, tok + HEAD, N, ref, &err), &err);
+    CHECK_OK(muser_session_kv_sha256(a, ref_kv, &err), &err);
+    for (uint32_t i = 0; i < STEPS; i++)
+        CHECK_OK(muser_step(d, &c, tok + HEAD + N + i, 1, side_ref + (size_t)i * V, NULL, NULL, &err), &err);
+    CHECK_OK(muser_session_kv_sha256(c, side_kv, &err), &err);
+    const uint32_t ks[4] = {1, 2, 3, L};
+    uint32_t bad = 0, checked = 0;
+    for (int ki = 0; ki < 4; ki++) {
+        muser_session_reset(a);
+        muser_session_reset(c);
+        CHECK_OK(muser_session_prefill(a, tok, HEAD, NULL, &err), &err);
+        CHECK_OK(muser_session_prefill_begin(a, tok + HEAD, N, &err), &err);
+        bool done = false;
+        uint32_t n_side = 0;
+        while (!done) {
+            CHECK_OK(muser_session_prefill_part(a, ks[ki], lg, &done, &err), &err);
+            if (err.code) break;
+            if (!done && n_side < STEPS) { /* another sequence's step between two parts */
+                CHECK_OK(muser_step(d, &c, tok + HEAD + N + n_side, 1, side + (size_t)n_side * V, NULL, NULL, &err), &err);
+                n_side++;
+            }
+        }
+        while (n_side < STEPS) {
+            CHECK_OK(muser_step(d, &c, tok + HEAD + N + n_side, 1, side + (size_t)n_side * V, NULL, NULL, &err), &err);
+            n_side++;
+        }
+        CHECK_OK(muser_session_kv_sha256(a, kv, &err), &err);
+        CHECK_OK(muser_session_kv_sha256(c, kv2, &err), &err);
+        bad += memcmp(lg, ref, (size_t)V * sizeof(float)) != 0 || strcmp(kv, ref_kv) != 0 || a->n_past != HEAD + N;
+        bad += memcmp(side, side_ref, (size_t)STEPS * V * sizeof(float)) != 0 || strcmp(kv2, side_kv) != 0;
+        checked++;
+    }
+    printf("parts, %s on %s: a %u-row chunk cut every 1, 2, 3 and %u layers, another sequence's step between the parts: "
+           "%u of %u runs differ from the chunk whole\n", what, muser_backend_name(b), N, L, bad, checked);
+    CHECKF(bad == 0, "a chunk in parts gave other bytes than the chunk whole (%s, %s)", what, muser_backend_name(b));
+    /* while a chunk is open: the refusals, each leaving everything as it was; then the abort */
+    const uint64_t past = a->n_past;
+    CHECK_OK(muser_session_prefill_begin(a, tok, 4, &err), &err);
+    CHECK_OK(muser_session_prefill_part(a, 1, NULL, &bool_sink, &err), &err);
+    CHECK(muser_session_prefill_begin(c, tok, 4, &err) == MUSER_E_ARG);
+    CHECK(muser_session_prefill(c, tok, 2, NULL, &err) == MUSER_E_ARG);
+    CHECKF(strstr(err.msg, "in parts") != NULL, "the refusal says why: %s", err.msg);
+    CHECK(muser_step(d, &a, tok, 1, NULL, NULL, NULL, &err) == MUSER_E_ARG);
+    CHECK(muser_session_checkpoint(a, &err) == MUSER_E_ARG);
+    CHECK(muser_session_rollback(a, 0, &err) == MUSER_E_ARG);
+    CHECK(muser_session_copy(c, a, &err) == MUSER_E_ARG);
+    CHECK_OK(muser_step(d, &c, tok, 1, NULL, NULL, NULL, &err), &err); /* another session steps */
+    muser_session_prefill_abort(a);
+    CHECK(a->n_past == past);
+    CHECK_OK(muser_session_kv_sha256(a, kv, &err), &err);
+    CHECKF(!strcmp(kv, ref_kv), "an aborted chunk changed the cache");
+    CHECK(muser_session_prefill_part(a, 1, NULL, &bool_sink, &err) == MUSER_E_ARG); /* none open */
+    CHECK(muser_session_prefill_begin(a, tok, d->part_rows + 1, &err) == MUSER_E_ARG);
+    const int32_t badtok[2] = {1, (int32_t)V};
+    CHECK(muser_session_prefill_begin(a, badtok, 2, &err) == MUSER_E_ARG);
+    /* a chunk left open is aborted by the free; the device takes prefills again */
+    CHECK_OK(muser_session_prefill_begin(a, tok, 4, &err), &err);
+    muser_session_free(a);
+    CHECK_OK(muser_session_prefill(c, tok, 2, NULL, &err), &err);
+    muser_session_free(c);
+    free(ref);
+    free(lg);
+    free(side_ref);
+    free(side);
+    muser_device_free(d);
+}
+
 static muser_model *synth(int type, muser_arch arch) { return check_synth_model("test_rows", arch, type); }
 
 int main(void)
@@ -452,6 +549,8 @@ int main(void)
         g_text = models[i] == def ? text : NULL;
         invariance(models[i], MUSER_BACKEND_CPU, names[i]);
         if (cuda) invariance(models[i], MUSER_BACKEND_CUDA, names[i]);
+        parts(models[i], MUSER_BACKEND_CPU, names[i]);
+        if (cuda) parts(models[i], MUSER_BACKEND_CUDA, names[i]);
     }
     if (!cuda) printf("SKIP: the CUDA half (no GPU, or built without CUDA)\n");
     if (def && text) {

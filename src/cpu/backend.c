@@ -1,9 +1,11 @@
 /* backend.c — the fast CPU engine: muser_backend_cpu(), its per-session state and its
  * implementation of the forward.h operations.
  *
- * State (cpu_state) is sized once at session creation for one pass of `pass_rows` rows
- * (min(max_batch, CPU_PASS_ROWS)); a call with more tokens runs several passes. Nothing is
- * allocated per token. Routes:
+ * State (cpu_state) is sized once at device creation, twice: the small-batch route's for a step
+ * of up to MUSER_STEP_MAX_ROWS rows, the prefill route's for a chunk of `pass_rows` rows
+ * (min(max_batch, CPU_PASS_ROWS)); a call with more tokens runs several chunks, and a chunk run
+ * in parts keeps its rows in its state while steps run on the other. Nothing is allocated per
+ * token. Routes:
  *   decode (n == 1): every matrix is a matvec straight over the packed blocks (kernels.h), rows
  *                    handed out to the threads in shrinking (guided) blocks;
  *   batch  (n > 1):  every matrix is a GEMM: the threads take panels of 16 weight rows, unpack
@@ -61,6 +63,8 @@ typedef struct cpu_state {
     float *tp_logits;             /* [MUSER_STEP_MAX_ROWS][its vocabulary rows] the LM head's part */
     muser_kv **pass_kv;           /* [pass_rows] the caches of the pass in flight (fwd_rows.seq) */
     cpu_pool *pool;
+    bool owns_pool;               /* the device's step state owns it; its prefill state shares it */
+    struct cpu_state *pf;         /* the step state's: the prefill route's own pass state */
     cpu_kernels kn;
     uint32_t pass_rows, n_threads;
     uint64_t n_ctx;
@@ -566,12 +570,13 @@ static const fwd_ops cpu_ops = {
 
 /* ---- the vtable ---- */
 
-static void cpu_dev_free(muser_device *d)
+/* A pass state's buffers (and the pool, when it owns it), then the state. */
+static void state_free(cpu_state *st)
 {
-    cpu_state *st = d->be_state;
     if (!st)
         return;
-    cpu_pool_free(st->pool);
+    if (st->owns_pool)
+        cpu_pool_free(st->pool);
     for (int b = 0; b < FWD_BUF_COUNT; b++)
         muser_free_aligned(st->buf[b]);
     muser_free_aligned(st->stage_k);
@@ -603,67 +608,24 @@ static void cpu_dev_free(muser_device *d)
     free(st->first);
     free(st->pass_kv);
     free(st);
+}
+
+static void cpu_dev_free(muser_device *d)
+{
+    cpu_state *st = d->be_state;
+    if (!st)
+        return;
+    state_free(st->pf);
+    state_free(st);
     d->be_state = NULL;
 }
 
-static int cpu_dev_init(muser_device *d, muser_error *err)
+/* st's buffers for passes of st->pass_rows rows, logit_rows of them with logits in scratch (its
+ * dimensions, kernels and pool set). */
+static int state_alloc(cpu_state *st, uint32_t logit_rows, muser_error *err)
 {
-    const muser_model *m = d->model;
-    const muser_hparams *hp = &m->hp;
-    cpu_state *st = calloc(1, sizeof *st);
-    if (!st)
-        return muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for the device state");
-    d->be_state = st;
-    st->m = m;
-    st->tp = d->opts.tp;
-    st->tp_rank = d->opts.tp_rank;
-    st->n_ctx = d->opts.n_ctx;
-    st->E = hp->n_embd;
-    st->F = hp->n_ff;
-    st->H = hp->n_head;
-    st->HKV = hp->n_head_kv;
-    st->D = hp->head_dim;
-    st->QD = st->H * st->D;
-    st->KVD = st->HKV * st->D;
-    st->V = hp->n_vocab;
-    st->group = st->H / st->HKV;
-    st->kmax = st->E > st->F ? st->E : st->F;
-    if (st->QD > st->kmax)
-        st->kmax = st->QD;
-    /* a pass holds a prefill chunk (max_batch rows, at most CPU_PASS_ROWS) or a step (up to
-     * MUSER_STEP_MAX_ROWS rows) */
-    st->pass_rows = d->opts.max_batch < CPU_PASS_ROWS ? d->opts.max_batch : CPU_PASS_ROWS;
-    if (st->pass_rows == 0)
-        st->pass_rows = CPU_PASS_ROWS;
-    if (st->pass_rows < MUSER_STEP_MAX_ROWS)
-        st->pass_rows = MUSER_STEP_MAX_ROWS;
-    cpu_kernels_init(&st->kn, false);
-    /* what a verify block of n rows costs: the multi-input dot unpacks each weight block once for
-     * up to 4 rows, so rows go in groups of 4. At the AVX-512 level a group costs ~2 decode steps
-     * (`muser bench --verify 2,3,4,5,8,12,16`, the default model and the small preset, 2 threads:
-     * 1.35 / 1.65 / 1.88 / 2.59 / 4.0 / 6.3 / 8.0) and a later group's first row ~0.7; at AVX2 a
-     * group ~2.5. At the VNNI level the integer dot's work is per input, not shared, so a group of
-     * 4 costs ~3 (Zen 4, small preset: 2.89 / 6.37 / 12.99 steps for 4 / 8 / 16 rows). Rows inside a
-     * group in between, linearly. */
-    const double g4 = !st->kn.simd                            ? 4.0
-                      : !strcmp(st->kn.level, "avx512vnni") ? 3.0
-                      : !strcmp(st->kn.level, "avx512")     ? 2.0
-                                                            : 2.5;
-    for (uint32_t n = 1; n <= KV_MAX_SPEC_ROWS; n++) {
-        const uint32_t full = (n - 1) / 4, rest = n - 4 * full; /* rest in 1..4 */
-        const double first = full ? 0.7 : 1.0;                  /* the group's first row */
-        d->pass_cost[n] = full * g4 + first + (g4 - first) * (rest - 1) / 3.0;
-    }
-
-    uint32_t nt = d->opts.n_threads;
-    if (nt == 0) {
-        long online = sysconf(_SC_NPROCESSORS_ONLN);
-        nt = online > 0 ? (uint32_t)online : 1;
-    }
-    int rc = cpu_pool_new(&st->pool, nt, err);
-    if (rc)
-        goto fail;
-
+    const muser_hparams *hp = &st->m->hp;
+    const uint32_t nt = (uint32_t)cpu_pool_threads(st->pool);
     const uint32_t widths[FWD_BUF_COUNT] = {
         [FWD_H] = st->E,  [FWD_X] = st->E,    [FWD_Q] = st->QD,   [FWD_K] = st->KVD,
         [FWD_V] = st->KVD, [FWD_G] = st->QD,  [FWD_O] = st->QD,   [FWD_SUB] = st->E,
@@ -690,9 +652,9 @@ static int cpu_dev_init(muser_device *d, muser_error *err)
     }
     ok &= (st->xpack = muser_alloc_aligned((uint64_t)st->pass_rows * st->kmax * sizeof(float))) !=
           NULL;
-    ok &= (st->logits = calloc((uint64_t)MUSER_STEP_MAX_ROWS * st->V, sizeof(float))) != NULL;
+    ok &= (st->logits = calloc((uint64_t)logit_rows * st->V, sizeof(float))) != NULL;
     if (st->tp)
-        ok &= (st->tp_logits = calloc((uint64_t)MUSER_STEP_MAX_ROWS * m->output.rows, sizeof(float))) != NULL;
+        ok &= (st->tp_logits = calloc((uint64_t)MUSER_STEP_MAX_ROWS * st->m->output.rows, sizeof(float))) != NULL;
     ok &= (st->commit_k = calloc(st->KVD, sizeof(float))) != NULL;
     ok &= (st->commit_v = calloc(st->KVD, sizeof(float))) != NULL;
     ok &= (st->pos = calloc(R, sizeof(uint64_t))) != NULL;
@@ -708,15 +670,83 @@ static int cpu_dev_init(muser_device *d, muser_error *err)
         ok &= (ts->scores = muser_alloc_aligned((uint64_t)st->group * st->n_ctx * sizeof(float))) != NULL;
         ok &= (ts->o = muser_alloc_aligned((uint64_t)st->group * st->D * sizeof(float))) != NULL;
     }
-    if (!ok) {
-        rc = muser_errorf(err, MUSER_E_NOMEM,
-                          "cpu: out of memory for a pass of %u rows (E %u, F %u, context %llu)",
-                          st->pass_rows, st->E, st->F, (unsigned long long)st->n_ctx);
-        goto fail;
-    }
+    if (!ok)
+        return muser_errorf(err, MUSER_E_NOMEM,
+                            "cpu: out of memory for a pass of %u rows (E %u, F %u, context %llu)",
+                            st->pass_rows, st->E, st->F, (unsigned long long)st->n_ctx);
     for (uint32_t i = 0; i < st->D / 2; i++)
         st->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * (double)i / (double)st->D);
+    return MUSER_OK;
+}
+
+static int cpu_dev_init(muser_device *d, muser_error *err)
+{
+    const muser_model *m = d->model;
+    const muser_hparams *hp = &m->hp;
+    cpu_state *st = calloc(1, sizeof *st);
+    if (!st)
+        return muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for the device state");
+    d->be_state = st;
+    st->m = m;
+    st->tp = d->opts.tp;
+    st->tp_rank = d->opts.tp_rank;
+    st->n_ctx = d->opts.n_ctx;
+    st->E = hp->n_embd;
+    st->F = hp->n_ff;
+    st->H = hp->n_head;
+    st->HKV = hp->n_head_kv;
+    st->D = hp->head_dim;
+    st->QD = st->H * st->D;
+    st->KVD = st->HKV * st->D;
+    st->V = hp->n_vocab;
+    st->group = st->H / st->HKV;
+    st->kmax = st->E > st->F ? st->E : st->F;
+    if (st->QD > st->kmax)
+        st->kmax = st->QD;
+    cpu_kernels_init(&st->kn, false);
+    /* what a verify block of n rows costs: the multi-input dot unpacks each weight block once for
+     * up to 4 rows, so rows go in groups of 4. At the AVX-512 level a group costs ~2 decode steps
+     * (`muser bench --verify 2,3,4,5,8,12,16`, the default model and the small preset, 2 threads:
+     * 1.35 / 1.65 / 1.88 / 2.59 / 4.0 / 6.3 / 8.0) and a later group's first row ~0.7; at AVX2 a
+     * group ~2.5. At the VNNI level the integer dot's work is per input, not shared, so a group of
+     * 4 costs ~3 (Zen 4, small preset: 2.89 / 6.37 / 12.99 steps for 4 / 8 / 16 rows). Rows inside a
+     * group in between, linearly. */
+    const double g4 = !st->kn.simd                            ? 4.0
+                      : !strcmp(st->kn.level, "avx512vnni") ? 3.0
+                      : !strcmp(st->kn.level, "avx512")     ? 2.0
+                                                            : 2.5;
+    for (uint32_t n = 1; n <= KV_MAX_SPEC_ROWS; n++) {
+        const uint32_t full = (n - 1) / 4, rest = n - 4 * full; /* rest in 1..4 */
+        const double first = full ? 0.7 : 1.0;                  /* the group's first row */
+        d->pass_cost[n] = full * g4 + first + (g4 - first) * (rest - 1) / 3.0;
+    }
+
+    uint32_t nt = d->opts.n_threads;
+    if (nt == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        nt = online > 0 ? (uint32_t)online : 1;
+    }
+    int rc = cpu_pool_new(&st->pool, nt, err);
+    if (rc)
+        goto fail;
+    st->owns_pool = true;
+    /* Two pass states on one pool: the small-batch route's (a step of up to MUSER_STEP_MAX_ROWS
+     * rows) and the prefill route's (a chunk of max_batch rows, at most CPU_PASS_ROWS), so that
+     * steps can run between the parts of a chunk (muser_session_prefill_begin). */
+    st->pass_rows = MUSER_STEP_MAX_ROWS;
+    cpu_state *pf = malloc(sizeof *pf);
+    if (!pf) {
+        rc = muser_errorf(err, MUSER_E_NOMEM, "cpu: out of memory for the device state");
+        goto fail;
+    }
+    *pf = *st; /* the dimensions, kernels and pool; no buffers yet */
+    pf->owns_pool = false;
+    pf->pass_rows = d->opts.max_batch && d->opts.max_batch < CPU_PASS_ROWS ? d->opts.max_batch : CPU_PASS_ROWS;
+    st->pf = pf;
+    if ((rc = state_alloc(st, MUSER_STEP_MAX_ROWS, err)) || (rc = state_alloc(pf, 1, err)))
+        goto fail;
     d->max_rows = MUSER_STEP_MAX_ROWS;
+    d->part_rows = pf->pass_rows;
     return MUSER_OK;
 fail:
     cpu_dev_free(d);
@@ -773,11 +803,12 @@ static void set_rope(cpu_state *st, uint32_t n)
         }
 }
 
-/* The prefill route: chunks of max_batch rows of one session (tap: each chunk's rows of it). */
+/* The prefill route: chunks of max_batch rows of one session (tap: each chunk's rows of it), on
+ * the device's prefill pass state. */
 static int cpu_forward_tap(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                            bool all_logits, const muser_tap *tap, muser_error *err)
 {
-    cpu_state *st = s->dev->be_state;
+    cpu_state *st = ((cpu_state *)s->dev->be_state)->pf;
     cpu_seq *q = s->be_state;
     const uint64_t p0 = s->n_past;
     int rc = check_next(&q->kv, p0, err);
@@ -827,6 +858,30 @@ static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, floa
                        bool all_logits, muser_error *err)
 {
     return cpu_forward_tap(s, tokens, n, logits, all_logits, NULL, err);
+}
+
+/* Layers [l0, l1) of one chunk on the prefill pass state, which keeps the chunk's rows between
+ * the parts (steps run on the other state); the positions and rotations are set by the first. */
+static int cpu_forward_part(muser_session *s, const int32_t *tokens, uint32_t n, uint32_t l0, uint32_t l1,
+                            float *logits, muser_error *err)
+{
+    cpu_state *st = ((cpu_state *)s->dev->be_state)->pf;
+    cpu_seq *q = s->be_state;
+    if (l0 == 0) {
+        const int rc = check_next(&q->kv, s->n_past, err);
+        if (rc)
+            return rc;
+        for (uint32_t i = 0; i < n; i++)
+            st->pos[i] = s->n_past + i;
+        set_rope(st, n);
+    }
+    st->pass_kv[0] = &q->kv;
+    st->out_logits = st->logits;
+    const fwd_rows rows = {.n = n, .tokens = tokens, .pos = st->pos, .route = FWD_ROUTE_BATCH};
+    const int rc = fwd_run_layers(&cpu_ops, st, st->m, &rows, l0, l1, logits ? 1 : 0, err);
+    if (!rc && logits && l1 == st->m->hp.n_layer)
+        memcpy(logits, st->logits, (uint64_t)st->V * sizeof(float));
+    return rc;
 }
 
 /* The small-batch route: one pass over rows of any sessions (session.c checked the runs). */
@@ -941,6 +996,7 @@ static const muser_backend cpu_backend = {
     .kv_rows = cpu_kv_rows,
     .kv_import = cpu_kv_import,
     .forward_tap = cpu_forward_tap,
+    .forward_part = cpu_forward_part,
 };
 
 const muser_backend *muser_backend_cpu(void)

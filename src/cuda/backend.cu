@@ -1336,6 +1336,7 @@ struct cu_pf {
     float *logits;                    /* [rows][V] every row's logits (made when first wanted) */
     void *mem;                        /* one allocation for all but logits */
     /* the pass in flight */
+    uint64_t pos[PF_ROWS_MAX];        /* its rows' positions (kept between the parts of a chunk) */
     cu_seq *sq;
     float *out;                       /* host: the logits the caller wants (NULL: none) */
     /* MUSER_CUDA_PROFILE=1: seconds per op family (each op synchronised), printed per call */
@@ -1700,51 +1701,73 @@ static bool pf_model_ok(const cu_ctx *c)
            hp->head_dim % 32 == 0 && hp->head_dim <= 128;
 }
 
+/* Layers [l0, l1) of one chunk of m rows at position p0 (fwd_run_layers; the positions set by the
+ * part that starts it); out: the logits the caller wants ([m][V], the last row's [V], or NULL). */
+static int pf_chunk(cu_seq *sq, const int32_t *tokens, uint32_t m, uint64_t p0, uint32_t l0, uint32_t l1, float *out,
+                    bool all_logits, const muser_tap *tap, muser_error *err)
+{
+    cu_ctx *c = sq->c;
+    cu_pf *pf = c->pf;
+    if (l0 == 0)
+        for (uint32_t i = 0; i < m; i++) pf->pos[i] = p0 + i;
+    fwd_rows r;
+    memset(&r, 0, sizeof r);
+    r.n = m;
+    r.tokens = tokens;
+    r.pos = pf->pos;
+    r.route = FWD_ROUTE_BATCH;
+    r.tap = tap;
+    pf->sq = sq;
+    pf->out = out;
+    const int rc = fwd_run_layers(&pf_ops, c, c->m, &r, l0, l1, all_logits ? 2 : out ? 1 : 0, err);
+    pf->sq = NULL;
+    return rc;
+}
+
+/* MUSER_CUDA_PROFILE: the time per op family since the last print, then zeroed. */
+static void pf_prof_print(cu_pf *pf, uint32_t n, uint64_t p0)
+{
+    double total = 0;
+    for (int f = 0; f < PFP_N; f++) total += pf->prof_s[f];
+    fprintf(stderr, "muser: prefill profile, %u rows from position %llu (each op synchronised): %.1f ms\n", n,
+            (unsigned long long)p0, total * 1e3);
+    for (int f = 0; f < PFP_N; f++) {
+        if (pf->prof_s[f] > 0)
+            fprintf(stderr, "  %-20s %9.2f ms  %5.1f%%\n", pfp_name[f], pf->prof_s[f] * 1e3, 100 * pf->prof_s[f] / total);
+        pf->prof_s[f] = 0;
+    }
+}
+
+/* the rows of one prefill chunk on this device: max_batch, at most the workspace's PF_ROWS_MAX */
+static uint32_t pf_chunk_rows(uint32_t max_batch)
+{
+    return max_batch && max_batch < PF_ROWS_MAX ? max_batch : PF_ROWS_MAX;
+}
+
 /* tokens[0..n) at position p0 of sq in chunks of the workspace's rows; logits as be_forward's.
  * The caller restores the session on failure. */
 static int pf_forward(cu_seq *sq, const int32_t *tokens, uint32_t n, uint64_t p0, float *logits, bool all_logits,
                       uint32_t max_batch, const muser_tap *tap, muser_error *err)
 {
     cu_ctx *c = sq->c;
-    const uint32_t chunk = max_batch && max_batch < PF_ROWS_MAX ? max_batch : PF_ROWS_MAX;
+    const uint32_t chunk = pf_chunk_rows(max_batch);
     int rc = pf_ws(c, chunk, err);
     if (rc) return rc;
     cu_pf *pf = c->pf;
     const uint64_t V = c->m->hp.n_vocab;
-    uint64_t pos[PF_ROWS_MAX];
     for (uint32_t c0 = 0; c0 < n; c0 += chunk) {
         const uint32_t m = n - c0 < chunk ? n - c0 : chunk;
-        for (uint32_t i = 0; i < m; i++) pos[i] = p0 + c0 + i;
-        fwd_rows r;
-        memset(&r, 0, sizeof r);
-        r.n = m;
-        r.tokens = tokens + c0;
-        r.pos = pos;
-        r.route = FWD_ROUTE_BATCH;
         muser_tap chunk_tap; /* the tap's rows of this chunk */
         if (tap) {
             chunk_tap = *tap;
             chunk_tap.out = tap->out + (size_t)c0 * tap->n_layers * c->m->hp.n_embd;
-            r.tap = &chunk_tap;
         }
         const bool last = c0 + m == n;
-        pf->sq = sq;
-        pf->out = !logits ? NULL : all_logits ? logits + (size_t)c0 * V : last ? logits : NULL;
-        rc = fwd_run(&pf_ops, c, c->m, &r, all_logits ? 2 : pf->out ? 1 : 0, err);
-        pf->sq = NULL;
+        float *out = !logits ? NULL : all_logits ? logits + (size_t)c0 * V : last ? logits : NULL;
+        rc = pf_chunk(sq, tokens + c0, m, p0 + c0, 0, c->m->hp.n_layer, out, all_logits, tap ? &chunk_tap : NULL, err);
         if (rc) return rc;
     }
-    if (pf->prof) { /* this call's time per family, then zeroed for the next */
-        double total = 0;
-        for (int f = 0; f < PFP_N; f++) total += pf->prof_s[f];
-        fprintf(stderr, "muser: prefill profile, %u rows from position %llu (each op synchronised): %.1f ms\n", n,
-                (unsigned long long)p0, total * 1e3);
-        for (int f = 0; f < PFP_N; f++) {
-            if (pf->prof_s[f] > 0)
-                fprintf(stderr, "  %-20s %9.2f ms  %5.1f%%\n", pfp_name[f], pf->prof_s[f] * 1e3, 100 * pf->prof_s[f] / total);
-            pf->prof_s[f] = 0;
-        }
-    }
+    if (pf->prof) pf_prof_print(pf, n, p0);
     return MUSER_OK;
 }
 
@@ -1758,6 +1781,7 @@ static int be_dev_init(muser_device *d, muser_error *err)
     d->be_state = c;
     d->max_rows = MUSER_STEP_MAX_ROWS;
     d->prefill_rows = pf_model_ok(c) ? PF_TM : 0; /* below one GEMM tile a call costs as much as a tile */
+    d->part_rows = pf_model_ok(c) ? pf_chunk_rows(d->opts.max_batch) : 0; /* chunks in parts: the prefill route's */
     /* a verify block of n rows in decode steps: one multi-row pass, as measured on the synthesized
      * Glimmer (H200, `muser bench --verify`: 1.54 / 1.76 / 2.91 / 5.39 at 2 / 4 / 8 / 16 rows),
      * linear between those points */
@@ -1887,6 +1911,33 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
                       muser_error *err)
 {
     return be_forward_tap(s, tokens, n, logits, all_logits, NULL, err);
+}
+
+/* Layers [l0, l1) of one chunk (session.c: n ≤ part_rows, in order, nothing else on the session
+ * or the workspace in between). Only the last part stores into the cache, so it alone saves and,
+ * on failure, restores the session; each part ends synchronised, so the steps between parts
+ * (the decode graphs on the same stream) start after it. */
+static int be_forward_part(muser_session *s, const int32_t *tokens, uint32_t n, uint32_t l0, uint32_t l1,
+                           float *logits, muser_error *err)
+{
+    cu_seq *sq = (cu_seq *)s->be_state;
+    cu_ctx *c = sq->c;
+    int rc = l0 == 0 ? pf_ws(c, pf_chunk_rows(s->opts.max_batch), err) : MUSER_OK;
+    if (rc) return rc;
+    const bool last = l1 == c->m->hp.n_layer;
+    bool wraps = false;
+    if (last && (rc = seq_save(sq, n, true, &wraps, err))) return rc;
+    rc = pf_chunk(sq, tokens, n, s->n_past, l0, l1, logits, false, NULL, err);
+    if (!rc && !last) {
+        CU_TRY(cudaStreamSynchronize(c->st), "prefill part");
+        CU_TRY(cudaGetLastError(), "prefill part");
+    }
+    if (rc && last) {
+        const int r2 = seq_restore(sq, wraps, err);
+        return r2 ? r2 : rc;
+    }
+    if (!rc && last && c->pf->prof) pf_prof_print(c->pf, n, s->n_past);
+    return rc;
 }
 
 /* Run the rows gathered for one pass (be_step): one row through its session's own graph, more as a
@@ -2134,7 +2185,7 @@ static int be_kv_import(muser_session *s, uint32_t l, const kv_plane *meta, uint
 static const muser_backend cuda_backend = {
     "cuda", be_dev_init, be_dev_free, be_init,     be_free,  be_forward,  be_step,
     be_checkpoint, be_rollback, be_commit, be_reset, be_kv_export, be_kv_copy, be_kv_rows, be_kv_import,
-    be_forward_tap,
+    be_forward_tap, be_forward_part,
 };
 
 extern "C" const muser_backend *muser_backend_cuda(void)
