@@ -86,7 +86,13 @@ struct muser_engine {
     double busy_s;
     double last_decode_s;      /* the last decode pass's time: the window and a contended chunk scale with it */
     double prefill_row_s;      /* time per row of the last prefill chunk */
-    muser_seq *part;           /* the sequence whose chunk is open in parts (NULL: none) */
+    /* the chunk open in parts: its sequences (their rows in order) and the rows it carries */
+    muser_seq *part[MUSER_PREFILL_MAX_SEQS];
+    uint32_t part_n;           /* its sequences (0: none open) */
+    muser_session **part_ss;   /* [d->part_rows] each row's session, for muser_prefill_begin */
+    int32_t *part_tok;         /* [d->part_rows] */
+    uint32_t solo_chunks;      /* chunks to open with one prompt each: a shared one failed on a
+                                * non-finite logit, so whose it was shows alone */
     double part_layer_s;       /* time per layer of the last part */
     bool prefill_turn;         /* a decode pass ran since the last prefill chunk */
     float *scratch;            /* [MUSER_STEP_MAX_ROWS][V] a step's logits */
@@ -133,10 +139,8 @@ static void fail(muser_seq *q, int rc, const muser_error *err)
 static void reap(muser_engine *e)
 {
     for (muser_seq *q = e->seqs; q; q = q->next)
-        if (q->cancelled && !q->freed) {
+        if (q->cancelled && !q->freed && !q->part_rows) { /* (one in the open chunk: when the chunk ends) */
             if (q->req != REQ_NONE) fail(q, MUSER_E_CANCELLED, NULL);
-            if (e->part == q) e->part = NULL; /* its open chunk ends with the session, uncommitted */
-            q->part_rows = 0;
             muser_session_free(q->s);
             q->s = NULL;
             q->freed = true;
@@ -168,7 +172,7 @@ static uint32_t count_decodes(const muser_engine *e, double *oldest, uint32_t *i
 static bool others_decoding(const muser_engine *e, const muser_seq *self)
 {
     for (const muser_seq *q = e->seqs; q; q = q->next)
-        if (q != self && !q->freed && (q->req == REQ_DECODE || q->decoding)) return true;
+        if (q != self && !q->part_rows && !q->freed && (q->req == REQ_DECODE || q->decoding)) return true;
     return false;
 }
 
@@ -315,75 +319,113 @@ static void run_rollback(muser_seq *q)
     else finish(q, MUSER_OK);
 }
 
-/* The next part of q's chunk open in parts (opened here when none is), the lock dropped. While
- * other sequences decode, a part is about ENGINE_PART_SHARE of the last decode pass long (from
- * the last part's time per layer; one layer at least), so a decode step waits that long for the
- * prompt before it; otherwise the rest of the chunk. A chunk is prefill_chunk rows (at most the
- * device's part_rows): its parts, not its rows, bound the wait. */
+/* Under the lock: open a chunk in parts with the waiting prompts, oldest first (q, the oldest,
+ * among them), each taking as many of its next rows as the chunk has left: prefill_chunk rows, at
+ * most the device's part_rows, at most MUSER_PREFILL_MAX_SEQS prompts (one after a shared chunk
+ * failed on a non-finite logit). A prompt's bytes do not depend on where its chunks end or what
+ * shares them (session.h). Returns the rows, 0 when q failed to open. */
+static uint32_t open_chunk(muser_engine *e, muser_seq *q)
+{
+    uint32_t cap = e->o.prefill_chunk < e->d->part_rows ? e->o.prefill_chunk : e->d->part_rows, n = 0;
+    const uint32_t most = e->solo_chunks ? 1 : MUSER_PREFILL_MAX_SEQS;
+    if (e->solo_chunks) e->solo_chunks--;
+    for (muser_seq *p = q; p && e->part_n < most && n < cap;) {
+        uint32_t c = p->n - p->done < cap - n ? p->n - p->done : cap - n;
+        for (uint32_t i = 0; i < c; i++) {
+            e->part_ss[n + i] = p->s;
+            e->part_tok[n + i] = p->tokens[p->done + i];
+        }
+        p->part_rows = c;
+        e->part[e->part_n++] = p;
+        n += c;
+        /* the next oldest waiting prompt (no tap: a tapped one runs its chunks whole) */
+        muser_seq *next = NULL;
+        for (muser_seq *r = e->seqs; r; r = r->next)
+            if (!r->freed && !r->cancelled && r->req == REQ_PREFILL && !r->tap && !r->part_rows &&
+                (!next || r->t_submit < next->t_submit))
+                next = r;
+        p = next;
+    }
+    muser_error err = {0};
+    const int rc = muser_prefill_begin(e->d, e->part_ss, e->part_tok, n, &err);
+    if (rc) { /* the oldest alone, next time: then it is its own error */
+        for (uint32_t k = 0; k < e->part_n; k++) e->part[k]->part_rows = 0;
+        if (e->part_n == 1) fail(q, rc, &err);
+        else e->solo_chunks = 1;
+        e->part_n = 0;
+        return 0;
+    }
+    return n;
+}
+
+/* The next part of the chunk open in parts (opened here when none is, from q on), the lock
+ * dropped. While a sequence outside the chunk decodes, a part is about ENGINE_PART_SHARE of the
+ * last decode pass long (from the last part's time per layer; one layer at least), so a decode
+ * step waits that long for the prompts before it; otherwise the rest of the chunk. */
 static void run_part(muser_engine *e, muser_seq *q, uint32_t waiting)
 {
-    muser_session *s = q->s;
     const uint32_t L = e->d->model->hp.n_layer;
-    muser_error err = {0};
-    int rc = MUSER_OK;
-    if (!q->part_rows) {
-        uint32_t c = q->n - q->done;
-        if (c > e->o.prefill_chunk) c = e->o.prefill_chunk;
-        if (c > e->d->part_rows) c = e->d->part_rows;
-        if ((rc = muser_session_prefill_begin(s, q->tokens + q->done, c, &err))) {
-            fail(q, rc, &err);
-            return;
-        }
-        q->part_rows = c;
-        e->part = q;
+    if (!e->part_n && !open_chunk(e, q)) return;
+    uint32_t rows = 0;
+    bool want = false;
+    for (uint32_t k = 0; k < e->part_n; k++) {
+        const muser_seq *p = e->part[k];
+        rows += p->part_rows;
+        want |= p->logits && p->done + p->part_rows == p->n;
     }
-    const uint32_t l0 = s->part.next_layer;
+    const uint32_t l0 = e->d->part.next_layer;
     uint32_t layers = L - l0;
-    if (others_decoding(e, q)) {
+    if (others_decoding(e, NULL)) {
         layers = 1; /* until a part was timed */
         if (e->part_layer_s > 0 && e->last_decode_s > 0) {
             const double fit = ENGINE_PART_SHARE * e->last_decode_s / e->part_layer_s;
             layers = fit < 1 ? 1 : fit >= L ? L : (uint32_t)fit;
         }
     }
-    const uint32_t c = q->part_rows;
-    const bool last_chunk = q->done + c == q->n;
-    float *logits = last_chunk ? q->logits : NULL;
+    float *lg = want ? e->scratch : NULL; /* [sessions][V]: each one's last row */
     e->in_pass = true;
     pthread_mutex_unlock(&e->mu);
+    muser_error err = {0};
     bool done = false;
     const double t0 = muser_now_s();
-    rc = muser_session_prefill_part(s, layers, logits, &done, &err);
+    int rc = muser_prefill_part(e->d, layers, lg, &done, &err);
     const double t1 = muser_now_s();
     pthread_mutex_lock(&e->mu);
     e->in_pass = false;
     pthread_cond_broadcast(&e->idle);
-    const uint32_t l1 = rc ? l0 : done ? L : s->part.next_layer;
-    log_pass(e, MUSER_PASS_PREFILL, c, 1, waiting, q->id, t0, t1, l0, l1);
+    const uint32_t l1 = rc ? l0 : done ? L : e->d->part.next_layer;
+    log_pass(e, MUSER_PASS_PREFILL, rows, e->part_n, waiting, e->part[0]->id, t0, t1, l0, l1);
     if (l1 > l0) e->part_layer_s = (t1 - t0) / (l1 - l0);
-    q->pos = s->n_past;
-    if (rc || done) {
-        q->part_rows = 0;
-        e->part = NULL;
+    if (!rc && !done) return;
+    if (!rc) e->prefill_row_s = (t1 - t0) / rows;
+    const uint64_t V = e->d->model->hp.n_vocab;
+    const bool shared = e->part_n > 1;
+    if (rc == MUSER_E_NUMERIC && shared) e->solo_chunks = e->part_n; /* each alone: the culprit fails alone */
+    for (uint32_t k = 0; k < e->part_n; k++) {
+        muser_seq *p = e->part[k];
+        const uint32_t c = p->part_rows;
+        p->part_rows = 0;
+        p->pos = p->s->n_past;
+        if (p->cancelled) continue; /* reap fails its request and frees it */
+        if (rc) {
+            if (!(rc == MUSER_E_NUMERIC && shared)) fail(p, rc, &err);
+            continue;
+        }
+        p->done += c;
+        if (p->done == p->n) {
+            if (p->logits) memcpy(p->logits, e->scratch + (size_t)k * V, (size_t)V * sizeof(float));
+            p->decoding = true; /* a prompt is usually followed by its decode steps */
+            finish(p, MUSER_OK);
+        }
     }
-    if (rc) {
-        fail(q, rc, &err);
-        return;
-    }
-    if (!done) return;
-    e->prefill_row_s = (t1 - t0) / c;
-    q->done += c;
-    if (last_chunk) {
-        q->decoding = true; /* a prompt is usually followed by its decode steps */
-        finish(q, MUSER_OK);
-    }
+    e->part_n = 0;
 }
 
 /* The next chunk of the oldest prefill request, the lock dropped: in parts where the device runs
  * them (run_part; not with a tap, which needs the whole chunk), else whole. */
 static void run_prefill(muser_engine *e, muser_seq *q, uint32_t waiting, bool interleaved)
 {
-    if (e->d->part_rows && !q->tap) {
+    if (e->d->part_rows && (e->part_n || !q->tap)) {
         run_part(e, q, waiting);
         return;
     }
@@ -453,8 +495,8 @@ static void *worker(void *arg)
         double oldest;
         uint32_t idle;
         const uint32_t n_dec = count_decodes(e, &oldest, &idle);
-        muser_seq *p = e->part; /* a chunk open in parts goes on before any other prompt */
-        for (muser_seq *q = e->seqs; q && !e->part; q = q->next)
+        muser_seq *p = e->part_n ? e->part[0] : NULL; /* a chunk open in parts goes on before any other prompt */
+        for (muser_seq *q = e->seqs; q && !e->part_n; q = q->next)
             if (!q->freed && q->req == REQ_PREFILL && (!p || q->t_submit < p->t_submit)) p = q;
         /* a waiting prompt gets one chunk after each decode pass: decode outranks prefill, but a
          * stream of decode steps never starves a prompt */
@@ -502,6 +544,8 @@ static void engine_release(muser_engine *e)
     pthread_cond_destroy(&e->idle);
     free(e->cand);
     free(e->scratch);
+    free(e->part_ss);
+    free(e->part_tok);
     free(e->tap_scratch);
     muser_device_free(e->d);
     free(e);
@@ -527,8 +571,12 @@ int muser_engine_new(muser_engine **out, const muser_model *m, const muser_engin
     }
     e->scratch = malloc((size_t)MUSER_STEP_MAX_ROWS * m->hp.n_vocab * sizeof(float));
     e->cand = calloc(e->o.max_seqs, sizeof *e->cand);
-    if (!e->scratch || !e->cand) {
+    e->part_ss = calloc(e->d->part_rows + 1, sizeof *e->part_ss);
+    e->part_tok = calloc(e->d->part_rows + 1, sizeof *e->part_tok);
+    if (!e->scratch || !e->cand || !e->part_ss || !e->part_tok) {
         free(e->scratch);
+        free(e->part_ss);
+        free(e->part_tok);
         free(e->cand);
         muser_device_free(e->d);
         free(e);

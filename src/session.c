@@ -171,7 +171,8 @@ void muser_session_free(muser_session *s)
 {
     if (!s)
         return;
-    muser_session_prefill_abort(s);
+    if (s->in_part)
+        muser_prefill_abort(s->dev);
     if (s->be && s->be->free)
         s->be->free(s);
     muser_device *d = s->dev;
@@ -239,13 +240,12 @@ int muser_tap_check(const muser_model *m, const muser_tap *tap, muser_error *err
 
 /* the prefill route (the backend's forward, or forward_tap with a tap) for any n: checked here,
  * n_past advanced on success */
-/* A chunk open in parts holds the device's prefill route and its own session (what = the call). */
+/* A chunk open in parts holds the device's prefill route and its own sessions (what = the call). */
 static int part_busy(const muser_session *s, bool prefill_route, const char *what, muser_error *err)
 {
-    const muser_session *o = s->dev ? s->dev->part_owner : NULL;
-    if (o && (o == s || prefill_route))
+    if (s->dev && s->dev->part.n && (s->in_part || prefill_route))
         return muser_errorf(err, MUSER_E_ARG, "%s: a prefill chunk is open in parts on %s; finish or abort it first",
-                            what, o == s ? "this session" : "another session of the device");
+                            what, s->in_part ? "this session" : "other sessions of the device");
     return MUSER_OK;
 }
 
@@ -276,66 +276,133 @@ static int prefill(muser_session *s, const int32_t *tokens, uint32_t n, float *l
     return MUSER_OK;
 }
 
-int muser_session_prefill_begin(muser_session *s, const int32_t *tokens, uint32_t n, muser_error *err)
+/* Rows (seq[i], tokens[i]) of sessions on d for one pass: each session's rows one run, tokens in
+ * the vocabulary, each run within its session's context (what = the call, in the messages). The
+ * number of runs into *runs. */
+static int check_rows(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n, const char *what,
+                      uint32_t *runs, muser_error *err)
 {
-    if (!s || !tokens)
-        return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill_begin: NULL argument");
-    if (!n)
-        return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill_begin: no tokens");
-    muser_device *d = s->dev;
-    if (!s->be->forward_part || !d->part_rows)
-        return muser_errorf(err, MUSER_E_UNSUPPORTED, "the %s backend runs a prefill chunk whole, not in parts",
-                            s->be->name);
-    int rc = part_busy(s, true, "prefill in parts", err);
+    int rc = check_tokens(d->model, tokens, n, err);
     if (rc)
         return rc;
-    if (n > d->part_rows)
-        return muser_errorf(err, MUSER_E_ARG, "prefill in parts: a chunk of %u rows, at most %u", n, d->part_rows);
-    if ((rc = check_tokens(s->model, tokens, n, err)))
-        return rc;
-    if (s->n_past + n > s->opts.n_ctx)
-        return muser_errorf(err, MUSER_E_CONTEXT_FULL,
-                            "context full: %llu tokens held + %u new > context of %llu",
-                            (unsigned long long)s->n_past, n, (unsigned long long)s->opts.n_ctx);
-    if (!(s->part.tokens = malloc((size_t)n * sizeof *tokens)))
-        return muser_errorf(err, MUSER_E_NOMEM, "prefill in parts: out of memory");
-    memcpy(s->part.tokens, tokens, (size_t)n * sizeof *tokens);
-    s->part.n = n;
-    s->part.next_layer = 0;
-    d->part_owner = s;
+    *runs = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!seq[i] || seq[i]->dev != d)
+            return muser_errorf(err, MUSER_E_ARG, "%s: row %u's session is %s", what, i,
+                                seq[i] ? "on another device" : "NULL");
+        if (seq[i]->in_part)
+            return muser_errorf(err, MUSER_E_ARG, "%s: row %u's session has a prefill chunk open in parts", what, i);
+        if (i > 0 && seq[i] != seq[i - 1])
+            for (uint32_t j = 0; j + 1 < i; j++)
+                if (seq[j] == seq[i])
+                    return muser_errorf(err, MUSER_E_ARG,
+                                        "%s: row %u continues the session of row %u after another session's rows (a "
+                                        "session's rows must be one run, in order)",
+                                        what, i, j);
+    }
+    for (uint32_t i = 0; i < n;) {
+        uint32_t k = i;
+        while (k < n && seq[k] == seq[i])
+            k++;
+        const muser_session *s = seq[i];
+        if (s->n_past + (k - i) > s->opts.n_ctx)
+            return muser_errorf(err, MUSER_E_CONTEXT_FULL,
+                                "%s: row %u is at position %llu, past its session's context of %llu", what,
+                                i + (uint32_t)(s->opts.n_ctx - s->n_past), (unsigned long long)s->opts.n_ctx,
+                                (unsigned long long)s->opts.n_ctx);
+        (*runs)++;
+        i = k;
+    }
     return MUSER_OK;
 }
 
-int muser_session_prefill_part(muser_session *s, uint32_t layers, float *logits, bool *done, muser_error *err)
+int muser_prefill_begin(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
+                        muser_error *err)
 {
-    if (!s || !done)
-        return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill_part: NULL argument");
+    if (!d || !seq || !tokens)
+        return muser_errorf(err, MUSER_E_ARG, "muser_prefill_begin: NULL argument");
+    if (!n)
+        return muser_errorf(err, MUSER_E_ARG, "muser_prefill_begin: no rows");
+    if (!d->be->forward_part || !d->part_rows)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "the %s backend runs a prefill chunk whole, not in parts",
+                            d->be->name);
+    if (d->part.n)
+        return muser_errorf(err, MUSER_E_ARG, "prefill in parts: a chunk is open on the device; finish or abort it first");
+    if (n > d->part_rows)
+        return muser_errorf(err, MUSER_E_ARG, "prefill in parts: a chunk of %u rows, at most %u", n, d->part_rows);
+    uint32_t runs = 0;
+    int rc = check_rows(d, seq, tokens, n, "prefill in parts", &runs, err);
+    if (rc)
+        return rc;
+    if (runs > MUSER_PREFILL_MAX_SEQS)
+        return muser_errorf(err, MUSER_E_ARG, "prefill in parts: %u sessions in one chunk, at most %u", runs,
+                            MUSER_PREFILL_MAX_SEQS);
+    d->part.seq = malloc((size_t)n * sizeof *seq);
+    d->part.tokens = malloc((size_t)n * sizeof *tokens);
+    if (!d->part.seq || !d->part.tokens) {
+        free(d->part.seq);
+        free(d->part.tokens);
+        memset(&d->part, 0, sizeof d->part);
+        return muser_errorf(err, MUSER_E_NOMEM, "prefill in parts: out of memory");
+    }
+    memcpy(d->part.seq, seq, (size_t)n * sizeof *seq);
+    memcpy(d->part.tokens, tokens, (size_t)n * sizeof *tokens);
+    d->part.n = n;
+    d->part.n_seqs = runs;
+    d->part.next_layer = 0;
+    for (uint32_t i = 0; i < n; i++)
+        seq[i]->in_part = true;
+    return MUSER_OK;
+}
+
+int muser_prefill_part(muser_device *d, uint32_t layers, float *logits, bool *done, muser_error *err)
+{
+    if (!d || !done)
+        return muser_errorf(err, MUSER_E_ARG, "muser_prefill_part: NULL argument");
     *done = false;
-    if (s->dev->part_owner != s)
-        return muser_errorf(err, MUSER_E_ARG, "prefill part: no chunk is open on this session");
-    const uint32_t L = s->model->hp.n_layer, l0 = s->part.next_layer;
+    if (!d->part.n)
+        return muser_errorf(err, MUSER_E_ARG, "prefill part: no chunk is open on the device");
+    const uint32_t L = d->model->hp.n_layer, l0 = d->part.next_layer;
     const uint32_t l1 = layers >= L - l0 ? L : l0 + (layers ? layers : 1);
-    int rc = s->be->forward_part(s, s->part.tokens, s->part.n, l0, l1, l1 == L ? logits : NULL, err);
+    const muser_step_rows rows = {.n = d->part.n, .seq = d->part.seq, .tokens = d->part.tokens};
+    int rc = d->be->forward_part(d, &rows, l0, l1, l1 == L ? logits : NULL, err);
     if (rc) {
-        muser_session_prefill_abort(s);
+        muser_prefill_abort(d);
         return rc;
     }
-    s->part.next_layer = l1;
+    d->part.next_layer = l1;
     if (l1 == L) {
-        s->n_past += s->part.n;
-        muser_session_prefill_abort(s); /* closed: done */
+        for (uint32_t i = 0; i < d->part.n; i++)
+            d->part.seq[i]->n_past++;
+        muser_prefill_abort(d); /* closed: done */
         *done = true;
     }
     return MUSER_OK;
 }
 
-void muser_session_prefill_abort(muser_session *s)
+void muser_prefill_abort(muser_device *d)
 {
-    if (!s || !s->dev || s->dev->part_owner != s)
+    if (!d || !d->part.n)
         return;
-    free(s->part.tokens);
-    memset(&s->part, 0, sizeof s->part);
-    s->dev->part_owner = NULL;
+    for (uint32_t i = 0; i < d->part.n; i++)
+        d->part.seq[i]->in_part = false;
+    free(d->part.seq);
+    free(d->part.tokens);
+    memset(&d->part, 0, sizeof d->part);
+}
+
+int muser_session_prefill_begin(muser_session *s, const int32_t *tokens, uint32_t n, muser_error *err)
+{
+    if (!s || !tokens)
+        return muser_errorf(err, MUSER_E_ARG, "muser_session_prefill_begin: NULL argument");
+    muser_session **seq = malloc((size_t)(n ? n : 1) * sizeof *seq);
+    if (!seq)
+        return muser_errorf(err, MUSER_E_NOMEM, "prefill in parts: out of memory");
+    for (uint32_t i = 0; i < n; i++)
+        seq[i] = s;
+    const int rc = muser_prefill_begin(s->dev, seq, tokens, n, err);
+    free(seq);
+    return rc;
 }
 
 int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
@@ -348,37 +415,10 @@ int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens
     if (n > d->max_rows)
         return muser_errorf(err, MUSER_E_ARG, "step: %u rows, but one pass takes at most %u", n,
                             d->max_rows);
-    int rc = check_tokens(d->model, tokens, n, err);
+    uint32_t runs = 0;
+    int rc = check_rows(d, seq, tokens, n, "step", &runs, err);
     if (rc)
         return rc;
-    for (uint32_t i = 0; i < n; i++) {
-        if (!seq[i] || seq[i]->dev != d)
-            return muser_errorf(err, MUSER_E_ARG, "step: row %u's session is %s", i,
-                                seq[i] ? "on another device" : "NULL");
-        if (d->part_owner == seq[i])
-            return muser_errorf(err, MUSER_E_ARG, "step: row %u's session has a prefill chunk open in parts", i);
-        if (i > 0 && seq[i] != seq[i - 1])
-            for (uint32_t j = 0; j + 1 < i; j++)
-                if (seq[j] == seq[i])
-                    return muser_errorf(err, MUSER_E_ARG,
-                                        "step: row %u continues the session of row %u after "
-                                        "another session's rows (a session's rows must be one "
-                                        "run, in order)",
-                                        i, j);
-    }
-    for (uint32_t i = 0; i < n;) {
-        uint32_t k = i;
-        while (k < n && seq[k] == seq[i])
-            k++;
-        const muser_session *s = seq[i];
-        if (s->n_past + (k - i) > s->opts.n_ctx)
-            return muser_errorf(err, MUSER_E_CONTEXT_FULL,
-                                "step: row %u is at position %llu, past its session's context of "
-                                "%llu",
-                                i + (uint32_t)(s->opts.n_ctx - s->n_past),
-                                (unsigned long long)s->opts.n_ctx, (unsigned long long)s->opts.n_ctx);
-        i = k;
-    }
     if (tap && (rc = muser_tap_check(d->model, tap, err)))
         return rc;
     if (top && (top->k == 0 || top->k > MUSER_TOP_MAX || top->k > d->model->hp.n_vocab || !top->id))
@@ -594,7 +634,8 @@ void muser_session_reset(muser_session *s)
 {
     if (!s)
         return;
-    muser_session_prefill_abort(s);
+    if (s->in_part)
+        muser_prefill_abort(s->dev);
     s->be->reset(s);
     s->n_past = 0;
 }

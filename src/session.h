@@ -104,15 +104,18 @@ typedef struct muser_backend {
      * and the oracle for now). */
     int (*forward_tap)(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
                        const muser_tap *tap, muser_error *err);
-    /* The prefill route over one chunk in parts (fwd_run_layers): layers [l0, l1) of tokens[0..n)
-     * (n ≤ d->part_rows) at s->n_past. session.c calls l0 = 0 first and then each part where the
-     * last one ended, with the same tokens; between the parts nothing runs on s and no other
-     * prefill on its device (other sessions' steps may). The part that reaches n_layer checks and
-     * commits as forward does and writes the last row's logits [V] (when non-NULL). The chunk's
-     * bytes are forward's whatever the parts. Nothing is committed before the last part, so an
-     * error, or a chunk never finished, leaves s as it was. NULL: the backend runs chunks whole. */
-    int (*forward_part)(muser_session *s, const int32_t *tokens, uint32_t n, uint32_t l0, uint32_t l1,
-                        float *logits, muser_error *err);
+    /* The prefill route over one chunk in parts (fwd_run_layers): layers [l0, l1) of rows->n
+     * rows (≤ d->part_rows) of up to MUSER_PREFILL_MAX_SEQS sessions, each session's rows one run
+     * at its n_past (session.c checked them as muser_step's). session.c calls l0 = 0 first and
+     * then each part where the last one ended, with the same rows; between the parts nothing runs
+     * on those sessions and no other prefill on the device (other sessions' steps may). The part
+     * that reaches n_layer checks and commits as forward does and writes each session's last
+     * row's logits, [sessions][V] in run order (when non-NULL). A session's bytes are those of
+     * forward over its rows alone, whatever the parts and whatever else shares the chunk. Nothing
+     * is committed before the last part, so an error, or a chunk never finished, leaves every
+     * session as it was. NULL: the backend runs chunks whole. */
+    int (*forward_part)(muser_device *d, const muser_step_rows *rows, uint32_t l0, uint32_t l1, float *logits,
+                        muser_error *err);
 } muser_backend;
 
 struct muser_device {
@@ -125,7 +128,11 @@ struct muser_device {
                                * GPU's GEMM tile; 0: no such floor): the engine's contended chunks
                                * take at least this many */
     uint32_t part_rows;       /* the most rows of a chunk run in parts (0: the backend has no parts) */
-    muser_session *part_owner; /* the session whose chunk is open in parts (NULL: none) */
+    struct {                  /* the chunk open in parts (n 0: none) */
+        muser_session **seq;  /* [n] each row's session */
+        int32_t *tokens;      /* [n] */
+        uint32_t n, n_seqs, next_layer;
+    } part;
     uint32_t n_sessions;      /* sessions open on it */
     /* pass_cost[n]: a pass of n rows of one sequence (a verify block), in decode steps, as the
      * backend estimates it (a fixed figure per backend and machine, never timed at run time, so
@@ -141,10 +148,7 @@ struct muser_session {
     bool owns_dev;            /* made by muser_session_new: freed with the session */
     void *be_state;
     uint64_t n_past;
-    struct {                  /* its chunk in parts, while d->part_owner is this session */
-        int32_t *tokens;
-        uint32_t n, next_layer;
-    } part;
+    bool in_part;             /* its rows are in the device's chunk open in parts */
 };
 
 int muser_device_new(muser_device **out, const muser_model *m, const muser_session_opts *o,
@@ -170,19 +174,25 @@ int muser_session_prefill_tap(muser_session *s, const int32_t *tokens, uint32_t 
                               const muser_tap *tap, muser_error *err);
 /* The prefill route over one chunk in parts of layers, so that other sessions' passes (muser_step)
  * can run between the parts: a long prompt's chunk does not hold decode steps back for its whole
- * length (the engine's scheduler, docs/engine.md). muser_session_prefill_begin checks the call as
- * muser_session_prefill does, keeps a copy of the tokens (n ≤ d->part_rows) and opens the chunk;
- * each muser_session_prefill_part runs the next `layers` layers (at least one; the first part also
- * the embedding, the last the LM head and the commit, which advances n_past and writes the last
- * row's logits [V] when logits is non-NULL) and sets *done after the last. The bytes of cache and
- * logits are muser_session_prefill's for the same chunk, however it is cut. While the chunk is
- * open, no other prefill runs on the device, and the session takes no call but its parts and
- * muser_session_prefill_abort, which closes the chunk unfinished (the session as before it;
- * muser_session_free aborts one too). An error in a part aborts the chunk. MUSER_E_UNSUPPORTED
- * where the backend runs chunks whole (d->part_rows 0). */
+ * length, and several prompts share a chunk (the engine's scheduler, docs/engine.md).
+ * muser_prefill_begin checks rows (seq[i], tokens[i]) as muser_step does — each session's rows
+ * one run, at most MUSER_PREFILL_MAX_SEQS sessions, n ≤ d->part_rows, each run within its
+ * session's context — keeps a copy and opens the chunk; each muser_prefill_part runs the next
+ * `layers` layers (at least one; the first part also the embedding, the last the LM head and the
+ * commit, which advances each session's n_past by its rows and writes each one's last row's
+ * logits [sessions][V], in run order, when logits is non-NULL) and sets *done after the last. A
+ * session's bytes of cache and logits are muser_session_prefill's over its rows, however the
+ * chunk is cut and whatever shares it. While the chunk is open no other prefill runs on the
+ * device, and its sessions take no call; muser_prefill_abort closes it unfinished (every session
+ * as before it; freeing or resetting one of its sessions aborts it too). An error in a part
+ * aborts the chunk. MUSER_E_UNSUPPORTED where the backend runs chunks whole (d->part_rows 0).
+ * muser_session_prefill_begin is the chunk of one session's n rows. */
+#define MUSER_PREFILL_MAX_SEQS 16
+int muser_prefill_begin(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
+                        muser_error *err);
+int muser_prefill_part(muser_device *d, uint32_t layers, float *logits, bool *done, muser_error *err);
+void muser_prefill_abort(muser_device *d);
 int muser_session_prefill_begin(muser_session *s, const int32_t *tokens, uint32_t n, muser_error *err);
-int muser_session_prefill_part(muser_session *s, uint32_t layers, float *logits, bool *done, muser_error *err);
-void muser_session_prefill_abort(muser_session *s);
 /* A tap is well formed for m: 1..MUSER_TAP_MAX_LAYERS ascending layers below n_layer, a buffer. */
 int muser_tap_check(const muser_model *m, const muser_tap *tap, muser_error *err);
 /* The small-batch route over n rows (seq[i], tokens[i]) of sessions on d: logits [n][V] (may be

@@ -151,11 +151,14 @@ static void outputs(void)
     }
     muser_pass_rec rec[MUSER_ENGINE_LOG];
     const uint32_t np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
-    uint32_t most = 0;
-    for (uint32_t i = 0; i < np; i++)
+    uint32_t most = 0, shared = 0;
+    for (uint32_t i = 0; i < np; i++) {
         if (rec[i].kind == MUSER_PASS_DECODE && rec[i].rows > most) most = rec[i].rows;
+        if (rec[i].kind == MUSER_PASS_PREFILL && rec[i].seqs > shared) shared = rec[i].seqs;
+    }
     printf("outputs: %d/%d sequences alone and %d/%d beside 15 others equal the direct session's bytes; "
-           "widest decode pass %u rows\n", same_alone, N_SEQ, same_together, N_SEQ, most);
+           "widest decode pass %u rows, widest prefill chunk %u prompts\n", same_alone, N_SEQ, same_together, N_SEQ,
+           most, shared);
     CHECK(same_alone == N_SEQ);
     CHECK(same_together == N_SEQ);
     /* (how often they shared a pass depends on timing; window() asserts the sharing) */

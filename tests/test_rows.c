@@ -9,7 +9,8 @@
  * 16-row window (the ring wraps inside a verify block too). Models: tiny in the release mix (the
  * tensor-core kernels on a GPU) and in Q8_0 (the general path), tiny llama, the trained default
  * model. The CPU always runs; CUDA where a GPU is present (else a visible SKIP line).
- * A prefill chunk in parts with other sessions' steps between them gives the chunk's bytes (parts).
+ * A prefill chunk in parts with other sessions' steps between them gives the chunk's bytes, and a
+ * chunk shared by several sessions each one's bytes alone (parts, parts_shared).
  * Then the packed route against the oracle within the contract, the hidden-state tap, and the
  * refusals (each leaves every session as it was). */
 #include "check.h"
@@ -467,7 +468,7 @@ static void parts(const muser_model *m, muser_backend_kind b, const char *what)
         bool done = false;
         uint32_t n_side = 0;
         while (!done) {
-            CHECK_OK(muser_session_prefill_part(a, ks[ki], lg, &done, &err), &err);
+            CHECK_OK(muser_prefill_part(d, ks[ki], lg, &done, &err), &err);
             if (err.code) break;
             if (!done && n_side < STEPS) { /* another sequence's step between two parts */
                 CHECK_OK(muser_step(d, &c, tok + HEAD + N + n_side, 1, side + (size_t)n_side * V, NULL, NULL, &err), &err);
@@ -490,7 +491,7 @@ static void parts(const muser_model *m, muser_backend_kind b, const char *what)
     /* while a chunk is open: the refusals, each leaving everything as it was; then the abort */
     const uint64_t past = a->n_past;
     CHECK_OK(muser_session_prefill_begin(a, tok, 4, &err), &err);
-    CHECK_OK(muser_session_prefill_part(a, 1, NULL, &bool_sink, &err), &err);
+    CHECK_OK(muser_prefill_part(d, 1, NULL, &bool_sink, &err), &err);
     CHECK(muser_session_prefill_begin(c, tok, 4, &err) == MUSER_E_ARG);
     CHECK(muser_session_prefill(c, tok, 2, NULL, &err) == MUSER_E_ARG);
     CHECKF(strstr(err.msg, "in parts") != NULL, "the refusal says why: %s", err.msg);
@@ -499,11 +500,11 @@ static void parts(const muser_model *m, muser_backend_kind b, const char *what)
     CHECK(muser_session_rollback(a, 0, &err) == MUSER_E_ARG);
     CHECK(muser_session_copy(c, a, &err) == MUSER_E_ARG);
     CHECK_OK(muser_step(d, &c, tok, 1, NULL, NULL, NULL, &err), &err); /* another session steps */
-    muser_session_prefill_abort(a);
+    muser_prefill_abort(d);
     CHECK(a->n_past == past);
     CHECK_OK(muser_session_kv_sha256(a, kv, &err), &err);
     CHECKF(!strcmp(kv, ref_kv), "an aborted chunk changed the cache");
-    CHECK(muser_session_prefill_part(a, 1, NULL, &bool_sink, &err) == MUSER_E_ARG); /* none open */
+    CHECK(muser_prefill_part(d, 1, NULL, &bool_sink, &err) == MUSER_E_ARG); /* none open */
     CHECK(muser_session_prefill_begin(a, tok, d->part_rows + 1, &err) == MUSER_E_ARG);
     const int32_t badtok[2] = {1, (int32_t)V};
     CHECK(muser_session_prefill_begin(a, badtok, 2, &err) == MUSER_E_ARG);
@@ -516,6 +517,70 @@ static void parts(const muser_model *m, muser_backend_kind b, const char *what)
     free(lg);
     free(side_ref);
     free(side);
+    muser_device_free(d);
+}
+
+/* Three sessions' rows in one chunk in parts (cut every 2 layers, a fourth session's step between
+ * the parts) give each session the bytes of its own rows prefilled alone: each one's last logits
+ * row and cache. */
+static void parts_shared(const muser_model *m, muser_backend_kind b, const char *what)
+{
+    const uint32_t V = m->hp.n_vocab, K = 3;
+    const uint32_t head[3] = {5, 0, 9}, rows[3] = {21, 3, 17}; /* histories before the chunk; its rows */
+    muser_device *d = dev_new(m, b);
+    if (!d) return;
+    if (!d->part_rows) {
+        muser_device_free(d);
+        return;
+    }
+    muser_error err = {0};
+    muser_session *s[3] = {NULL, NULL, NULL}, *c = NULL;
+    float *ref = malloc((size_t)K * V * sizeof(float)), *lg = malloc((size_t)K * V * sizeof(float));
+    char ref_kv[3][65], kv[65];
+    int32_t tok[3][40];
+    for (uint32_t k = 0; k < K; k++)
+        for (uint32_t i = 0; i < 40; i++) tok[k][i] = tok_of(11 + k, i, V);
+    for (uint32_t k = 0; k < K; k++) { /* alone */
+        CHECK_OK(muser_session_open(&s[k], d, 0, &err), &err);
+        if (!s[k]) return;
+        if (head[k]) CHECK_OK(muser_session_prefill(s[k], tok[k], head[k], NULL, &err), &err);
+        CHECK_OK(muser_session_prefill(s[k], tok[k] + head[k], rows[k], ref + (size_t)k * V, &err), &err);
+        CHECK_OK(muser_session_kv_sha256(s[k], ref_kv[k], &err), &err);
+        muser_session_reset(s[k]);
+        if (head[k]) CHECK_OK(muser_session_prefill(s[k], tok[k], head[k], NULL, &err), &err);
+    }
+    CHECK_OK(muser_session_open(&c, d, 0, &err), &err);
+    muser_session *ss[64];
+    int32_t tt[64];
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < K; k++)
+        for (uint32_t i = 0; i < rows[k]; i++) ss[n] = s[k], tt[n++] = tok[k][head[k] + i];
+    CHECK_OK(muser_prefill_begin(d, ss, tt, n, &err), &err);
+    bool done = false;
+    uint32_t parts_run = 0;
+    while (!done && !err.code) {
+        CHECK_OK(muser_prefill_part(d, 2, lg, &done, &err), &err);
+        parts_run++;
+        if (!done) CHECK_OK(muser_step(d, &c, tt, 1, NULL, NULL, NULL, &err), &err);
+    }
+    uint32_t bad = 0;
+    for (uint32_t k = 0; k < K; k++) {
+        CHECK_OK(muser_session_kv_sha256(s[k], kv, &err), &err);
+        bad += memcmp(lg + (size_t)k * V, ref + (size_t)k * V, (size_t)V * sizeof(float)) != 0 ||
+               strcmp(kv, ref_kv[k]) != 0 || s[k]->n_past != head[k] + rows[k];
+    }
+    printf("parts, %s on %s: one chunk of 3 sessions' rows (%u, %u, %u) in %u parts: %u of 3 differ from each "
+           "prefilled alone\n", what, muser_backend_name(b), rows[0], rows[1], rows[2], parts_run, bad);
+    CHECKF(bad == 0, "a shared chunk gave a session other bytes than its rows alone (%s, %s)", what,
+           muser_backend_name(b));
+    /* refusals: a session's rows split in two runs; too many sessions */
+    muser_session *split[3] = {s[0], s[1], s[0]};
+    CHECK(muser_prefill_begin(d, split, tt, 3, &err) == MUSER_E_ARG);
+    CHECKF(strstr(err.msg, "row 2") != NULL, "the refusal names the row: %s", err.msg);
+    for (uint32_t k = 0; k < K; k++) muser_session_free(s[k]);
+    muser_session_free(c);
+    free(ref);
+    free(lg);
     muser_device_free(d);
 }
 
@@ -550,7 +615,9 @@ int main(void)
         invariance(models[i], MUSER_BACKEND_CPU, names[i]);
         if (cuda) invariance(models[i], MUSER_BACKEND_CUDA, names[i]);
         parts(models[i], MUSER_BACKEND_CPU, names[i]);
+        parts_shared(models[i], MUSER_BACKEND_CPU, names[i]);
         if (cuda) parts(models[i], MUSER_BACKEND_CUDA, names[i]);
+        if (cuda) parts_shared(models[i], MUSER_BACKEND_CUDA, names[i]);
     }
     if (!cuda) printf("SKIP: the CUDA half (no GPU, or built without CUDA)\n");
     if (def && text) {

@@ -497,9 +497,22 @@ static int op_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_tens
                       float cap, bool all_rows, muser_error *err)
 {
     cpu_state *st = be;
+    const uint64_t V = st->V;
+    if (!all_rows && r->seq && r->seq[r->n - 1] > 0) /* several sequences (never on a TP rank): each one's last row */
+        for (uint32_t i = 0; i < r->n; i++)
+            if (i + 1 == r->n || r->seq[i + 1] != r->seq[i]) {
+                float *out = st->out_logits + (uint64_t)r->seq[i] * V;
+                run_matmul(st, r->route, row_of(st, src, i), st->width[src], 1, &w, &out, &V, 1);
+                if (!st->kn.logit_finish(out, V, scale, cap))
+                    return muser_errorf(err, MUSER_E_NUMERIC,
+                                        "cpu: non-finite logit at position %llu (fail closed: the "
+                                        "session did not advance)",
+                                        (unsigned long long)r->pos[i]);
+            }
+    if (!all_rows && r->seq && r->seq[r->n - 1] > 0)
+        return MUSER_OK;
     const uint32_t first = all_rows ? 0 : r->n - 1, m = r->n - first;
     float *out = st->out_logits;
-    const uint64_t V = st->V;
     if (st->tp && w->rows != V) {
         /* tensor parallel: this rank's vocabulary rows, gathered into whole rows on every rank
          * (before the cap and the check, so every rank decides alike) */
@@ -743,10 +756,10 @@ static int cpu_dev_init(muser_device *d, muser_error *err)
     pf->owns_pool = false;
     pf->pass_rows = d->opts.max_batch && d->opts.max_batch < CPU_PASS_ROWS ? d->opts.max_batch : CPU_PASS_ROWS;
     st->pf = pf;
-    if ((rc = state_alloc(st, MUSER_STEP_MAX_ROWS, err)) || (rc = state_alloc(pf, 1, err)))
+    if ((rc = state_alloc(st, MUSER_STEP_MAX_ROWS, err)) || (rc = state_alloc(pf, MUSER_PREFILL_MAX_SEQS, err)))
         goto fail;
     d->max_rows = MUSER_STEP_MAX_ROWS;
-    d->part_rows = pf->pass_rows;
+    d->part_rows = st->tp ? 0 : pf->pass_rows; /* a tensor-parallel rank runs its chunks whole (tp.c) */
     return MUSER_OK;
 fail:
     cpu_dev_free(d);
@@ -860,42 +873,17 @@ static int cpu_forward(muser_session *s, const int32_t *tokens, uint32_t n, floa
     return cpu_forward_tap(s, tokens, n, logits, all_logits, NULL, err);
 }
 
-/* Layers [l0, l1) of one chunk on the prefill pass state, which keeps the chunk's rows between
- * the parts (steps run on the other state); the positions and rotations are set by the first. */
-static int cpu_forward_part(muser_session *s, const int32_t *tokens, uint32_t n, uint32_t l0, uint32_t l1,
-                            float *logits, muser_error *err)
+/* The pass's table of sessions (st->pass_kv), fwd_rows.seq / .first and the positions of rows of
+ * several sessions, each one run at its n_past (session.c checked them); the number of sessions. */
+static uint32_t set_runs(cpu_state *st, const muser_step_rows *rows, int *rc, muser_error *err)
 {
-    cpu_state *st = ((cpu_state *)s->dev->be_state)->pf;
-    cpu_seq *q = s->be_state;
-    if (l0 == 0) {
-        const int rc = check_next(&q->kv, s->n_past, err);
-        if (rc)
-            return rc;
-        for (uint32_t i = 0; i < n; i++)
-            st->pos[i] = s->n_past + i;
-        set_rope(st, n);
-    }
-    st->pass_kv[0] = &q->kv;
-    st->out_logits = st->logits;
-    const fwd_rows rows = {.n = n, .tokens = tokens, .pos = st->pos, .route = FWD_ROUTE_BATCH};
-    const int rc = fwd_run_layers(&cpu_ops, st, st->m, &rows, l0, l1, logits ? 1 : 0, err);
-    if (!rc && logits && l1 == st->m->hp.n_layer)
-        memcpy(logits, st->logits, (uint64_t)st->V * sizeof(float));
-    return rc;
-}
-
-/* The small-batch route: one pass over rows of any sessions (session.c checked the runs). */
-static int cpu_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
-{
-    cpu_state *st = d->be_state;
-    const uint32_t n = rows->n;
     uint32_t n_seq = 0;
-    for (uint32_t i = 0; i < n; i++) {
+    *rc = MUSER_OK;
+    for (uint32_t i = 0; i < rows->n; i++) {
         if (i == 0 || rows->seq[i] != rows->seq[i - 1]) {
             cpu_seq *q = rows->seq[i]->be_state;
-            int rc = check_next(&q->kv, rows->seq[i]->n_past, err);
-            if (rc)
-                return rc;
+            if ((*rc = check_next(&q->kv, rows->seq[i]->n_past, err)))
+                return 0;
             st->pass_kv[n_seq++] = &q->kv;
             st->first[i] = i;
         } else {
@@ -904,13 +892,51 @@ static int cpu_step(muser_device *d, const muser_step_rows *rows, float *logits,
         st->seq[i] = n_seq - 1;
         st->pos[i] = rows->seq[i]->n_past + (i - st->first[i]);
     }
+    return n_seq;
+}
+
+/* Layers [l0, l1) of one chunk (rows of several sessions) on the prefill pass state, which keeps
+ * the chunk's rows between the parts (steps run on the other state); the positions, sessions and
+ * rotations are set by the first part. The last part's logits: each session's last row. */
+static int cpu_forward_part(muser_device *d, const muser_step_rows *rows, uint32_t l0, uint32_t l1, float *logits,
+                            muser_error *err)
+{
+    cpu_state *st = ((cpu_state *)d->be_state)->pf;
+    uint32_t n_seq = 0;
+    int rc = MUSER_OK;
+    if (l0 == 0) {
+        n_seq = set_runs(st, rows, &rc, err);
+        if (rc)
+            return rc;
+        set_rope(st, rows->n);
+    }
+    st->out_logits = st->logits;
+    const fwd_rows r = {.n = rows->n, .tokens = rows->tokens, .pos = st->pos, .seq = st->seq, .first = st->first,
+                        .route = FWD_ROUTE_BATCH};
+    rc = fwd_run_layers(&cpu_ops, st, st->m, &r, l0, l1, logits ? 1 : 0, err);
+    if (!rc && logits && l1 == st->m->hp.n_layer) {
+        n_seq = st->seq[rows->n - 1] + 1;
+        memcpy(logits, st->logits, (uint64_t)n_seq * st->V * sizeof(float));
+    }
+    return rc;
+}
+
+/* The small-batch route: one pass over rows of any sessions (session.c checked the runs). */
+static int cpu_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
+{
+    cpu_state *st = d->be_state;
+    const uint32_t n = rows->n;
+    int rc = MUSER_OK;
+    set_runs(st, rows, &rc, err);
+    if (rc)
+        return rc;
     set_rope(st, n);
     const fwd_rows r = {.n = n, .tokens = rows->tokens, .pos = st->pos, .seq = st->seq,
                         .first = st->first, .route = FWD_ROUTE_DECODE, .tap = rows->tap};
     /* every row's logits are computed and checked (a step's rows are all read), into scratch:
      * the caller's buffer is written only when the pass succeeded */
     st->out_logits = st->logits;
-    int rc = fwd_run(&cpu_ops, st, st->m, &r, 2, err);
+    rc = fwd_run(&cpu_ops, st, st->m, &r, 2, err);
     if (!rc && logits)
         memcpy(logits, st->logits, (uint64_t)n * st->V * sizeof(float));
     if (!rc && rows->top)

@@ -1335,9 +1335,15 @@ struct cu_pf {
     int32_t *d_bad;                   /* non-finite logits of the pass */
     float *logits;                    /* [rows][V] every row's logits (made when first wanted) */
     void *mem;                        /* one allocation for all but logits */
-    /* the pass in flight */
-    uint64_t pos[PF_ROWS_MAX];        /* its rows' positions (kept between the parts of a chunk) */
-    cu_seq *sq;
+    /* the pass in flight: its sessions' runs of rows (one, or several for a chunk in parts), kept
+     * between the parts of a chunk */
+    uint64_t pos[PF_ROWS_MAX];        /* each row's position */
+    uint32_t n_seg;
+    struct {
+        cu_seq *sq;
+        uint32_t row0, n;             /* its rows of the pass */
+    } seg[MUSER_PREFILL_MAX_SEQS];
+    float *seg_logits;                /* [MUSER_PREFILL_MAX_SEQS][V] the runs' last rows (made when first wanted) */
     float *out;                       /* host: the logits the caller wants (NULL: none) */
     /* MUSER_CUDA_PROFILE=1: seconds per op family (each op synchronised), printed per call */
     bool prof;
@@ -1364,6 +1370,7 @@ static void pf_free(cu_pf *pf)
     if (!pf) return;
     cudaFree(pf->mem);
     cudaFree(pf->logits);
+    cudaFree(pf->seg_logits);
     free(pf);
 }
 
@@ -1570,10 +1577,15 @@ static void pfo_attn_stage(void *be, const fwd_rows *r, uint32_t l, const muser_
     cu_ctx *c = (cu_ctx *)be;
     cu_pf *pf = c->pf;
     const muser_hparams *hp = &c->m->hp;
-    const size_t st = (size_t)l * pf->rows * hp->n_head_kv * hp->head_dim;
-    PF_T(pf, PFP_STAGE, pf_stage(c->st, pf->buf[FWD_Q], pf->buf[FWD_K], pf->buf[FWD_V], pf_vec(c, q_norm), pf_vec(c, k_norm),
-                                 eps, rope, neox, c->rope_inv, r->pos[0], r->n, hp->n_head, hp->n_head_kv, hp->head_dim,
-                                 pf->sk + st, pf->sv + st));
+    const size_t QD = (size_t)hp->n_head * hp->head_dim, KD = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t st = (size_t)l * pf->rows * KD;
+    for (uint32_t g = 0; g < pf->n_seg; g++) { /* each run at its own positions */
+        const size_t i0 = pf->seg[g].row0;
+        PF_T(pf, PFP_STAGE, pf_stage(c->st, pf->buf[FWD_Q] + i0 * QD, pf->buf[FWD_K] + i0 * KD, pf->buf[FWD_V] + i0 * KD,
+                                     pf_vec(c, q_norm), pf_vec(c, k_norm), eps, rope, neox, c->rope_inv, r->pos[i0],
+                                     pf->seg[g].n, hp->n_head, hp->n_head_kv, hp->head_dim, pf->sk + st + i0 * KD,
+                                     pf->sv + st + i0 * KD));
+    }
 }
 
 static void pfo_attention(void *be, const fwd_rows *r, uint32_t l, uint32_t window, float scale)
@@ -1581,17 +1593,24 @@ static void pfo_attention(void *be, const fwd_rows *r, uint32_t l, uint32_t wind
     cu_ctx *c = (cu_ctx *)be;
     cu_pf *pf = c->pf;
     const muser_hparams *hp = &c->m->hp;
-    const kv_plane *pl = &pf->sq->kv.planes[l];
-    const cu_plane_meta meta = pf_meta(pl);
-    const size_t st = (size_t)l * pf->rows * hp->n_head_kv * hp->head_dim;
-    /* the tensor-core kernel where it takes the geometry (pfattn.cuh), else the plain one */
-    PF_T(pf, PFP_ATTN, {
-        if (pf_attention_tc(c->st, pf->buf[FWD_Q], pf->sk + st, pf->sv + st, pf->sq->pl[l].kp, pf->sq->pl[l].vp, &meta,
-                            pl->ring, r->pos[0], r->n, window, scale, hp->n_head, hp->n_head_kv, hp->head_dim,
-                            pf->buf[FWD_O]))
-            pf_attention(c->st, pf->buf[FWD_Q], pf->sk + st, pf->sv + st, pf->sq->pl[l].kp, pf->sq->pl[l].vp, &meta,
-                         pl->ring, r->pos[0], r->n, window, scale, hp->n_head, hp->n_head_kv, hp->head_dim, pf->buf[FWD_O]);
-    });
+    const size_t QD = (size_t)hp->n_head * hp->head_dim, KD = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t st = (size_t)l * pf->rows * KD;
+    for (uint32_t g = 0; g < pf->n_seg; g++) { /* each run over its own session's plane and staged rows */
+        const cu_seq *sq = pf->seg[g].sq;
+        const kv_plane *pl = &sq->kv.planes[l];
+        const cu_plane_meta meta = pf_meta(pl);
+        const size_t i0 = pf->seg[g].row0;
+        const float *q = pf->buf[FWD_Q] + i0 * QD;
+        const uint16_t *sk = pf->sk + st + i0 * KD, *sv = pf->sv + st + i0 * KD;
+        float *o = pf->buf[FWD_O] + i0 * QD;
+        /* the tensor-core kernel where it takes the geometry (pfattn.cuh), else the plain one */
+        PF_T(pf, PFP_ATTN, {
+            if (pf_attention_tc(c->st, q, sk, sv, sq->pl[l].kp, sq->pl[l].vp, &meta, pl->ring, r->pos[i0], pf->seg[g].n,
+                                window, scale, hp->n_head, hp->n_head_kv, hp->head_dim, o))
+                pf_attention(c->st, q, sk, sv, sq->pl[l].kp, sq->pl[l].vp, &meta, pl->ring, r->pos[i0], pf->seg[g].n,
+                             window, scale, hp->n_head, hp->n_head_kv, hp->head_dim, o);
+        });
+    }
 }
 
 static void pfo_gate(void *be, const fwd_rows *r)
@@ -1615,8 +1634,9 @@ static void pfo_tail(void *be, const fwd_rows *r, const muser_tensor *w_post, fl
                                eps_next, pf->buf[dst], r->n, c->m->hp.n_embd));
 }
 
-/* The last row: the decode route's LM head (its digits prepared from that row). Every row: the
- * GEMM over slabs of the head. Then the non-finite count over what was computed. */
+/* The last row of each run: the decode route's LM head (its digits prepared from that row). Every
+ * row (one run): the GEMM over slabs of the head. Then the non-finite count over what was
+ * computed, and only then the copy to the caller. */
 static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_tensor *w, float scale, float cap,
                        bool all_rows, muser_error *err)
 {
@@ -1626,6 +1646,7 @@ static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_ten
     const mv_mat *head = pf_mat(c, w);
     cudaMemsetAsync(pf->d_bad, 0, sizeof(int32_t), c->st);
     const float *y;
+    uint64_t ny = V;
     if (all_rows) {
         if (!pf->logits)
             CU_TRY(cudaMalloc((void **)&pf->logits, (size_t)pf->rows * V * sizeof(float)), "prefill logits");
@@ -1633,17 +1654,28 @@ static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_ten
         pf_split_for(c, head, pf->buf[src], E, r->n, &have);
         pf_matmul(c, head, r->n, pf->logits, V, MV_OP_SOFTCAP, scale, cap);
         y = pf->logits;
+        ny = (uint64_t)r->n * V;
     } else {
-        set_site(c, XS_STACK);
-        mv_launch hl;
-        memset(&hl, 0, sizeof hl);
-        seg_set(&hl, head, c->logits, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(head->type));
-        hl.seg[0].scale = scale;
-        hl.seg[0].cap = cap;
-        PF_T(pf, PFP_HEAD, mv_go(c, c->st, &hl, pf->buf[src] + (size_t)(r->n - 1) * E, 0));
-        y = c->logits;
+        float *out = c->logits;
+        if (pf->n_seg > 1) {
+            if (!pf->seg_logits)
+                CU_TRY(cudaMalloc((void **)&pf->seg_logits, (size_t)MUSER_PREFILL_MAX_SEQS * V * sizeof(float)),
+                       "prefill logits");
+            out = pf->seg_logits;
+            ny = (uint64_t)pf->n_seg * V;
+        }
+        for (uint32_t g = 0; g < pf->n_seg; g++) {
+            set_site(c, XS_STACK);
+            mv_launch hl;
+            memset(&hl, 0, sizeof hl);
+            seg_set(&hl, head, out + (size_t)g * V, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(head->type));
+            hl.seg[0].scale = scale;
+            hl.seg[0].cap = cap;
+            const size_t last = pf->seg[g].row0 + pf->seg[g].n - 1;
+            PF_T(pf, PFP_HEAD, mv_go(c, c->st, &hl, pf->buf[src] + last * E, 0));
+        }
+        y = out;
     }
-    const uint64_t ny = all_rows ? (uint64_t)r->n * V : V;
     pf_count_nonfinite(c->st, y, ny, pf->d_bad);
     CU_TRY(cudaMemcpyAsync(c->h_flags + 1, pf->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, c->st), "prefill check");
     CU_TRY(cudaStreamSynchronize(c->st), "prefill");
@@ -1652,7 +1684,7 @@ static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_ten
     if (bad)
         return muser_errorf(err, MUSER_E_NUMERIC, "cuda: %d non-finite logits in the prefill of positions %llu..%llu "
                             "(fail closed)", bad, (unsigned long long)r->pos[0], (unsigned long long)r->pos[r->n - 1]);
-    if (pf->out) /* [n][V], or the last row's [V] */
+    if (pf->out) /* [n][V] (one run), or each run's last row's [V] */
         CU_TRY(cudaMemcpy(pf->out, y, ny * sizeof(float), cudaMemcpyDeviceToHost), "prefill logits copy");
     return MUSER_OK;
 }
@@ -1662,18 +1694,22 @@ static int pfo_kv_append_staged(void *be, const fwd_rows *r, muser_error *err)
 {
     cu_ctx *c = (cu_ctx *)be;
     cu_pf *pf = c->pf;
-    cu_seq *sq = pf->sq;
     const muser_hparams *hp = &c->m->hp;
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
-        kv_plane *pl = &sq->kv.planes[l];
-        for (uint32_t i = 0; i < r->n; i++) {
-            const int rc = kv_plane_append(pl, r->pos[i], NULL, NULL, err);
-            if (rc) return rc; /* positions were checked up front: cannot happen */
+    const size_t KD = (size_t)hp->n_head_kv * hp->head_dim;
+    for (uint32_t g = 0; g < pf->n_seg; g++) {
+        cu_seq *sq = pf->seg[g].sq;
+        const uint32_t i0 = pf->seg[g].row0, n = pf->seg[g].n;
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            kv_plane *pl = &sq->kv.planes[l];
+            for (uint32_t i = i0; i < i0 + n; i++) {
+                const int rc = kv_plane_append(pl, r->pos[i], NULL, NULL, err);
+                if (rc) return rc; /* positions were checked up front: cannot happen */
+            }
+            const cu_plane_meta meta = pf_meta(pl);
+            const size_t st = (size_t)l * pf->rows * KD + i0 * KD;
+            PF_T(pf, PFP_STORE, pf_store(c->st, pf->sk + st, pf->sv + st, sq->pl[l].kp, sq->pl[l].vp, &meta, pl->ring,
+                                         r->pos[i0], n, hp->n_head_kv, hp->head_dim));
         }
-        const cu_plane_meta meta = pf_meta(pl);
-        const size_t st = (size_t)l * pf->rows * hp->n_head_kv * hp->head_dim;
-        PF_T(pf, PFP_STORE, pf_store(c->st, pf->sk + st, pf->sv + st, sq->pl[l].kp, sq->pl[l].vp, &meta, pl->ring,
-                                     r->pos[0], r->n, hp->n_head_kv, hp->head_dim));
     }
     CU_TRY(cudaStreamSynchronize(c->st), "prefill KV store");
     CU_TRY(cudaGetLastError(), "prefill KV store");
@@ -1701,15 +1737,13 @@ static bool pf_model_ok(const cu_ctx *c)
            hp->head_dim % 32 == 0 && hp->head_dim <= 128;
 }
 
-/* Layers [l0, l1) of one chunk of m rows at position p0 (fwd_run_layers; the positions set by the
- * part that starts it); out: the logits the caller wants ([m][V], the last row's [V], or NULL). */
-static int pf_chunk(cu_seq *sq, const int32_t *tokens, uint32_t m, uint64_t p0, uint32_t l0, uint32_t l1, float *out,
-                    bool all_logits, const muser_tap *tap, muser_error *err)
+/* Layers [l0, l1) of the pass of m rows whose runs pf->seg hold (fwd_run_layers; pf->pos set by
+ * the part that starts it); out: the logits the caller wants ([m][V] of one run, each run's last
+ * row's [V], or NULL). */
+static int pf_chunk(cu_ctx *c, const int32_t *tokens, uint32_t m, uint32_t l0, uint32_t l1, float *out, bool all_logits,
+                    const muser_tap *tap, muser_error *err)
 {
-    cu_ctx *c = sq->c;
     cu_pf *pf = c->pf;
-    if (l0 == 0)
-        for (uint32_t i = 0; i < m; i++) pf->pos[i] = p0 + i;
     fwd_rows r;
     memset(&r, 0, sizeof r);
     r.n = m;
@@ -1717,11 +1751,18 @@ static int pf_chunk(cu_seq *sq, const int32_t *tokens, uint32_t m, uint64_t p0, 
     r.pos = pf->pos;
     r.route = FWD_ROUTE_BATCH;
     r.tap = tap;
-    pf->sq = sq;
     pf->out = out;
-    const int rc = fwd_run_layers(&pf_ops, c, c->m, &r, l0, l1, all_logits ? 2 : out ? 1 : 0, err);
-    pf->sq = NULL;
-    return rc;
+    return fwd_run_layers(&pf_ops, c, c->m, &r, l0, l1, all_logits ? 2 : out ? 1 : 0, err);
+}
+
+/* The pass is m rows of one session from position p0. */
+static void pf_one_run(cu_pf *pf, cu_seq *sq, uint32_t m, uint64_t p0)
+{
+    pf->n_seg = 1;
+    pf->seg[0].sq = sq;
+    pf->seg[0].row0 = 0;
+    pf->seg[0].n = m;
+    for (uint32_t i = 0; i < m; i++) pf->pos[i] = p0 + i;
 }
 
 /* MUSER_CUDA_PROFILE: the time per op family since the last print, then zeroed. */
@@ -1764,7 +1805,8 @@ static int pf_forward(cu_seq *sq, const int32_t *tokens, uint32_t n, uint64_t p0
         }
         const bool last = c0 + m == n;
         float *out = !logits ? NULL : all_logits ? logits + (size_t)c0 * V : last ? logits : NULL;
-        rc = pf_chunk(sq, tokens + c0, m, p0 + c0, 0, c->m->hp.n_layer, out, all_logits, tap ? &chunk_tap : NULL, err);
+        pf_one_run(pf, sq, m, p0 + c0);
+        rc = pf_chunk(c, tokens + c0, m, 0, c->m->hp.n_layer, out, all_logits, tap ? &chunk_tap : NULL, err);
         if (rc) return rc;
     }
     if (pf->prof) pf_prof_print(pf, n, p0);
@@ -1913,30 +1955,47 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
     return be_forward_tap(s, tokens, n, logits, all_logits, NULL, err);
 }
 
-/* Layers [l0, l1) of one chunk (session.c: n ≤ part_rows, in order, nothing else on the session
- * or the workspace in between). Only the last part stores into the cache, so it alone saves and,
- * on failure, restores the session; each part ends synchronised, so the steps between parts
- * (the decode graphs on the same stream) start after it. */
-static int be_forward_part(muser_session *s, const int32_t *tokens, uint32_t n, uint32_t l0, uint32_t l1,
-                           float *logits, muser_error *err)
+/* Layers [l0, l1) of one chunk of rows of several sessions (session.c: n ≤ part_rows, each
+ * session's rows one run, the parts in order, nothing else on those sessions or the workspace in
+ * between). The first part lays out the runs; only the last stores into the caches, so it alone
+ * saves and, on failure, restores the sessions; each part ends synchronised, so the steps between
+ * parts (the decode graphs on the same stream) start after it. */
+static int be_forward_part(muser_device *d, const muser_step_rows *rows, uint32_t l0, uint32_t l1, float *logits,
+                           muser_error *err)
 {
-    cu_seq *sq = (cu_seq *)s->be_state;
-    cu_ctx *c = sq->c;
-    int rc = l0 == 0 ? pf_ws(c, pf_chunk_rows(s->opts.max_batch), err) : MUSER_OK;
+    cu_ctx *c = (cu_ctx *)d->be_state;
+    int rc = l0 == 0 ? pf_ws(c, pf_chunk_rows(d->opts.max_batch), err) : MUSER_OK;
     if (rc) return rc;
+    cu_pf *pf = c->pf;
+    if (l0 == 0) {
+        pf->n_seg = 0;
+        for (uint32_t i = 0; i < rows->n; i++) {
+            if (i == 0 || rows->seq[i] != rows->seq[i - 1]) {
+                pf->seg[pf->n_seg].sq = (cu_seq *)rows->seq[i]->be_state;
+                pf->seg[pf->n_seg].row0 = i;
+                pf->seg[pf->n_seg++].n = 0;
+            }
+            pf->pos[i] = rows->seq[i]->n_past + pf->seg[pf->n_seg - 1].n++;
+        }
+    }
     const bool last = l1 == c->m->hp.n_layer;
-    bool wraps = false;
-    if (last && (rc = seq_save(sq, n, true, &wraps, err))) return rc;
-    rc = pf_chunk(sq, tokens, n, s->n_past, l0, l1, logits, false, NULL, err);
+    bool wraps[MUSER_PREFILL_MAX_SEQS] = {false};
+    for (uint32_t g = 0; last && g < pf->n_seg; g++)
+        if ((rc = seq_save(pf->seg[g].sq, pf->seg[g].n, true, &wraps[g], err))) return rc;
+    rc = pf_chunk(c, rows->tokens, rows->n, l0, l1, logits, false, NULL, err);
     if (!rc && !last) {
         CU_TRY(cudaStreamSynchronize(c->st), "prefill part");
         CU_TRY(cudaGetLastError(), "prefill part");
     }
     if (rc && last) {
-        const int r2 = seq_restore(sq, wraps, err);
+        int r2 = MUSER_OK;
+        for (uint32_t g = 0; g < pf->n_seg; g++) {
+            const int r3 = seq_restore(pf->seg[g].sq, wraps[g], err);
+            if (!r2) r2 = r3;
+        }
         return r2 ? r2 : rc;
     }
-    if (!rc && last && c->pf->prof) pf_prof_print(c->pf, n, s->n_past);
+    if (!rc && last && pf->prof) pf_prof_print(pf, rows->n, pf->pos[0]);
     return rc;
 }
 
