@@ -126,7 +126,7 @@ struct muser_device {
     uint32_t max_rows;        /* rows one muser_step may carry */
     uint32_t prefill_rows;    /* the fewest rows a prefill call needs to run near its best rate (the
                                * GPU's GEMM tile; 0: no such floor): the engine's contended chunks
-                               * take at least this many */
+                               * that run whole (a tapped prompt's) take at least this many */
     uint32_t part_rows;       /* the most rows of a chunk run in parts (0: the backend has no parts) */
     struct {                  /* the chunk open in parts (n 0: none) */
         muser_session **seq;  /* [n] each row's session */
