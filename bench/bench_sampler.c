@@ -43,6 +43,7 @@ int main(int argc, char **argv)
         {"top-k 40, top-p 0.95, T 0.8 + logprob", 0.8f, 40, 0.95f, 1},
         {"top-k 40, top-p 0.95, T 0.8 + 5 top logprobs", 0.8f, 40, 0.95f, 6},
         {"top-p 0.95, T 0.8 (no top-k)", 0.8f, 0, 0.95f, 0},
+        {"T 0.8 alone (OpenAI's defaults: top-p 1)", 0.8f, 0, 1.0f, 0},
     };
     printf("sampler on a %u-token row, median of %d calls (5.22 ms = one Glimmer decode step on the H200)\n", V, reps);
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {

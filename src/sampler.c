@@ -44,6 +44,7 @@
 #include <string.h>
 
 #define SAMPLER_MAX_LOGPROBS 20
+#define W_BLOCK 64 /* the draw's blocks of candidates (block_sums) */
 /* top-p buckets: a positive float's upper 16 bits (sign, exponent, 7 mantissa bits) order it,
  * so weights in (0, 1] fall in buckets 0 .. 0x3F80, larger weight -> higher bucket. */
 #define TOP_P_BUCKETS (0x3F80 + 1)
@@ -58,6 +59,8 @@ struct muser_sampler {
     int32_t *b_idx;    /* [V] top-p: the candidates of the boundary bucket */
     float *b_val;      /* [V] */
     double *b_mass;    /* [TOP_P_BUCKETS] top-p: weight per bucket */
+    double *bsum;      /* [V / W_BLOCK + 1] the kept candidates' weight per block of W_BLOCK (draw) */
+    int32_t *iota;     /* [V] 0, 1, ... V - 1 */
     int32_t *counts;   /* [V] occurrences of each id in the penalty window */
     int32_t *history;  /* [repeat_last_n] ring of the last accepted ids */
     uint32_t hist_len, hist_head;
@@ -160,14 +163,18 @@ int muser_sampler_new(muser_sampler **out, uint32_t n_vocab, const muser_sampler
     s->b_idx = malloc((size_t)n_vocab * sizeof *s->b_idx);
     s->b_val = malloc((size_t)n_vocab * sizeof *s->b_val);
     s->b_mass = malloc(TOP_P_BUCKETS * sizeof *s->b_mass);
+    s->bsum = malloc(((size_t)n_vocab / W_BLOCK + 1) * sizeof *s->bsum);
+    s->iota = malloc((size_t)n_vocab * sizeof *s->iota);
     s->counts = calloc(n_vocab, sizeof *s->counts);
     s->history = malloc((size_t)(p->repeat_last_n ? p->repeat_last_n : 1) * sizeof *s->history);
-    if (!s->work || !s->idx || !s->val || !s->b_idx || !s->b_val || !s->b_mass || !s->counts ||
+    if (!s->work || !s->idx || !s->val || !s->b_idx || !s->b_val || !s->b_mass || !s->bsum || !s->iota || !s->counts ||
         !s->history) {
         muser_sampler_free(s);
         return muser_errorf(err, MUSER_E_NOMEM, "sampler: out of memory for %u-entry buffers",
                             n_vocab);
     }
+    for (uint32_t i = 0; i < n_vocab; i++)
+        s->iota[i] = (int32_t)i;
     rng_seed(s->rng, p->seed);
     *out = s;
     return MUSER_OK;
@@ -182,6 +189,8 @@ void muser_sampler_free(muser_sampler *s)
     free(s->val);
     free(s->b_idx);
     free(s->b_val);
+    free(s->bsum);
+    free(s->iota);
     free(s->b_mass);
     free(s->counts);
     free(s->history);
@@ -535,6 +544,181 @@ static uint32_t top_p_threshold(muser_sampler *s, uint32_t n, double need, doubl
     return kept;
 }
 
+/* A candidate's weight e^x, x = (l − l_max) / T ≤ 0: x = k·ln2 + r (k the nearest integer to
+ * x·log2 e, ln2 in two parts), e^r by its Taylor polynomial of degree 7 (|r| ≤ ln2/2: truncation
+ * under 4e-9 relative), times 2^k. Every step is one IEEE multiply, round or fused multiply-add, so
+ * the AVX2 pass (eight lanes) and the plain loop give the same bits, within 2 ulp of e^x; below
+ * x = −87 (under the smallest normal float, a weight no draw can meet against the best's 1) it
+ * is 0. The best candidate (x = 0) weighs exactly 1. */
+#define W_LOG2E 1.44269504f
+#define W_LN2_HI 0.693145751953125f
+#define W_LN2_LO 1.428606765330187e-06f
+#define W_FLOOR -87.0f
+static const float w_c[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+
+static float weight_of(float x)
+{
+    if (!(x >= W_FLOOR))
+        return 0.0f;
+    const float k = rintf(x * W_LOG2E);
+    float r = fmaf(k, -W_LN2_HI, x);
+    r = fmaf(k, -W_LN2_LO, r);
+    float p = w_c[0];
+    for (int j = 1; j < 8; j++)
+        p = fmaf(p, r, w_c[j]);
+    const uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static void weights_avx2(const float *x, float *w, uint32_t n)
+{
+    const __m256 floor = _mm256_set1_ps(W_FLOOR), log2e = _mm256_set1_ps(W_LOG2E);
+    const __m256 nhi = _mm256_set1_ps(-W_LN2_HI), nlo = _mm256_set1_ps(-W_LN2_LO);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 keep = _mm256_cmp_ps(v, floor, _CMP_GE_OQ);
+        const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 r = _mm256_fmadd_ps(k, nhi, v);
+        r = _mm256_fmadd_ps(k, nlo, r);
+        __m256 p = _mm256_set1_ps(w_c[0]);
+        for (int j = 1; j < 8; j++)
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(w_c[j]));
+        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+        _mm256_storeu_ps(w + i, _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e))));
+    }
+    for (; i < n; i++)
+        w[i] = weight_of(x[i]);
+}
+#endif
+
+/* w[i] = weight_of(x[i]) (w may be x) */
+static void weights(const float *x, float *w, uint32_t n)
+{
+#if defined(__x86_64__)
+    if (muser_rows_avx2() && __builtin_cpu_supports("fma")) {
+        weights_avx2(x, w, n);
+        return;
+    }
+#endif
+    for (uint32_t i = 0; i < n; i++)
+        w[i] = weight_of(x[i]);
+}
+
+/* Whether x[0, n) holds a -inf (a masked id): sixteen at a time with AVX2. */
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static bool any_neg_inf_avx2(const float *x, uint32_t n)
+{
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 hit = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        hit = _mm256_or_ps(hit, _mm256_cmp_ps(_mm256_loadu_ps(x + i), ninf, _CMP_EQ_OQ));
+    bool any = _mm256_movemask_ps(hit) != 0;
+    for (; i < n; i++)
+        any |= x[i] == -INFINITY;
+    return any;
+}
+#endif
+
+static bool any_neg_inf(const float *x, uint32_t n)
+{
+#if defined(__x86_64__)
+    if (muser_rows_avx2()) return any_neg_inf_avx2(x, n);
+#endif
+    bool any = false;
+    for (uint32_t i = 0; i < n; i++)
+        any |= x[i] == -INFINITY;
+    return any;
+}
+
+/* The largest of x[0, n) (no NaN; -inf for n 0): eight lanes with AVX2 (the maximum does not
+ * depend on the order), else one compare each. */
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static float max_of_avx2(const float *x, uint32_t n)
+{
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    float lane[8], r = -INFINITY;
+    _mm256_storeu_ps(lane, m);
+    for (int j = 0; j < 8; j++)
+        r = lane[j] > r ? lane[j] : r;
+    for (; i < n; i++)
+        r = x[i] > r ? x[i] : r;
+    return r;
+}
+#endif
+
+static float max_of(const float *x, uint32_t n)
+{
+#if defined(__x86_64__)
+    if (muser_rows_avx2()) return max_of_avx2(x, n);
+#endif
+    float r = -INFINITY;
+    for (uint32_t i = 0; i < n; i++)
+        r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+/* The weight of the candidates w[0, n) per block of W_BLOCK into bsum, and their sum: a block's
+ * is eight lanes (lane j the candidates j, j + 8, ... of the block, each summed in f64 in order)
+ * added in lane order, the blocks then in order. The AVX2 pass and the plain loop do the same adds
+ * in the same order, so they give the same bits; the draw walks the same blocks. */
+static double block_sums_plain(const float *w, uint32_t n, double *bsum, uint32_t b0)
+{
+    double mass = 0.0;
+    for (uint32_t b = b0; b * W_BLOCK < n; b++) {
+        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        const uint32_t end = (b + 1) * W_BLOCK < n ? (b + 1) * W_BLOCK : n;
+        for (uint32_t i = b * W_BLOCK; i < end; i++)
+            lane[i % 8] += (double)w[i];
+        double t = 0.0;
+        for (int j = 0; j < 8; j++)
+            t += lane[j];
+        bsum[b] = t;
+    }
+    for (uint32_t b = 0; b * W_BLOCK < n; b++)
+        mass += bsum[b];
+    return mass;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static double block_sums_avx2(const float *w, uint32_t n, double *bsum)
+{
+    const uint32_t full = n / W_BLOCK;
+    for (uint32_t b = 0; b < full; b++) {
+        const float *x = w + (size_t)b * W_BLOCK;
+        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+        for (uint32_t g = 0; g < W_BLOCK; g += 8) {
+            const __m256 v = _mm256_loadu_ps(x + g);
+            lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+            hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        }
+        double lane[8];
+        _mm256_storeu_pd(lane, lo);
+        _mm256_storeu_pd(lane + 4, hi);
+        double t = 0.0;
+        for (int j = 0; j < 8; j++)
+            t += lane[j];
+        bsum[b] = t;
+    }
+    return block_sums_plain(w, n, bsum, full); /* the tail block, and the sum over all blocks */
+}
+#endif
+
+static double block_sums(const float *w, uint32_t n, double *bsum)
+{
+#if defined(__x86_64__)
+    if (muser_rows_avx2()) return block_sums_avx2(w, n, bsum);
+#endif
+    return block_sums_plain(w, n, bsum, 0);
+}
+
 /* Whether top-k applies: it keeps fewer than the whole vocabulary. */
 static bool top_k_on(const muser_sampler *s) { return s->p.top_k > 0 && s->p.top_k < s->n_vocab; }
 
@@ -552,6 +736,10 @@ static void truncate_cands(muser_sampler *s, uint32_t *n_out, double *mass_out)
         muser_top_k(s->row, V, s->p.top_k, s->val, s->idx);
         while (n < s->p.top_k && s->val[n] != -INFINITY)
             n++;
+    } else if (!any_neg_inf(s->row, V)) { /* every id a candidate: the row and the ids as they are */
+        memcpy(s->val, s->row, (size_t)V * sizeof *s->val);
+        memcpy(s->idx, s->iota, (size_t)V * sizeof *s->idx);
+        n = V;
     } else {
         for (uint32_t i = 0; i < V; i++) {
             if (s->row[i] == -INFINITY)
@@ -571,11 +759,9 @@ static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_
     const muser_sampler_params *p = &s->p;
 
     /* Temperature: val becomes x = (l - l_max) / T <= 0, the best at 0; a tiny T sends the rest
-     * to -inf (never inf * 0 = NaN). A candidate's weight is expf(x), the best weighing 1. */
-    float raw_max = -INFINITY;
-    for (uint32_t i = 0; i < n; i++)
-        if (s->val[i] > raw_max)
-            raw_max = s->val[i];
+     * to -inf (never inf * 0 = NaN). A candidate's weight is weight_of(x) ≈ e^x, the best
+     * weighing 1. */
+    const float raw_max = sorted ? (n ? s->val[0] : -INFINITY) : max_of(s->val, n);
     for (uint32_t i = 0; i < n; i++)
         s->val[i] = (s->val[i] - raw_max) / p->temperature;
 
@@ -584,9 +770,11 @@ static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_
      * only its survivors need a weight beyond z. */
     double z = 0.0, mass = 0.0;
     if (p->min_p > 0.0f) {
-        if (p->top_p < 1.0f)
+        if (p->top_p < 1.0f) {
+            weights(s->val, s->b_val, n); /* (b_val is free until top_p_threshold) */
             for (uint32_t i = 0; i < n; i++)
-                z += (double)expf(s->val[i]);
+                z += (double)s->b_val[i];
+        }
         const float cut = logf(p->min_p);
         uint32_t kept = 0;
         for (uint32_t i = 0; i < n; i++)
@@ -596,15 +784,14 @@ static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_
                 kept++;
             }
         n = kept;
-        for (uint32_t i = 0; i < n; i++) {
-            s->val[i] = expf(s->val[i]);
+        weights(s->val, s->val, n);
+        for (uint32_t i = 0; i < n; i++)
             mass += (double)s->val[i];
-        }
     } else {
-        for (uint32_t i = 0; i < n; i++) {
-            s->val[i] = expf(s->val[i]);
-            mass += (double)s->val[i];
-        }
+        weights(s->val, s->val, n);
+        if (p->top_p < 1.0f) /* (what top-p measures against; the draw's weight is block_sums') */
+            for (uint32_t i = 0; i < n; i++)
+                mass += (double)s->val[i];
         z = mass;
     }
 
@@ -627,18 +814,30 @@ static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_
         }
     }
 
+    (void)mass;
     *n_out = n;
-    *mass_out = mass;
+    *mass_out = block_sums(s->val, n, s->bsum); /* the kept list's weight, as the draw walks it */
 }
 
-/* Draw: walk the list (rank order with top-k, id order without) to the uniform's step. */
+/* Draw: the uniform's step u in [0, mass) found by walking the blocks' weights (block_sums, which
+ * finish_cands left), then the candidates of that block in order (rank order with top-k, id order
+ * without). */
 static int32_t draw(muser_sampler *s, uint32_t n, double mass)
 {
-    double u = rng_uniform(s->rng) * mass, acc = 0.0;
-    for (uint32_t i = 0; i < n; i++) {
-        acc += (double)s->val[i];
-        if (u < acc)
-            return s->idx[i];
+    const double u = rng_uniform(s->rng) * mass;
+    double acc = 0.0;
+    for (uint32_t b = 0; b * W_BLOCK < n; b++) {
+        if (!(u < acc + s->bsum[b])) {
+            acc += s->bsum[b];
+            continue;
+        }
+        const uint32_t end = (b + 1) * W_BLOCK < n ? (b + 1) * W_BLOCK : n;
+        for (uint32_t i = b * W_BLOCK; i < end; i++) {
+            acc += (double)s->val[i];
+            if (u < acc)
+                return s->idx[i];
+        }
+        return s->idx[end - 1]; /* rounding: the block's candidates summed in order fall short */
     }
     return s->idx[n - 1]; /* rounding can leave u just past the last step */
 }

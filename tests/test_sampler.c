@@ -716,6 +716,60 @@ static void test_sample_top(void)
     free(row);
 }
 
+/* The candidates' weights (muser_sampler_dist without top-k, top-p or min-p: every id, e^x for
+ * x = (l − l_max) / T): within 2 ulp of expf where e^x is a normal float, 0 below e^-87, the best
+ * exactly 1, and the same bits at both SIMD levels; then 300 seeded draws from a 202,048-id row,
+ * -inf masks included, give the same tokens at both levels. */
+static void test_weights(void)
+{
+    const uint32_t V = 202048;
+    float *row = malloc(V * sizeof *row), *w0 = malloc(V * sizeof *w0);
+    for (uint32_t i = 0; i < V; i++) row[i] = 10.0f - 75.0f * (float)((i * 2654435761u) % 100003u) / 100003.0f;
+    row[77] = 10.0f;
+    int32_t draws[2][300];
+    double worst = 0;
+    uint32_t bad = 0;
+    for (int level = 0; level < 2; level++) {
+        if (level) setenv("MUSER_SIMD", "0", 1);
+        muser_sampler_params p = plain_params(0.8f, 5);
+        muser_sampler *s = make(V, &p);
+        const int32_t *ids;
+        const float *w;
+        uint32_t n;
+        double mass;
+        CHECK(muser_sampler_dist(s, row, &ids, &w, &n, &mass) == MUSER_OK && n == V);
+        for (uint32_t i = 0; i < n && !level; i++) {
+            const float x = (row[ids[i]] - 10.0f) / 0.8f, e = expf(x);
+            if (x < -87.0f) {
+                bad += w[i] != 0.0f;
+            } else if (e >= 1.1754944e-38f) {
+                const double ulp = (double)nextafterf(e, INFINITY) - e, err = fabs((double)w[i] - e) / ulp;
+                worst = err > worst ? err : worst;
+                bad += err > 2.0;
+            }
+            w0[i] = w[i];
+        }
+        for (uint32_t i = 0; i < n && level; i++) bad += memcmp(&w[i], &w0[i], sizeof w[i]) != 0;
+        bad += w[77] != 1.0f;
+        float *masked = malloc(V * sizeof *masked);
+        memcpy(masked, row, V * sizeof *masked);
+        for (uint32_t i = 0; i < V; i += 97) masked[i] = -INFINITY;
+        for (int t = 0; t < 300; t++) draws[level][t] = muser_sampler_sample(s, t % 2 ? masked : row, NULL, NULL);
+        free(masked);
+        muser_sampler_free(s);
+    }
+    unsetenv("MUSER_SIMD");
+    uint32_t differ = 0;
+    for (int t = 0; t < 300; t++) differ += draws[0][t] != draws[1][t];
+    printf("weights: worst %.2f ulp from expf over %u candidates; 300 draws, %u differ between the SIMD levels\n",
+           worst, V, differ);
+    CHECKF(bad == 0, "%u weights off (more than 2 ulp from expf, not 0 below e^-87, or not the same bits at both "
+           "SIMD levels)", bad);
+    CHECKF(differ == 0, "%u of 300 draws differ between the SIMD levels", differ);
+    free(row);
+    free(w0);
+}
+
 int main(void)
 {
     test_greedy();
@@ -728,6 +782,7 @@ int main(void)
     test_nonfinite_and_params();
     test_wide_rows();
     test_sample_top();
+    test_weights();
     test_against_reference();
     return check_report("sampler");
 }
