@@ -94,6 +94,7 @@ struct muser_engine {
     uint32_t solo_chunks;      /* chunks to open with one prompt each: a shared one failed on a
                                 * non-finite logit, so whose it was shows alone */
     double part_layer_s;       /* time per layer of the last part */
+    uint32_t part_layer_rows;  /* the rows of the chunk that part was of */
     bool prefill_turn;         /* a decode pass ran since the last prefill chunk */
     float *scratch;            /* [MUSER_STEP_MAX_ROWS][V] a step's logits */
     float *tap_scratch;        /* [MUSER_STEP_MAX_ROWS][MUSER_TAP_MAX_LAYERS][E] a step's tapped rows;
@@ -376,8 +377,9 @@ static void run_part(muser_engine *e, muser_seq *q, uint32_t waiting)
     const uint32_t l0 = e->d->part.next_layer;
     uint32_t layers = L - l0;
     if (others_decoding(e, NULL)) {
-        layers = 1; /* until a part was timed */
-        if (e->part_layer_s > 0 && e->last_decode_s > 0) {
+        layers = 1; /* until a part of a chunk of these rows was timed (a layer's time is not
+                     * proportional to the rows: a 144-row chunk's says little about a 512-row one's) */
+        if (e->part_layer_s > 0 && e->last_decode_s > 0 && e->part_layer_rows == rows) {
             const double fit = ENGINE_PART_SHARE * e->last_decode_s / e->part_layer_s;
             layers = fit < 1 ? 1 : fit >= L ? L : (uint32_t)fit;
         }
@@ -395,7 +397,10 @@ static void run_part(muser_engine *e, muser_seq *q, uint32_t waiting)
     pthread_cond_broadcast(&e->idle);
     const uint32_t l1 = rc ? l0 : done ? L : e->d->part.next_layer;
     log_pass(e, MUSER_PASS_PREFILL, rows, e->part_n, waiting, e->part[0]->id, t0, t1, l0, l1);
-    if (l1 > l0) e->part_layer_s = (t1 - t0) / (l1 - l0);
+    if (l1 > l0) {
+        e->part_layer_s = (t1 - t0) / (l1 - l0);
+        e->part_layer_rows = rows;
+    }
     if (!rc && !done) return;
     if (!rc) e->prefill_row_s = (t1 - t0) / rows;
     const uint64_t V = e->d->model->hp.n_vocab;
