@@ -231,16 +231,19 @@ static void run_decode(muser_engine *e)
     first[nr] = n;
     if (!nr) return;
     const uint64_t V = e->d->model->hp.n_vocab;
-    /* logits: a lone request's go straight to its caller's buffer (or nowhere: a greedy or top-k
-     * caller takes the best logits, and the GPU copies no row back); several requests' through
-     * the scratch. The pass's best logits: as many per row as the request that wants most. */
+    /* logits: each row straight into its request's buffer (or nowhere: a greedy or top-k caller
+     * takes the best logits, and the GPU copies no row back). The pass's best logits: as many per
+     * row as the request that wants most. */
     bool want_logits = false;
     uint32_t k = 0;
     for (uint32_t r = 0; r < nr; r++) {
         want_logits |= reqs[r]->logits != NULL;
         if (reqs[r]->top && reqs[r]->top->k > k) k = reqs[r]->top->k;
     }
-    float *lg = nr == 1 ? reqs[0]->logits : want_logits ? e->scratch : NULL;
+    float *row_out[MUSER_STEP_MAX_ROWS]; /* each row straight into its request's buffer */
+    for (uint32_t r = 0; r < nr; r++)
+        for (uint32_t j = first[r]; j < first[r + 1]; j++)
+            row_out[j] = reqs[r]->logits ? reqs[r]->logits + (size_t)(j - first[r]) * V : NULL;
     float top_v[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
     int32_t top_id[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
     const muser_top pass_top = {.k = k, .v = top_v, .id = top_id};
@@ -251,7 +254,8 @@ static void run_decode(muser_engine *e)
     pthread_mutex_unlock(&e->mu);
     muser_error err = {0};
     const double t0 = muser_now_s();
-    int rc = muser_step(e->d, ss, tok, n, lg, k ? &pass_top : NULL, tap ? &pass_tap : NULL, &err);
+    int rc = muser_step_out(e->d, ss, tok, n, want_logits ? row_out : NULL, k ? &pass_top : NULL,
+                            tap ? &pass_tap : NULL, &err);
     int rcs[MUSER_STEP_MAX_ROWS];
     muser_error errs[MUSER_STEP_MAX_ROWS];
     for (uint32_t r = 0; r < nr; r++) {
@@ -282,8 +286,6 @@ static void run_decode(muser_engine *e)
             fail(q, rcs[r], &errs[r]);
             continue;
         }
-        if (q->logits && lg == e->scratch && rc == MUSER_OK) /* (a rerun alone wrote its own) */
-            memcpy(q->logits, e->scratch + first[r] * V, (size_t)q->n * V * sizeof(float));
         for (uint32_t j = 0; q->top && rc == MUSER_OK && j < q->n; j++) { /* (a rerun alone wrote its own) */
             const size_t at = (size_t)(first[r] + j) * k;
             memcpy(q->top->id + (size_t)j * q->top->k, top_id + at, q->top->k * sizeof *top_id);

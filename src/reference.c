@@ -604,15 +604,18 @@ static int oracle_runs(muser_device *d, const muser_step_rows *rows, float *logi
     return rc;
 }
 
-/* The best logits from the logits (its own buffer when the caller wants none). */
+/* The best logits from the logits, and per-row buffers from them (its own buffer when the caller
+ * gave none). */
 static int oracle_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
 {
-    if (!rows->top) return oracle_runs(d, rows, logits, err);
+    if (!rows->top && !rows->out) return oracle_runs(d, rows, logits, err);
     const uint32_t V = d->model->hp.n_vocab;
     float *lg = logits ? logits : malloc((size_t)rows->n * V * sizeof *lg);
     if (!lg) return muser_errorf(err, MUSER_E_NOMEM, "oracle: out of memory for %u rows of logits", rows->n);
     const int rc = oracle_runs(d, rows, lg, err);
-    if (!rc) muser_top_rows(rows->top, lg, rows->n, V);
+    if (!rc && rows->top) muser_top_rows(rows->top, lg, rows->n, V);
+    for (uint32_t i = 0; !rc && rows->out && i < rows->n; i++)
+        if (rows->out[i]) memcpy(rows->out[i], lg + (size_t)i * V, (size_t)V * sizeof *lg);
     if (lg != logits) free(lg);
     return rc;
 }

@@ -405,8 +405,23 @@ int muser_session_prefill_begin(muser_session *s, const int32_t *tokens, uint32_
     return rc;
 }
 
+static int step_rows(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n, float *logits,
+                     float *const *out, const muser_top *top, const muser_tap *tap, muser_error *err);
+
 int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
                float *logits, const muser_top *top, const muser_tap *tap, muser_error *err)
+{
+    return step_rows(d, seq, tokens, n, logits, NULL, top, tap, err);
+}
+
+int muser_step_out(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
+                   float *const *out, const muser_top *top, const muser_tap *tap, muser_error *err)
+{
+    return step_rows(d, seq, tokens, n, NULL, out, top, tap, err);
+}
+
+static int step_rows(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n, float *logits,
+                     float *const *out, const muser_top *top, const muser_tap *tap, muser_error *err)
 {
     if (!d || !seq || !tokens)
         return muser_errorf(err, MUSER_E_ARG, "muser_step: NULL argument");
@@ -424,7 +439,7 @@ int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens
     if (top && (top->k == 0 || top->k > MUSER_TOP_MAX || top->k > d->model->hp.n_vocab || !top->id))
         return muser_errorf(err, MUSER_E_ARG, "step: the best %u logits per row (1..%u) and an id buffer are needed",
                             top->k, MUSER_TOP_MAX);
-    const muser_step_rows rows = {.n = n, .seq = seq, .tokens = tokens, .tap = tap, .top = top};
+    const muser_step_rows rows = {.n = n, .seq = seq, .tokens = tokens, .tap = tap, .top = top, .out = out};
     rc = d->be->step(d, &rows, logits, err);
     if (rc)
         return rc;

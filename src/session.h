@@ -63,7 +63,15 @@ typedef struct muser_step_rows {
     const int32_t *tokens;     /* [n] */
     const muser_tap *tap;      /* NULL: none */
     const muser_top *top;      /* each row's best logits; NULL: none */
+    float *const *out;         /* [n] each row's logits [V] (a NULL entry: not wanted), in place of the
+                                * step's contiguous logits buffer; NULL: that buffer */
 } muser_step_rows;
+
+/* Where a step writes row i's logits: rows->out[i], else logits + i·V (NULL: nowhere). */
+static inline float *muser_row_dst(const muser_step_rows *r, float *logits, uint32_t i, uint64_t V)
+{
+    return r->out ? r->out[i] : logits ? logits + (size_t)i * V : NULL;
+}
 
 /* Backend vtable. dev_init allocates the device state (d->be_state); init a session's state on
  * s->dev (s->be_state). */
@@ -77,7 +85,8 @@ typedef struct muser_backend {
      * last row (logits may be NULL). Must leave the session unchanged on error. */
     int (*forward)(muser_session *s, const int32_t *tokens, uint32_t n, float *logits,
                    bool all_logits, muser_error *err);
-    /* The small-batch route: logits [n][V] (may be NULL) and rows->top (may be NULL), each
+    /* The small-batch route: each row's logits where muser_row_dst(rows, logits, i, V) says (logits
+     * [n][V], or rows->out's per-row buffers; NULL: not wanted) and rows->top (may be NULL), each
      * written only on success. Must leave every session unchanged on error. */
     int (*step)(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err);
     int (*checkpoint)(muser_session *s, muser_error *err);
@@ -203,6 +212,11 @@ int muser_tap_check(const muser_model *m, const muser_tap *tap, muser_error *err
  * n_past advances by its rows on success; on any error no session changes. */
 int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
                float *logits, const muser_top *top, const muser_tap *tap, muser_error *err);
+/* muser_step with each row's logits into its own buffer out[i] [V] (NULL entries: not wanted;
+ * out NULL: none), each written only on success: a caller packing many requests' rows hands each
+ * its row without a copy through a buffer of its own. */
+int muser_step_out(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
+                   float *const *out, const muser_top *top, const muser_tap *tap, muser_error *err);
 /* For a backend whose logits are in host memory: top's n rows from logits [n][V] (muser_top_k). */
 void muser_top_rows(const muser_top *top, const float *logits, uint32_t n, uint32_t V);
 int muser_session_checkpoint(muser_session *s, muser_error *err);

@@ -584,6 +584,47 @@ static void parts_shared(const muser_model *m, muser_backend_kind b, const char 
     muser_device_free(d);
 }
 
+/* muser_step_out: each row's logits into its own buffer (a NULL one not wanted) are the bytes of
+ * the same step into one contiguous buffer, on a one-pass step and on a step of 3 rows of a and
+ * 2 of b. */
+static void step_out(const muser_model *m, muser_backend_kind b, const char *what)
+{
+    const uint32_t V = m->hp.n_vocab;
+    muser_device *d = dev_new(m, b);
+    if (!d) return;
+    muser_error err = {0};
+    muser_session *a = NULL, *c = NULL;
+    CHECK_OK(muser_session_open(&a, d, 0, &err), &err);
+    CHECK_OK(muser_session_open(&c, d, 0, &err), &err);
+    if (!a || !c) return;
+    float *ref = malloc((size_t)5 * V * sizeof(float)), *row[5];
+    for (int i = 0; i < 5; i++) row[i] = malloc((size_t)V * sizeof(float));
+    muser_session *ss[5] = {a, a, a, c, c};
+    const int32_t t[5] = {11, 12, 13, 21, 22};
+    uint32_t bad = 0;
+    for (uint32_t n = 2; n <= 5; n += 3) { /* a, c (one row each: packed) and a a a c c (verify-like runs) */
+        muser_session *const *sq = n == 2 ? (muser_session *const[]){a, c} : ss;
+        const int32_t *tk = n == 2 ? (const int32_t[]){11, 21} : t;
+        muser_session_reset(a);
+        muser_session_reset(c);
+        CHECK_OK(muser_step(d, sq, tk, n, ref, NULL, NULL, &err), &err);
+        muser_session_reset(a);
+        muser_session_reset(c);
+        float *out[5];
+        for (uint32_t i = 0; i < n; i++) out[i] = i == 1 ? NULL : row[i];
+        CHECK_OK(muser_step_out(d, sq, tk, n, out, NULL, NULL, &err), &err);
+        for (uint32_t i = 0; i < n; i++)
+            if (out[i]) bad += memcmp(out[i], ref + (size_t)i * V, (size_t)V * sizeof(float)) != 0;
+    }
+    printf("step_out, %s on %s: %u rows differ from the contiguous step's\n", what, muser_backend_name(b), bad);
+    CHECKF(bad == 0, "per-row logits buffers got other bytes (%s, %s)", what, muser_backend_name(b));
+    for (int i = 0; i < 5; i++) free(row[i]);
+    free(ref);
+    muser_session_free(a);
+    muser_session_free(c);
+    muser_device_free(d);
+}
+
 static muser_model *synth(int type, muser_arch arch) { return check_synth_model("test_rows", arch, type); }
 
 int main(void)
@@ -618,6 +659,8 @@ int main(void)
         parts_shared(models[i], MUSER_BACKEND_CPU, names[i]);
         if (cuda) parts(models[i], MUSER_BACKEND_CUDA, names[i]);
         if (cuda) parts_shared(models[i], MUSER_BACKEND_CUDA, names[i]);
+        step_out(models[i], MUSER_BACKEND_CPU, names[i]);
+        if (cuda) step_out(models[i], MUSER_BACKEND_CUDA, names[i]);
     }
     if (!cuda) printf("SKIP: the CUDA half (no GPU, or built without CUDA)\n");
     if (def && text) {
@@ -628,6 +671,7 @@ int main(void)
     g_text = NULL;
     if (tiny) {
         contract(tiny, MUSER_BACKEND_CPU, names[0]);
+        step_out(tiny, MUSER_BACKEND_ORACLE, names[0]);
         refusals_and_tap(tiny);
         if (cuda) tap_gpu(tiny);
     }

@@ -937,8 +937,11 @@ static int cpu_step(muser_device *d, const muser_step_rows *rows, float *logits,
      * the caller's buffer is written only when the pass succeeded */
     st->out_logits = st->logits;
     rc = fwd_run(&cpu_ops, st, st->m, &r, 2, err);
-    if (!rc && logits)
-        memcpy(logits, st->logits, (uint64_t)n * st->V * sizeof(float));
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        float *dst = muser_row_dst(rows, logits, i, st->V);
+        if (dst)
+            memcpy(dst, st->logits + (uint64_t)i * st->V, (uint64_t)st->V * sizeof(float));
+    }
     if (!rc && rows->top)
         muser_top_rows(rows->top, st->logits, n, st->V);
     return rc;

@@ -1216,12 +1216,14 @@ static void top_out(const cu_ctx *c, const muser_top *top, uint32_t i, uint32_t 
 
 /* One multi-row pass: row i is token tok[i] of session sqs[i] at position pos[i] (n >= 2 rows, each
  * session rows_ok; a session's rows one run in position order from its next position), row
- * step_row[i] of the caller's step (for messages); logits, if non-NULL, [n][V]. K/V are staged and
+ * step_row[i] of the caller's step; its logits, where dst[step_row[i]] is non-NULL. K/V are staged and
  * stored after the logits were checked (cu_stage_commit): a failing pass leaves every plane as it
  * was. The sessions' metadata take the appends (the caller restores them on failure: be_step). */
 static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const uint64_t *pos, const uint32_t *step_row,
-                     uint32_t n, float *logits, const muser_top *top, const muser_tap *tap, muser_error *err)
+                     uint32_t n, float *const *dst, const muser_top *top, const muser_tap *tap, muser_error *err)
 {
+    bool want = false; /* any row's logits wanted: dst[step_row[i]] */
+    for (uint32_t i = 0; dst && i < n; i++) want |= dst[step_row[i]] != NULL;
     const uint32_t nl = c->m->hp.n_layer;
     if (!c->g_rows[n]) {
         const int rc = record_graph_n(c, NULL, n, false, false, &c->g_rows[n], err);
@@ -1259,13 +1261,14 @@ static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const ui
     const int rg = graph_for(c, NULL, n, tap, c->g_rows[n], &c->g_rows_tap[n], &c->g_rows_tap_gen[n], &g, err);
     if (rg) return rg;
     cudaError_t e = cudaGraphLaunch(g, c->st);
-    if (!e) e = pass_finish(c, n, logits != NULL, top, tap != NULL);
+    if (!e) e = pass_finish(c, n, want, top, tap != NULL);
     if (e) return muser_errorf(err, MUSER_E_BACKEND, "cuda: a pass of %u rows: %s", n, cudaGetErrorString(e));
     for (uint32_t i = 0; i < n; i++)
         if (c->h_flags[CU_ROWS_MAX + i] != 0)
             return muser_errorf(err, MUSER_E_NUMERIC, "cuda: non-finite logits in step row %u (position %llu; fail closed)",
                                 step_row[i], (unsigned long long)pos[i]);
-    for (uint32_t i = 0; logits && i < n; i++) memcpy(logits + step_row[i] * V, c->h_logits + i * V, V * sizeof(float));
+    for (uint32_t i = 0; want && i < n; i++)
+        if (dst[step_row[i]]) memcpy(dst[step_row[i]], c->h_logits + i * V, V * sizeof(float));
     for (uint32_t i = 0; top && i < n; i++) top_out(c, top, i, step_row[i]);
     for (uint32_t i = 0; tap && i < n; i++) tap_out(c, tap, i, step_row[i]);
     return MUSER_OK;
@@ -2000,14 +2003,13 @@ static int be_forward_part(muser_device *d, const muser_step_rows *rows, uint32_
 }
 
 /* Run the rows gathered for one pass (be_step): one row through its session's own graph, more as a
- * multi-row pass; row prow[i]'s logits at logits + prow[i]·V and its best logits at top's row
- * prow[i] (each when non-NULL). */
+ * multi-row pass; row prow[i]'s logits into dst[prow[i]] and its best logits at top's row prow[i]
+ * (each when non-NULL). */
 static int step_flush(cu_ctx *c, cu_seq *const *ps, const int32_t *pt, const uint64_t *pp, const uint32_t *prow,
-                      uint32_t np, float *logits, const muser_top *top, const muser_tap *tap, muser_error *err)
+                      uint32_t np, float *const *dst, const muser_top *top, const muser_tap *tap, muser_error *err)
 {
-    const uint64_t V = c->m->hp.n_vocab;
-    if (np == 1) return decode_one(ps[0], pt[0], pp[0], logits ? logits + prow[0] * V : NULL, top, prow[0], tap, err);
-    return rows_pass(c, ps, pt, pp, prow, np, logits, top, tap, err);
+    if (np == 1) return decode_one(ps[0], pt[0], pp[0], dst[prow[0]], top, prow[0], tap, err);
+    return rows_pass(c, ps, pt, pp, prow, np, dst, top, tap, err);
 }
 
 /* The small-batch route. A step's rows go in order as multi-row passes of up to CU_ROWS_MAX rows
@@ -2017,8 +2019,8 @@ static int step_flush(cu_ctx *c, cu_seq *const *ps, const int32_t *pt, const uin
  * Every row's bits are those of decoding it alone (row invariance). All or nothing over every
  * session of the step: when the step is one pass, a failure stored nothing; else rings a failed
  * call may have overwritten are restored from a copy (seq_save). The logit rows are copied back
- * only when asked for: straight into the caller's buffer when the step is one pass (it writes
- * them only on success), else through step_logits. */
+ * only when asked for, each into its own destination (muser_row_dst): straight when the step is
+ * one pass (it writes them only on success), else through step_logits. */
 static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
 {
     const uint64_t V = d->model->hp.n_vocab;
@@ -2027,7 +2029,13 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
     bool one_pass = rows->n > 1 && rows->n <= CU_ROWS_MAX;
     for (uint32_t i = 0; i < rows->n; i++) one_pass &= rows_ok(c, (cu_seq *)rows->seq[i]->be_state);
     const bool direct = rows->n == 1 || one_pass;
-    float *out = logits && !direct ? c->step_logits : logits;
+    /* each row's destination: the caller's (rows->out, or its contiguous logits), or, when the
+     * step is not one pass, step_logits first (copied out only on success) */
+    float *want[MUSER_STEP_MAX_ROWS], *dst[MUSER_STEP_MAX_ROWS];
+    for (uint32_t i = 0; i < rows->n; i++) {
+        want[i] = muser_row_dst(rows, logits, i, V);
+        dst[i] = want[i] && !direct ? c->step_logits + (size_t)i * V : want[i];
+    }
     /* the best logits: straight out when the step is one pass, else staged here */
     float top_v[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
     int32_t top_id[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
@@ -2054,7 +2062,7 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
         for (uint32_t row = first[r]; !rc && row < first[r + 1]; row++) {
             const uint64_t pos = rows->seq[row]->n_past + (row - first[r]);
             if (!rows_ok(c, sq)) {
-                rc = decode_one(sq, rows->tokens[row], pos, out ? out + row * V : NULL, top, row, tap, err);
+                rc = decode_one(sq, rows->tokens[row], pos, dst[row], top, row, tap, err);
                 continue;
             }
             ps[np] = sq;
@@ -2062,12 +2070,12 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
             pp[np] = pos;
             prow[np++] = row;
             if (np == CU_ROWS_MAX) {
-                rc = step_flush(c, ps, pt, pp, prow, np, out, top, tap, err);
+                rc = step_flush(c, ps, pt, pp, prow, np, dst, top, tap, err);
                 np = 0;
             }
         }
     }
-    if (!rc && np) rc = step_flush(c, ps, pt, pp, prow, np, out, top, tap, err);
+    if (!rc && np) rc = step_flush(c, ps, pt, pp, prow, np, dst, top, tap, err);
     if (rc) {
         for (uint32_t r = 0; r < nrun; r++) {
             const int r2 = seq_restore((cu_seq *)rows->seq[first[r]]->be_state, wraps[r], err);
@@ -2075,7 +2083,8 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
         }
         return rc;
     }
-    if (out && out != logits) memcpy(logits, out, (size_t)rows->n * V * sizeof(float));
+    for (uint32_t i = 0; !direct && i < rows->n; i++)
+        if (want[i]) memcpy(want[i], dst[i], V * sizeof(float));
     if (top == &staged) {
         memcpy(rows->top->id, top_id, (size_t)rows->n * staged.k * sizeof *top_id);
         if (rows->top->v) memcpy(rows->top->v, top_v, (size_t)rows->n * staged.k * sizeof *top_v);
