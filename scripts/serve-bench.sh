@@ -26,5 +26,5 @@ echo "== 8 streams while a long prompt arrives"
 LP=$!
 $B/bench/bench_serve --port $PORT --requests 8 --concurrency 8 --max-tokens $ST --temperature $TEMP --prompt "And God said"
 wait $LP 2>/dev/null; sleep 0.5; echo "-- the long prompt:"; cat "${TMPDIR:-/tmp}/serve-bench-long.out"
-curl -s http://127.0.0.1:$PORT/metrics | grep -E "^muser_prompt_tokens_total|^muser_engine_passes"
+curl -s http://127.0.0.1:$PORT/metrics | grep -E "^muser_prompt_tokens_total|^muser_engine"
 kill -TERM $SP; wait $SP

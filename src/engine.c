@@ -22,6 +22,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,9 @@ struct muser_seq {
     muser_session *s;          /* NULL once freed (cancelled) */
     bool cancelled, freed, decoding;
     uint64_t pos;              /* tokens held, as of the last pass (read under the lock) */
+    double t_done, turn, dev;  /* decode: when its last step's pass ended; how long its caller takes to
+                                * come back with the next, and how much that varies (running means;
+                                * 0: not known yet) */
     /* the request in flight (one per sequence) */
     req_kind req;
     const int32_t *tokens;
@@ -82,9 +86,10 @@ struct muser_engine {
     uint32_t n_open;
     uint64_t kv_reserved;
     muser_pass_rec log[MUSER_ENGINE_LOG];
-    uint64_t n_passes, decode_rows, prefill_rows;
+    uint64_t n_passes, decode_passes, decode_rows, prefill_rows;
     double busy_s;
     double last_decode_s;      /* the last decode pass's time: the window and a contended chunk scale with it */
+    double t_free;             /* when the last pass ended */
     double prefill_row_s;      /* time per row of the last prefill chunk */
     /* the chunk open in parts: its sequences (their rows in order) and the rows it carries */
     muser_seq *part[MUSER_PREFILL_MAX_SEQS];
@@ -117,7 +122,8 @@ static void log_pass(muser_engine *e, muser_pass_kind kind, uint32_t rows, uint3
     r->t_start = t0;
     r->t_end = t1;
     e->busy_s += t1 - t0;
-    if (kind == MUSER_PASS_DECODE) e->decode_rows += rows;
+    e->t_free = t1;
+    if (kind == MUSER_PASS_DECODE) e->decode_rows += rows, e->decode_passes++;
     else if (l1 == e->d->model->hp.n_layer) e->prefill_rows += rows;
 }
 
@@ -293,6 +299,7 @@ static void run_decode(muser_engine *e)
         }
         if (q->tap) memcpy(q->tap->out, e->tap_scratch + first[r] * trow, (size_t)q->n * trow * sizeof(float));
         q->decoding = true;
+        q->t_done = t1;
         finish(q, MUSER_OK);
     }
 }
@@ -519,7 +526,20 @@ static void *worker(void *arg)
              * streaming) still meet in one pass */
             double win = e->last_decode_s / 8 < 0.02 ? e->last_decode_s / 8 : 0.02;
             if (win < e->o.batch_window_us * 1e-6) win = e->o.batch_window_us * 1e-6;
-            const double wait_until = oldest + win, now = muser_now_s();
+            const double now = muser_now_s();
+            double wait_until = oldest + win;
+            /* decoders not back yet whose callers usually return soon: wait for them too, up to a
+             * quarter of a pass after the engine came free (or after the oldest request, when that is
+             * later). Without this the streams split into groups that take turns: each group's
+             * requests arrive during the other's pass, find the window long over when it ends, and
+             * run at once, so the groups never meet in one pass again. */
+            const double from = oldest > e->t_free ? oldest : e->t_free;
+            const double last_call = from + (win > e->last_decode_s / 4 ? win : e->last_decode_s / 4);
+            for (const muser_seq *q = e->seqs; q; q = q->next)
+                if (!q->freed && q->req == REQ_NONE && q->decoding && q->t_done > 0 && q->turn > 0) {
+                    const double back = q->t_done + q->turn + 2 * q->dev + 1e-4; /* (an unsteady caller: not waited for) */
+                    if (back > now && back <= last_call && back > wait_until) wait_until = back;
+                }
             /* run now when the window is over, the step is full, or no other decoder could join */
             if (now >= wait_until || n_dec >= e->d->max_rows || idle == 0) {
                 run_decode(e);
@@ -745,6 +765,12 @@ static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n
     q->logits = logits;
     q->top = top;
     q->t_submit = muser_now_s();
+    if (kind == REQ_DECODE && q->t_done > 0) { /* the caller's time between two steps */
+        const double turn = q->t_submit - q->t_done;
+        q->dev = q->turn > 0 ? 0.75 * q->dev + 0.25 * fabs(turn - q->turn) : 0.25 * turn;
+        q->turn = q->turn > 0 ? 0.75 * q->turn + 0.25 * turn : turn;
+    }
+    if (kind != REQ_DECODE) q->t_done = q->turn = q->dev = 0; /* (a prompt, a copy or a rollback breaks the rhythm) */
     q->finished = false;
     if (kind == REQ_PREFILL) q->decoding = false; /* a new prompt: not decoding until it decodes */
     pthread_cond_signal(&e->work);
@@ -900,6 +926,7 @@ void muser_engine_stats_get(muser_engine *e, muser_engine_stats *out)
     out->passes = e->n_passes;
     out->decode_rows = e->decode_rows;
     out->prefill_rows = e->prefill_rows;
+    out->decode_passes = e->decode_passes;
     out->open_seqs = e->n_open;
     out->kv_reserved_bytes = e->kv_reserved;
     out->busy_s = e->busy_s;

@@ -58,7 +58,7 @@ typedef struct muser_pass_rec {
 } muser_pass_rec;
 
 typedef struct muser_engine_stats {
-    uint64_t passes, decode_rows, prefill_rows;
+    uint64_t passes, decode_passes, decode_rows, prefill_rows; /* decode_rows / decode_passes: rows a pass */
     uint32_t open_seqs;
     uint64_t kv_reserved_bytes;
     double busy_s;               /* time inside passes */

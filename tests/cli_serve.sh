@@ -111,7 +111,11 @@ wait_all() { for _ in $(seq 1 600); do [ "$(jobs -rp | grep -vw "$SPID" | wc -l)
 wait_all || fail "parallel clients did not finish"
 for i in $(seq 1 16); do cmp -s "$DIR/alone.$i" "$DIR/par.$i" || fail "client $i: its stream beside 15 others differs from the same request alone"; done
 shared=$(curl -s "$U/metrics" | grep '^muser_engine_passes_total' | awk '{print $2}')
-echo "16 parallel streaming clients: text and logprob bytes equal the sequential runs ($shared engine passes so far)"
+dp=$(curl -s "$U/metrics" | grep '^muser_engine_decode_passes_total' | awk '{print $2}')
+dr=$(curl -s "$U/metrics" | grep '^muser_engine_decode_rows_total' | awk '{print $2}')
+[ -n "$dp" ] && [ -n "$dr" ] && [ "$dp" -gt 0 ] && [ "$dr" -gt "$dp" ] && [ "$dp" -lt "$shared" ] ||
+    fail "decode passes $dp and their rows $dr: 16 parallel clients should have shared passes (of $shared in all)"
+echo "16 parallel streaming clients: text and logprob bytes equal the sequential runs ($shared engine passes so far, $dp decode passes of $dr rows)"
 
 # a client that disconnects mid-stream frees its slot
 for attempt in 1 2 3 4 5; do # (a sampled stream may reach an end token before the client goes: retry)

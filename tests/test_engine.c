@@ -10,6 +10,8 @@
  *      after at most one part; with nothing decoding the chunks run whole; and two sequences
  *      decoding without pause starve neither the opening of a sequence nor its prompt (prefill
  *      passes and decode passes alternate);
+ *      decoders that fell out of step (two groups, each arriving during the other's pass) meet in
+ *      one pass again;
  *   3. the batch window: steps submitted together share a pass; a lone one runs within the window;
  *   4. cancellation mid-prefill and mid-decode returns MUSER_E_CANCELLED and frees the cache
  *      (the engine's open-sequence and reserved-KV counters return to zero);
@@ -286,15 +288,23 @@ static void *spin_thread(void *arg)
     return NULL;
 }
 
-static void no_starving(void)
+/* The trained default model (models/default.gguf): its passes are long beside a caller's time
+ * between steps. */
+static muser_model *trained_model(void)
 {
-    /* the trained default model: its passes are long beside a caller's time between steps */
     const char *src = getenv("MUSER_SOURCE_DIR");
     char path[1024];
     snprintf(path, sizeof path, "%s/models/default.gguf", src ? src : ".");
     muser_error err = {0};
     muser_model *m = NULL;
     CHECK_OK(muser_model_load(&m, path, &err), &err);
+    return m;
+}
+
+static void no_starving(void)
+{
+    muser_error err = {0};
+    muser_model *m = trained_model();
     if (!m) return;
     const uint32_t V = m->hp.n_vocab, P = 300;
     muser_engine *e = engine_on(m, 1, 1024, 0); /* a 1 µs window: the decoders fall out of step */
@@ -349,6 +359,56 @@ static void no_starving(void)
     muser_engine_close(c);
     free(rec);
     free(tok);
+    muser_engine_free(e);
+    muser_model_free(m);
+}
+
+/* ---- 2c. decoders that fell out of step meet in one pass again ---- */
+static void regroup(void)
+{
+    /* four decoders on the trained model in two groups out of step (the second pair starts while
+     * the first pair's pass runs), each caller 300 µs between steps, a 1 µs window: the window
+     * alone never joins the groups, since each group's steps arrive during the other's pass. The
+     * engine waits for decoders whose callers are due back soon, so the groups merge. */
+    muser_error err = {0};
+    muser_model *m = trained_model();
+    if (!m) return;
+    muser_engine *e = engine_on(m, 1, 1024, 0);
+    if (!e) {
+        muser_model_free(m);
+        return;
+    }
+    enum { N = 4, STEPS = 40 };
+    atomic_int stop = 0;
+    spin_job sj[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        memset(&sj[i], 0, sizeof sj[i]);
+        sj[i].stop = &stop;
+        sj[i].cap = STEPS;
+        sj[i].delay_us = i < 2 ? 0u : 1500u;
+        atomic_init(&sj[i].steps, 0);
+        CHECK_OK(muser_engine_open(e, 0, &sj[i].q, &err), &err);
+    }
+    for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, spin_thread, &sj[i]);
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    muser_pass_rec *rec = malloc(MUSER_ENGINE_LOG * sizeof *rec);
+    const uint32_t np = muser_engine_passes(e, rec, MUSER_ENGINE_LOG);
+    uint32_t n_dec = 0, rows = 0, late = 0, late_rows = 0;
+    for (uint32_t i = 0; i < np; i++) n_dec += rec[i].kind == MUSER_PASS_DECODE;
+    for (uint32_t i = 0, k = 0; i < np; i++) /* the second half of the decode passes */
+        if (rec[i].kind == MUSER_PASS_DECODE) {
+            rows += rec[i].rows;
+            if (k++ >= n_dec / 2) late++, late_rows += rec[i].rows;
+        }
+    const double mean = late ? (double)late_rows / late : 0;
+    printf("regroup: 4 decoders started out of step, %u steps in %u decode passes; %.2f rows a pass in the "
+           "second half\n", rows, n_dec, mean);
+    CHECK(rows == N * STEPS);
+    for (int i = 0; i < N; i++) CHECK(sj[i].rc == 0);
+    CHECKF(mean >= 3.0, "the decoders stayed apart: %.2f rows a pass (4 decoding)", mean);
+    for (int i = 0; i < N; i++) muser_engine_close(sj[i].q);
+    free(rec);
     muser_engine_free(e);
     muser_model_free(m);
 }
@@ -664,6 +724,7 @@ int main(void)
     outputs();
     outranks();
     no_starving();
+    regroup();
     window();
     cancel_and_budget();
     threads();

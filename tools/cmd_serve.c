@@ -949,6 +949,12 @@ static enum MHD_Result do_metrics(server *sv, struct MHD_Connection *c)
                             "muser_generation_tokens_total %llu\n"
                             "# HELP muser_engine_passes_total passes the engine ran\n# TYPE muser_engine_passes_total counter\n"
                             "muser_engine_passes_total %llu\n"
+                            "# HELP muser_engine_decode_passes_total decode passes (packed steps) the engine ran\n"
+                            "# TYPE muser_engine_decode_passes_total counter\nmuser_engine_decode_passes_total %llu\n"
+                            "# HELP muser_engine_decode_rows_total rows of those passes (over the passes: rows a pass)\n"
+                            "# TYPE muser_engine_decode_rows_total counter\nmuser_engine_decode_rows_total %llu\n"
+                            "# HELP muser_engine_busy_seconds_total time the engine spent inside passes\n"
+                            "# TYPE muser_engine_busy_seconds_total counter\nmuser_engine_busy_seconds_total %.6f\n"
                             "# HELP muser_prefix_cache_hits_total prompts that started from a cached prefix\n"
                             "# TYPE muser_prefix_cache_hits_total counter\nmuser_prefix_cache_hits_total %llu\n"
                             "# HELP muser_prefix_cache_misses_total prompts that found no cached prefix\n"
@@ -958,7 +964,8 @@ static enum MHD_Result do_metrics(server *sv, struct MHD_Connection *c)
                             "# HELP muser_requests_total requests by outcome\n# TYPE muser_requests_total counter\n",
                             snap.running, snap.waiting, snap.slots ? (double)(st.open_seqs < snap.running ? st.open_seqs : snap.running) / snap.slots : 0.0,
                             (unsigned long long)snap.prompt_tokens, (unsigned long long)snap.gen_tokens,
-                            (unsigned long long)st.passes, (unsigned long long)snap.cache_hits,
+                            (unsigned long long)st.passes, (unsigned long long)st.decode_passes,
+                            (unsigned long long)st.decode_rows, st.busy_s, (unsigned long long)snap.cache_hits,
                             (unsigned long long)snap.cache_misses, (unsigned long long)snap.cache_reused);
     for (int i = 0; i < 5; i++)
         len += (size_t)snprintf(s + len, 128, "muser_requests_total{outcome=\"%s\"} %llu\n", outcome_name[i],
