@@ -62,6 +62,7 @@ struct muser_seq {
     muser_seq *copy_src;       /* copy: the sequence whose cache this one takes */
     float *logits;
     const muser_top *top;      /* the request's rows' best logits out (NULL: none) */
+    muser_draw *draw;          /* a one-row decode's draw (NULL: none; logits then its fallback row) */
     double t_submit;
     int rc;
     muser_error err;
@@ -247,9 +248,14 @@ static void run_decode(muser_engine *e)
         if (reqs[r]->top && reqs[r]->top->k > k) k = reqs[r]->top->k;
     }
     float *row_out[MUSER_STEP_MAX_ROWS]; /* each row straight into its request's buffer */
+    muser_draw *row_draw[MUSER_STEP_MAX_ROWS];
+    bool any_draw = false;
     for (uint32_t r = 0; r < nr; r++)
-        for (uint32_t j = first[r]; j < first[r + 1]; j++)
+        for (uint32_t j = first[r]; j < first[r + 1]; j++) {
             row_out[j] = reqs[r]->logits ? reqs[r]->logits + (size_t)(j - first[r]) * V : NULL;
+            row_draw[j] = reqs[r]->draw;
+            any_draw |= reqs[r]->draw != NULL;
+        }
     float top_v[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
     int32_t top_id[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
     const muser_top pass_top = {.k = k, .v = top_v, .id = top_id};
@@ -260,8 +266,8 @@ static void run_decode(muser_engine *e)
     pthread_mutex_unlock(&e->mu);
     muser_error err = {0};
     const double t0 = muser_now_s();
-    int rc = muser_step_out(e->d, ss, tok, n, want_logits ? row_out : NULL, k ? &pass_top : NULL,
-                            tap ? &pass_tap : NULL, &err);
+    int rc = muser_step_out(e->d, ss, tok, n, want_logits ? row_out : NULL, any_draw ? row_draw : NULL,
+                            k ? &pass_top : NULL, tap ? &pass_tap : NULL, &err);
     int rcs[MUSER_STEP_MAX_ROWS];
     muser_error errs[MUSER_STEP_MAX_ROWS];
     for (uint32_t r = 0; r < nr; r++) {
@@ -273,8 +279,11 @@ static void run_decode(muser_engine *e)
             muser_error er = {0};
             muser_tap one = pass_tap;
             one.out = tap ? e->tap_scratch + first[r] * trow : NULL;
-            rcs[r] = muser_step(e->d, ss + first[r], tok + first[r], first[r + 1] - first[r], reqs[r]->logits,
-                                reqs[r]->top, tap ? &one : NULL, &er);
+            const uint32_t nq = first[r + 1] - first[r];
+            float *one_out[MUSER_STEP_MAX_ROWS];
+            for (uint32_t j = 0; j < nq; j++) one_out[j] = row_out[first[r] + j];
+            rcs[r] = muser_step_out(e->d, ss + first[r], tok + first[r], nq, reqs[r]->logits ? one_out : NULL,
+                                    any_draw ? row_draw + first[r] : NULL, reqs[r]->top, tap ? &one : NULL, &er);
             errs[r] = er;
         }
     const double t1 = muser_now_s();
@@ -726,7 +735,7 @@ void muser_engine_close(muser_seq *q)
 
 /* Queue the request and wait for it (the caller's one request). */
 static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n, bool verify, uint64_t n_keep,
-                  float *logits, const muser_top *top, const muser_tap *tap, muser_error *err)
+                  float *logits, const muser_top *top, muser_draw *draw, const muser_tap *tap, muser_error *err)
 {
     muser_engine *e = q->e;
     const uint32_t V = e->d->model->hp.n_vocab;
@@ -764,6 +773,7 @@ static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n
     q->n_keep = n_keep;
     q->logits = logits;
     q->top = top;
+    q->draw = draw;
     q->t_submit = muser_now_s();
     if (kind == REQ_DECODE && q->t_done > 0) { /* the caller's time between two steps */
         const double turn = q->t_submit - q->t_done;
@@ -791,7 +801,7 @@ int muser_seq_prefill_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float
 {
     if (!q || (!tokens && n)) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: NULL argument");
     if (!n) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: no tokens");
-    return submit(q, REQ_PREFILL, tokens, n, false, 0, logits, NULL, tap, err);
+    return submit(q, REQ_PREFILL, tokens, n, false, 0, logits, NULL, NULL, tap, err);
 }
 
 int muser_seq_decode(muser_seq *q, int32_t token, float *logits, const muser_top *top, muser_error *err)
@@ -800,7 +810,17 @@ int muser_seq_decode(muser_seq *q, int32_t token, float *logits, const muser_top
     if (top && (top->k == 0 || top->k > MUSER_TOP_MAX || !top->id))
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode: the best %u logits (1..%u) and an id buffer are needed",
                             top->k, MUSER_TOP_MAX);
-    return submit(q, REQ_DECODE, &token, 1, false, 0, logits, top, NULL, err);
+    return submit(q, REQ_DECODE, &token, 1, false, 0, logits, top, NULL, NULL, err);
+}
+
+int muser_seq_decode_draw(muser_seq *q, int32_t token, float *logits, muser_draw *draw, muser_error *err)
+{
+    if (!q || !draw || !logits) return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode_draw: NULL argument");
+    if (!(draw->temperature > 0.0f) || !isfinite(draw->temperature) || !(draw->u >= 0.0 && draw->u < 1.0))
+        return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode_draw: temperature %g (finite, > 0), u %g (in [0, 1))",
+                            (double)draw->temperature, draw->u);
+    draw->id = -1;
+    return submit(q, REQ_DECODE, &token, 1, false, 0, logits, NULL, draw, NULL, err);
 }
 
 int muser_seq_verify(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err)
@@ -814,7 +834,7 @@ int muser_seq_verify_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float 
     if (!q || !tokens) return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: NULL argument");
     if (n == 0 || n > KV_MAX_SPEC_ROWS || n > q->e->d->max_rows)
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: %u rows (1..%u)", n, KV_MAX_SPEC_ROWS);
-    return submit(q, REQ_DECODE, tokens, n, true, 0, logits, NULL, tap, err);
+    return submit(q, REQ_DECODE, tokens, n, true, 0, logits, NULL, NULL, tap, err);
 }
 
 int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err)
@@ -823,13 +843,13 @@ int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err)
     if (q->e != src->e || q->n_ctx != src->n_ctx)
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_copy_from: the sequences need one engine and one context");
     q->copy_src = src;
-    return submit(q, REQ_COPY, NULL, 0, false, 0, NULL, NULL, NULL, err);
+    return submit(q, REQ_COPY, NULL, 0, false, 0, NULL, NULL, NULL, NULL, err);
 }
 
 int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err)
 {
     if (!q) return muser_errorf(err, MUSER_E_ARG, "muser_seq_rollback: NULL sequence");
-    return submit(q, REQ_ROLLBACK, NULL, 0, false, n_keep, NULL, NULL, NULL, err);
+    return submit(q, REQ_ROLLBACK, NULL, 0, false, n_keep, NULL, NULL, NULL, NULL, err);
 }
 
 uint64_t muser_seq_pos(const muser_seq *q)

@@ -37,6 +37,7 @@
  *
  * All buffers are sized at muser_sampler_new; nothing is allocated per token. */
 #include "sampler.h"
+#include "draw.h"
 #include "util.h"
 
 #include <math.h>
@@ -44,7 +45,7 @@
 #include <string.h>
 
 #define SAMPLER_MAX_LOGPROBS 20
-#define W_BLOCK 64 /* the draw's blocks of candidates (block_sums) */
+#define W_BLOCK MUSER_DRAW_BLOCK /* the draw's blocks of candidates (block_sums) */
 /* top-p buckets: a positive float's upper 16 bits (sign, exponent, 7 mantissa bits) order it,
  * so weights in (0, 1] fall in buckets 0 .. 0x3F80, larger weight -> higher bucket. */
 #define TOP_P_BUCKETS (0x3F80 + 1)
@@ -544,33 +545,15 @@ static uint32_t top_p_threshold(muser_sampler *s, uint32_t n, double need, doubl
     return kept;
 }
 
-/* A candidate's weight e^x, x = (l − l_max) / T ≤ 0: x = k·ln2 + r (k the nearest integer to
- * x·log2 e, ln2 in two parts), e^r by its Taylor polynomial of degree 7 (|r| ≤ ln2/2: truncation
- * under 4e-9 relative), times 2^k. Every step is one IEEE multiply, round or fused multiply-add, so
- * the AVX2 pass (eight lanes) and the plain loop give the same bits, within 2 ulp of e^x; below
- * x = −87 (under the smallest normal float, a weight no draw can meet against the best's 1) it
- * is 0. The best candidate (x = 0) weighs exactly 1. */
-#define W_LOG2E 1.44269504f
-#define W_LN2_HI 0.693145751953125f
-#define W_LN2_LO 1.428606765330187e-06f
-#define W_FLOOR -87.0f
-static const float w_c[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+/* A candidate's weight e^x (draw.h: the steps the GPU's draw takes too) */
+#define W_LOG2E MUSER_W_LOG2E
+#define W_LN2_HI MUSER_W_LN2_HI
+#define W_LN2_LO MUSER_W_LN2_LO
+#define W_FLOOR MUSER_W_FLOOR
+static const float w_c[8] = {MUSER_W_C0, MUSER_W_C1, MUSER_W_C2, MUSER_W_C3,
+                             MUSER_W_C4, MUSER_W_C5, MUSER_W_C6, MUSER_W_C7};
 
-static float weight_of(float x)
-{
-    if (!(x >= W_FLOOR))
-        return 0.0f;
-    const float k = rintf(x * W_LOG2E);
-    float r = fmaf(k, -W_LN2_HI, x);
-    r = fmaf(k, -W_LN2_LO, r);
-    float p = w_c[0];
-    for (int j = 1; j < 8; j++)
-        p = fmaf(p, r, w_c[j]);
-    const uint32_t bits = (uint32_t)((int32_t)k + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
+static float weight_of(float x) { return muser_weight_of(x); }
 
 #if defined(__x86_64__)
 __attribute__((target("avx2,fma"))) static void weights_avx2(const float *x, float *w, uint32_t n)
@@ -822,9 +805,9 @@ static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_
 /* Draw: the uniform's step u in [0, mass) found by walking the blocks' weights (block_sums, which
  * finish_cands left), then the candidates of that block in order (rank order with top-k, id order
  * without). */
-static int32_t draw(muser_sampler *s, uint32_t n, double mass)
+static int32_t draw_u(muser_sampler *s, uint32_t n, double mass, double u01)
 {
-    const double u = rng_uniform(s->rng) * mass;
+    const double u = u01 * mass;
     double acc = 0.0;
     for (uint32_t b = 0; b * W_BLOCK < n; b++) {
         if (!(u < acc + s->bsum[b])) {
@@ -842,13 +825,18 @@ static int32_t draw(muser_sampler *s, uint32_t n, double mass)
     return s->idx[n - 1]; /* rounding can leave u just past the last step */
 }
 
-static int32_t sample_truncated(muser_sampler *s)
+static int32_t draw(muser_sampler *s, uint32_t n, double mass) { return draw_u(s, n, mass, rng_uniform(s->rng)); }
+
+/* The draw with u01 as its uniform (the generator unmoved). */
+static int32_t sample_truncated_u(muser_sampler *s, double u01)
 {
     uint32_t n;
     double mass;
     truncate_cands(s, &n, &mass);
-    return draw(s, n, mass);
+    return draw_u(s, n, mass, u01);
 }
+
+static int32_t sample_truncated(muser_sampler *s) { return sample_truncated_u(s, rng_uniform(s->rng)); }
 
 /* Validate the row; the chain reads it where it is, or a copy in s->work with the penalties
  * applied. */
@@ -927,6 +915,22 @@ int muser_sampler_dist(muser_sampler *s, const float *logits, const int32_t **id
     *ids = s->idx;
     *w = s->val;
     return MUSER_OK;
+}
+
+bool muser_sampler_plain_draw(const muser_sampler *s, float *temperature)
+{
+    const muser_sampler_params *p = &s->p;
+    if (penalties_active(p) || is_greedy(s) || top_k_on(s) || p->top_p < 1.0f || p->min_p > 0.0f)
+        return false;
+    if (temperature) *temperature = p->temperature;
+    return true;
+}
+
+int32_t muser_sampler_sample_u(muser_sampler *s, const float *logits, double u)
+{
+    if (load_row(s, logits))
+        return MUSER_E_NUMERIC;
+    return is_greedy(s) ? muser_argmax(s->row, s->n_vocab) : sample_truncated_u(s, u);
 }
 
 double muser_sampler_uniform(muser_sampler *s)

@@ -8,6 +8,7 @@
 #include "session.h"
 #include "sampler.h"
 
+#include <math.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -406,22 +407,25 @@ int muser_session_prefill_begin(muser_session *s, const int32_t *tokens, uint32_
 }
 
 static int step_rows(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n, float *logits,
-                     float *const *out, const muser_top *top, const muser_tap *tap, muser_error *err);
+                     float *const *out, muser_draw *const *draw, const muser_top *top, const muser_tap *tap,
+                     muser_error *err);
 
 int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
                float *logits, const muser_top *top, const muser_tap *tap, muser_error *err)
 {
-    return step_rows(d, seq, tokens, n, logits, NULL, top, tap, err);
+    return step_rows(d, seq, tokens, n, logits, NULL, NULL, top, tap, err);
 }
 
 int muser_step_out(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
-                   float *const *out, const muser_top *top, const muser_tap *tap, muser_error *err)
+                   float *const *out, muser_draw *const *draw, const muser_top *top, const muser_tap *tap,
+                   muser_error *err)
 {
-    return step_rows(d, seq, tokens, n, NULL, out, top, tap, err);
+    return step_rows(d, seq, tokens, n, NULL, out, draw, top, tap, err);
 }
 
 static int step_rows(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n, float *logits,
-                     float *const *out, const muser_top *top, const muser_tap *tap, muser_error *err)
+                     float *const *out, muser_draw *const *draw, const muser_top *top, const muser_tap *tap,
+                     muser_error *err)
 {
     if (!d || !seq || !tokens)
         return muser_errorf(err, MUSER_E_ARG, "muser_step: NULL argument");
@@ -439,7 +443,19 @@ static int step_rows(muser_device *d, muser_session *const *seq, const int32_t *
     if (top && (top->k == 0 || top->k > MUSER_TOP_MAX || top->k > d->model->hp.n_vocab || !top->id))
         return muser_errorf(err, MUSER_E_ARG, "step: the best %u logits per row (1..%u) and an id buffer are needed",
                             top->k, MUSER_TOP_MAX);
-    const muser_step_rows rows = {.n = n, .seq = seq, .tokens = tokens, .tap = tap, .top = top, .out = out};
+    for (uint32_t i = 0; draw && i < n; i++) {
+        const muser_draw *w = draw[i];
+        if (!w) continue;
+        if (!out || !out[i])
+            return muser_errorf(err, MUSER_E_ARG, "step: row %u has a draw but no buffer for its logits", i);
+        if (!(w->temperature > 0.0f) || !isfinite(w->temperature) || !(w->u >= 0.0 && w->u < 1.0))
+            return muser_errorf(err, MUSER_E_ARG, "step: row %u's draw: temperature %g (finite, > 0), u %g (in [0, 1))",
+                                i, (double)w->temperature, w->u);
+    }
+    for (uint32_t i = 0; draw && i < n; i++)
+        if (draw[i]) draw[i]->id = -1;
+    const muser_step_rows rows = {.n = n, .seq = seq, .tokens = tokens, .tap = tap, .top = top, .out = out,
+                                  .draw = draw};
     rc = d->be->step(d, &rows, logits, err);
     if (rc)
         return rc;

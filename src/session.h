@@ -55,6 +55,17 @@ typedef struct muser_top {
     int32_t *id;               /* [n][k] their ids: ties to the lower id, -0 tying +0 (muser_top_k) */
 } muser_top;
 
+/* A row's token drawn where its logits are: what muser_sampler_sample_u(s, row, u) gives for a
+ * sampler whose choice is a plain temperature draw (muser_sampler_plain_draw: x = (l − max) / T,
+ * draw.h's weights, the blocks' sums and the walk), so that the row need not come back. A backend
+ * that draws (CUDA) sets id and leaves the row's buffer as it was; one that does not leaves id −1
+ * and writes the row for the caller to draw from with the same u. */
+typedef struct muser_draw {
+    float temperature;         /* > 0, finite */
+    double u;                  /* in [0, 1): the sampler's uniform for this token (muser_sampler_uniform) */
+    int32_t id;                /* out: the token, or −1 (the row is in the row's buffer) */
+} muser_draw;
+
 /* One small-batch pass as the backend receives it, checked by muser_step: rows of the same
  * session are one contiguous run at that session's next positions. */
 typedef struct muser_step_rows {
@@ -65,6 +76,8 @@ typedef struct muser_step_rows {
     const muser_top *top;      /* each row's best logits; NULL: none */
     float *const *out;         /* [n] each row's logits [V] (a NULL entry: not wanted), in place of the
                                 * step's contiguous logits buffer; NULL: that buffer */
+    muser_draw *const *draw;   /* [n] a row's draw (a NULL entry: none; its row's buffer is needed), set
+                                * to id −1 by muser_step; NULL: none */
 } muser_step_rows;
 
 /* Where a step writes row i's logits: rows->out[i], else logits + i·V (NULL: nowhere). */
@@ -214,9 +227,13 @@ int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens
                float *logits, const muser_top *top, const muser_tap *tap, muser_error *err);
 /* muser_step with each row's logits into its own buffer out[i] [V] (NULL entries: not wanted;
  * out NULL: none), each written only on success: a caller packing many requests' rows hands each
- * its row without a copy through a buffer of its own. */
+ * its row without a copy through a buffer of its own. draw (may be NULL) [n]: row i's token drawn
+ * where the logits are (muser_draw; NULL entries: none), its row's buffer out[i] written only
+ * where the backend did not draw (id −1). Refused: a draw without a row buffer, a temperature
+ * not finite and > 0, u outside [0, 1). */
 int muser_step_out(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
-                   float *const *out, const muser_top *top, const muser_tap *tap, muser_error *err);
+                   float *const *out, muser_draw *const *draw, const muser_top *top, const muser_tap *tap,
+                   muser_error *err);
 /* For a backend whose logits are in host memory: top's n rows from logits [n][V] (muser_top_k). */
 void muser_top_rows(const muser_top *top, const float *logits, uint32_t n, uint32_t V);
 int muser_session_checkpoint(muser_session *s, muser_error *err);

@@ -250,6 +250,80 @@ static void topk_checks(void)
     printf("cu_topk: the exact top 64 at 65 .. 262,144 logits a row, the host's ranking\n");
 }
 
+/* The device's draw (muser_cuda_draw_check, cu_draw: a pass's plain temperature draw) against the
+ * host sampler's muser_sampler_sample_u on the same row and uniform: the same token every time.
+ * Rows of Glimmer's width and others (a tail block of 1), bell-shaped, coarse ties, a soft cap's
+ * range, one dominant logit, all equal; temperatures from 1e-4 to 3; uniforms at random, 0 and the
+ * last below 1; a row without a draw left at −1. */
+static void draw_checks(void)
+{
+    const uint32_t widths[] = {202048, 4096, 65, 262144};
+    const float temps[] = {0.8f, 1.0f, 0.05f, 3.0f, 1e-4f, 0.37f};
+    enum { ROWS = 16, ROUNDS = 12 };
+    uint64_t draws = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const uint32_t n = widths[wi];
+        float *x = malloc((size_t)ROWS * n * sizeof *x);
+        muser_sampler *smp[sizeof temps / sizeof temps[0]];
+        for (size_t t = 0; t < sizeof temps / sizeof temps[0]; t++) {
+            muser_sampler_params p;
+            muser_sampler_params_default(&p);
+            p.temperature = temps[t];
+            p.top_k = 0;
+            p.top_p = 1.0f;
+            p.min_p = 0.0f;
+            p.repeat_penalty = 1.0f;
+            muser_error err = {0};
+            CHECK_OK(muser_sampler_new(&smp[t], n, &p, &err), &err);
+            CHECK(muser_sampler_plain_draw(smp[t], NULL));
+        }
+        check_rng_seed(91 + wi);
+        int bad = 0;
+        for (uint32_t round = 0; round < ROUNDS; round++) {
+            float temp[ROWS];
+            double u[ROWS];
+            int32_t id[ROWS];
+            for (uint32_t r = 0; r < ROWS; r++) {
+                const uint32_t kind = (r + round) % 5;
+                for (uint32_t i = 0; i < n; i++) {
+                    const double g = (double)(check_rng_u64() >> 11) / 9007199254740992.0;
+                    float *xi = &x[(size_t)r * n + i];
+                    *xi = kind == 0 ? (float)(g * 30.0 - 15.0)
+                        : kind == 1 ? (float)(check_rng_u64() % 41) - 20.0f
+                        : kind == 2 ? 30.0f * tanhf((float)(g * 8.0 - 6.0))
+                        : kind == 3 ? (i == n / 3 + r % 7 ? 100.0f : (float)(g * 4.0))
+                                    : 1.5f;
+                }
+                temp[r] = r == ROWS - 1 && round % 3 == 0 ? 0.0f : temps[(r + 2 * round) % (sizeof temps / sizeof temps[0])];
+                u[r] = round == 0 && r < 2 ? (r == 0 ? 0.0 : 1.0 - 0x1p-53)
+                                           : (double)(check_rng_u64() >> 11) / 9007199254740992.0;
+            }
+            muser_error err = {0};
+            CHECK_OK(muser_cuda_draw_check(x, n, ROWS, temp, u, id, &err), &err);
+            for (uint32_t r = 0; r < ROWS; r++) {
+                if (temp[r] == 0.0f) {
+                    bad += id[r] != -1;
+                    continue;
+                }
+                size_t t = 0;
+                while (temps[t] != temp[r]) t++;
+                const int32_t want = muser_sampler_sample_u(smp[t], x + (size_t)r * n, u[r]);
+                if (want != id[r] && bad < 5)
+                    fprintf(stderr, "cu_draw: %u logits, round %u row %u, T %g u %.17g: device %d, host %d\n", n, round,
+                            r, (double)temp[r], u[r], id[r], want);
+                bad += want != id[r];
+                draws++;
+            }
+        }
+        CHECKF(bad == 0, "cu_draw, %u logits a row: %d of %u draws differ from the host sampler's", n, bad,
+               ROWS * ROUNDS);
+        for (size_t t = 0; t < sizeof temps / sizeof temps[0]; t++) muser_sampler_free(smp[t]);
+        free(x);
+    }
+    printf("cu_draw: %llu draws at 65 .. 262,144 logits a row, each the host sampler's token\n",
+           (unsigned long long)draws);
+}
+
 /* The prefill route's GEMM (muser_cuda_gemm_check) per format and layout against the f64 dot of the
  * same bytes, |y − ref| ≤ 1e-5·Σ|w·x|, for 1, 5 and 70 input rows (two row tiles, one partial);
  * and every row's bytes the same whatever rows share the call (row 3 alone against row 3 of 70). */
@@ -403,6 +477,7 @@ int main(void)
     matvec_checks();
     gemm_checks();
     topk_checks();
+    draw_checks();
 #endif
     printf("test_cuda: %d checks, %d failures\n", check_count, check_failures);
     return check_failures ? 1 : 0;

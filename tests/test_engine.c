@@ -24,6 +24,7 @@
 #include "check.h"
 #include "gpu.h"
 #include "engine.h"
+#include "sampler.h"
 #include "synth.h"
 #include "util.h"
 
@@ -43,12 +44,13 @@ static muser_backend_kind g_backend = MUSER_BACKEND_CPU; /* outputs() and copy()
 static int32_t tok_of(uint32_t k, uint32_t i, uint32_t V) { return (int32_t)((k * 7919u + i * 104729u + 13u) % V); }
 static uint32_t prompt_len(uint32_t k) { return 3 + 11 * k; } /* 3 .. 168: chunks of 64 end anywhere */
 
-static muser_engine *engine_on(const muser_model *m, uint32_t window_us, uint64_t n_ctx, uint64_t budget)
+static muser_engine *engine_threads(const muser_model *m, uint32_t window_us, uint64_t n_ctx, uint64_t budget,
+                                    uint32_t threads)
 {
     muser_engine_opts o;
     memset(&o, 0, sizeof o);
     o.dev.backend = g_backend;
-    o.dev.n_threads = 2;
+    o.dev.n_threads = threads;
     o.dev.n_ctx = n_ctx;
     o.batch_window_us = window_us;
     o.kv_budget_bytes = budget;
@@ -56,6 +58,11 @@ static muser_engine *engine_on(const muser_model *m, uint32_t window_us, uint64_
     muser_engine *e = NULL;
     CHECK_OK(muser_engine_new(&e, m, &o, &err), &err);
     return e;
+}
+
+static muser_engine *engine_on(const muser_model *m, uint32_t window_us, uint64_t n_ctx, uint64_t budget)
+{
+    return engine_threads(m, window_us, n_ctx, budget, 2);
 }
 
 static muser_engine *engine_new(uint32_t window_us, uint64_t n_ctx, uint64_t budget)
@@ -272,6 +279,7 @@ typedef struct spin_job {
     atomic_int *stop;
     atomic_uint steps; /* read by the main thread while the spinner runs */
     uint32_t cap, delay_us;
+    uint32_t turn_us;  /* the caller's time between steps (0: 300 µs) */
     int rc;
 } spin_job;
 
@@ -283,7 +291,7 @@ static void *spin_thread(void *arg)
     for (uint32_t n = 0; !atomic_load(j->stop) && n < j->cap && !j->rc; n++) {
         j->rc = muser_seq_decode(j->q, (int32_t)(n % 7), NULL, NULL, &err);
         atomic_store(&j->steps, n + 1);
-        usleep(300); /* a caller's sampling: shorter than a pass, so the two fall out of step */
+        usleep(j->turn_us ? j->turn_us : 300); /* a caller's sampling: shorter than a pass, so they fall out of step */
     }
     return NULL;
 }
@@ -367,18 +375,33 @@ static void no_starving(void)
 static void regroup(void)
 {
     /* four decoders on the trained model in two groups out of step (the second pair starts while
-     * the first pair's pass runs), each caller 300 µs between steps, a 1 µs window: the window
-     * alone never joins the groups, since each group's steps arrive during the other's pass. The
-     * engine waits for decoders whose callers are due back soon, so the groups merge. */
+     * the first pair's pass runs), each caller an eighth of a pass between steps, a 1 µs window:
+     * the window alone never joins the groups, since each group's steps arrive during the other's
+     * pass. The engine waits for decoders whose callers are due back within a quarter of a pass,
+     * so the groups merge. The callers' time is measured against a pass of this machine (usleep's
+     * granularity must stay well under it: a fast host gets one thread). */
     muser_error err = {0};
     muser_model *m = trained_model();
     if (!m) return;
-    muser_engine *e = engine_on(m, 1, 1024, 0);
+    muser_engine *e = engine_threads(m, 1, 1024, 0, 1); /* one thread: long passes beside usleep's granularity */
     if (!e) {
         muser_model_free(m);
         return;
     }
-    enum { N = 4, STEPS = 40 };
+    enum { N = 4, STEPS = 40, WARM = 6 };
+    double pass = 1e9; /* the fastest of a few one-row passes */
+    {
+        muser_seq *q = NULL;
+        CHECK_OK(muser_engine_open(e, 0, &q, &err), &err);
+        for (int i = 0; q && i < WARM; i++) {
+            const double t0 = muser_now_s();
+            CHECK_OK(muser_seq_decode(q, i, NULL, NULL, &err), &err);
+            const double t = muser_now_s() - t0;
+            pass = t < pass ? t : pass;
+        }
+        muser_engine_close(q);
+    }
+    const uint32_t turn_us = (uint32_t)(pass * 1e6 / 8);
     atomic_int stop = 0;
     spin_job sj[N];
     pthread_t th[N];
@@ -386,7 +409,8 @@ static void regroup(void)
         memset(&sj[i], 0, sizeof sj[i]);
         sj[i].stop = &stop;
         sj[i].cap = STEPS;
-        sj[i].delay_us = i < 2 ? 0u : 1500u;
+        sj[i].delay_us = i < 2 ? 0u : (uint32_t)(pass * 1e6 / 2);
+        sj[i].turn_us = turn_us;
         atomic_init(&sj[i].steps, 0);
         CHECK_OK(muser_engine_open(e, 0, &sj[i].q, &err), &err);
     }
@@ -402,11 +426,15 @@ static void regroup(void)
             if (k++ >= n_dec / 2) late++, late_rows += rec[i].rows;
         }
     const double mean = late ? (double)late_rows / late : 0;
-    printf("regroup: 4 decoders started out of step, %u steps in %u decode passes; %.2f rows a pass in the "
-           "second half\n", rows, n_dec, mean);
-    CHECK(rows == N * STEPS);
+    printf("regroup: 4 decoders started out of step (a pass %.2f ms, callers %u µs), %u steps in %u decode passes; "
+           "%.2f rows a pass in the second half\n", pass * 1e3, turn_us, rows, n_dec, mean);
+    CHECK(rows == N * STEPS + WARM);
     for (int i = 0; i < N; i++) CHECK(sj[i].rc == 0);
-    CHECKF(mean >= 3.0, "the decoders stayed apart: %.2f rows a pass (4 decoding)", mean);
+    if (turn_us >= 200) /* (the callers' time must be well above usleep's granularity and the wait's 0.1 ms) */
+        CHECKF(mean >= 3.0, "the decoders stayed apart: %.2f rows a pass (4 decoding)", mean);
+    else
+        printf("SKIP: regroup's check: a pass of %.2f ms is too short on this machine for callers of an eighth of it\n",
+               pass * 1e3);
     for (int i = 0; i < N; i++) muser_engine_close(sj[i].q);
     free(rec);
     muser_engine_free(e);
@@ -708,6 +736,120 @@ static void copy(void)
     muser_engine_free(e);
 }
 
+/* ---- draws where the logits are (muser_seq_decode_draw) ---- */
+typedef struct draw_job {
+    muser_engine *e;
+    uint32_t k;
+    bool by_draw;
+    int32_t toks[N_DEC];
+    uint32_t on_device; /* steps whose token the backend drew */
+    int rc;
+    pthread_barrier_t *go;
+} draw_job;
+
+/* Sequence k's prompt, then N_DEC tokens of a plain temperature sampler (seed k), each fed back:
+ * through the row (muser_seq_decode, muser_sampler_sample) or drawn (muser_seq_decode_draw, the
+ * row's draw on the host with the same uniform where the backend returned none). */
+static void *draw_thread(void *arg)
+{
+    draw_job *j = arg;
+    const uint32_t V = g_m->hp.n_vocab, P = prompt_len(j->k);
+    int32_t *p = malloc(P * sizeof *p);
+    float *lg = malloc(V * sizeof *lg);
+    for (uint32_t i = 0; i < P; i++) p[i] = tok_of(j->k, i, V);
+    muser_sampler_params sp;
+    muser_sampler_params_default(&sp);
+    sp.temperature = 0.7f + 0.05f * (float)j->k;
+    sp.top_k = 0;
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    sp.seed = 100 + j->k;
+    muser_error err = {0};
+    muser_sampler *smp = NULL;
+    muser_seq *q = NULL;
+    j->rc = muser_sampler_new(&smp, V, &sp, &err);
+    if (!j->rc) j->rc = muser_engine_open(j->e, 0, &q, &err);
+    if (j->go) pthread_barrier_wait(j->go);
+    if (!j->rc) j->rc = muser_seq_prefill(q, p, P, lg, &err);
+    int32_t t = j->rc ? 0 : muser_sampler_sample(smp, lg, NULL, NULL);
+    for (uint32_t i = 0; i < N_DEC && !j->rc; i++) {
+        j->toks[i] = t;
+        if (!j->by_draw) {
+            j->rc = muser_seq_decode(q, t, lg, NULL, &err);
+            if (!j->rc) t = muser_sampler_sample(smp, lg, NULL, NULL);
+            continue;
+        }
+        float temp = 0.0f;
+        if (!muser_sampler_plain_draw(smp, &temp)) j->rc = MUSER_E_ARG;
+        muser_draw d = {.temperature = temp, .u = muser_sampler_uniform(smp)};
+        if (!j->rc) j->rc = muser_seq_decode_draw(q, t, lg, &d, &err);
+        if (j->rc) break;
+        j->on_device += d.id >= 0;
+        t = d.id >= 0 ? d.id : muser_sampler_sample_u(smp, lg, d.u);
+    }
+    if (j->rc) fprintf(stderr, "sequence %u: %s\n", j->k, err.msg);
+    muser_engine_close(q);
+    muser_sampler_free(smp);
+    free(p);
+    free(lg);
+    return NULL;
+}
+
+/* The same tokens through the row and drawn where the logits are, alone and beside 15 others: on
+ * the CPU every draw comes back as a row (the host draws), on the GPU every one on the device. A
+ * draw without a row buffer, or with a temperature or uniform out of range, is refused. */
+static void draws(void)
+{
+    muser_engine *e = engine_new(250, 256, 0);
+    if (!e) return;
+    draw_job rowj[N_SEQ], alone[N_SEQ], together[N_SEQ];
+    for (uint32_t k = 0; k < N_SEQ; k++) {
+        rowj[k] = (draw_job){.e = e, .k = k};
+        draw_thread(&rowj[k]);
+        alone[k] = (draw_job){.e = e, .k = k, .by_draw = true};
+        draw_thread(&alone[k]);
+    }
+    pthread_t th[N_SEQ];
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, N_SEQ);
+    for (uint32_t k = 0; k < N_SEQ; k++) {
+        together[k] = (draw_job){.e = e, .k = k, .by_draw = true, .go = &go};
+        pthread_create(&th[k], NULL, draw_thread, &together[k]);
+    }
+    for (uint32_t k = 0; k < N_SEQ; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&go);
+    uint32_t same = 0, dev = 0;
+    for (uint32_t k = 0; k < N_SEQ; k++) {
+        CHECK(rowj[k].rc == 0 && alone[k].rc == 0 && together[k].rc == 0);
+        same += !memcmp(rowj[k].toks, alone[k].toks, sizeof rowj[k].toks) &&
+                !memcmp(rowj[k].toks, together[k].toks, sizeof rowj[k].toks);
+        dev += alone[k].on_device + together[k].on_device;
+    }
+    const bool gpu = g_backend == MUSER_BACKEND_CUDA;
+    printf("draws: %u/%u sequences' %u sampled tokens the same through the row and drawn (alone, and beside 15 "
+           "others); %u of %u drawn on the device (%s)\n", same, N_SEQ, N_DEC, dev, 2 * N_SEQ * N_DEC,
+           gpu ? "all expected" : "none expected: the host draws from the row");
+    CHECK(same == N_SEQ);
+    CHECK(dev == (gpu ? 2u * N_SEQ * N_DEC : 0u));
+    /* refusals */
+    muser_error err = {0};
+    muser_seq *q = NULL;
+    CHECK_OK(muser_engine_open(e, 0, &q, &err), &err);
+    const int32_t p0 = 1;
+    CHECK_OK(muser_seq_prefill(q, &p0, 1, NULL, &err), &err);
+    float *lg = malloc(g_m->hp.n_vocab * sizeof *lg);
+    muser_draw d = {.temperature = 0.8f, .u = 0.5};
+    CHECK(muser_seq_decode_draw(q, 2, NULL, &d, &err) == MUSER_E_ARG);
+    d.temperature = 0.0f;
+    CHECK(muser_seq_decode_draw(q, 2, lg, &d, &err) == MUSER_E_ARG);
+    d = (muser_draw){.temperature = 0.8f, .u = 1.0};
+    CHECK(muser_seq_decode_draw(q, 2, lg, &d, &err) == MUSER_E_ARG);
+    CHECK(muser_seq_pos(q) == 1);
+    muser_engine_close(q);
+    free(lg);
+    muser_engine_free(e);
+}
+
 int main(void)
 {
     g_san = getenv("MUSER_SANITIZED") && !strcmp(getenv("MUSER_SANITIZED"), "1");
@@ -729,12 +871,14 @@ int main(void)
     cancel_and_budget();
     threads();
     copy();
+    draws();
     /* the engine on the GPU: the same bytes as the session driven directly there */
     if (gpu_present(g_m)) {
         g_backend = MUSER_BACKEND_CUDA;
         printf("CUDA:\n");
         outputs();
         copy();
+        draws();
     } else {
         printf("SKIP: the CUDA half (no GPU, or built without CUDA)\n");
     }

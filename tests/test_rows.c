@@ -612,7 +612,7 @@ static void step_out(const muser_model *m, muser_backend_kind b, const char *wha
         muser_session_reset(c);
         float *out[5];
         for (uint32_t i = 0; i < n; i++) out[i] = i == 1 ? NULL : row[i];
-        CHECK_OK(muser_step_out(d, sq, tk, n, out, NULL, NULL, &err), &err);
+        CHECK_OK(muser_step_out(d, sq, tk, n, out, NULL, NULL, NULL, &err), &err);
         for (uint32_t i = 0; i < n; i++)
             if (out[i]) bad += memcmp(out[i], ref + (size_t)i * V, (size_t)V * sizeof(float)) != 0;
     }

@@ -770,6 +770,59 @@ static void test_weights(void)
     free(w0);
 }
 
+/* The plain draw (muser_sampler_plain_draw, muser_sampler_sample_u: what a GPU draws where the
+ * logits are): which samplers are plain; with u taken from the generator first, sample_u gives
+ * muser_sampler_sample's tokens (masked rows and both SIMD levels included) and the generator ends
+ * where it does; greedy takes no draw; a non-finite row fails closed. */
+static void test_plain_draw(void)
+{
+    const uint32_t V = 202048;
+    float *row = malloc(V * sizeof *row);
+    muser_sampler_params p = plain_params(0.8f, 9);
+    muser_sampler *s = make(V, &p);
+    float t = 0.0f;
+    CHECK(muser_sampler_plain_draw(s, &t) && t == 0.8f);
+    muser_sampler_free(s);
+    struct { float t; uint32_t k; float top_p, min_p, rep; } no[] = {
+        {0.0f, 0, 1.0f, 0.0f, 1.0f}, {0.8f, 40, 1.0f, 0.0f, 1.0f}, {0.8f, 0, 0.95f, 0.0f, 1.0f},
+        {0.8f, 0, 1.0f, 0.05f, 1.0f}, {0.8f, 0, 1.0f, 0.0f, 1.1f},
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        p = plain_params(no[i].t, 9);
+        p.top_k = no[i].k;
+        p.top_p = no[i].top_p;
+        p.min_p = no[i].min_p;
+        p.repeat_penalty = no[i].rep;
+        s = make(V, &p);
+        CHECKF(!muser_sampler_plain_draw(s, NULL), "sampler %zu is not a plain temperature draw", i);
+        muser_sampler_free(s);
+    }
+    int differ = 0;
+    for (int level = 0; level < 2; level++) {
+        if (level) setenv("MUSER_SIMD", "0", 1);
+        for (int ci = 0; ci < 3; ci++) {
+            const float temps[3] = {0.8f, 1.7f, 0.01f};
+            p = plain_params(temps[ci], 31 + (uint64_t)ci);
+            muser_sampler *a = make(V, &p), *b = make(V, &p);
+            for (int d = 0; d < 30; d++) {
+                fill_row(row, V, 300 + (uint32_t)d, d % 2 ? 3.0f : 14.0f);
+                if (d % 3 == 0) row[(uint32_t)d * 131u % V] = -INFINITY;
+                const int32_t x = muser_sampler_sample(a, row, NULL, NULL);
+                const double u = muser_sampler_uniform(b);
+                differ += x != muser_sampler_sample_u(b, row, u);
+            }
+            differ += muser_sampler_uniform(a) != muser_sampler_uniform(b); /* both generators where they were */
+            row[5] = NAN;
+            CHECK(muser_sampler_sample_u(b, row, 0.5) == MUSER_E_NUMERIC);
+            muser_sampler_free(a);
+            muser_sampler_free(b);
+        }
+    }
+    unsetenv("MUSER_SIMD");
+    CHECKF(differ == 0, "%d plain draws with the uniform given differ from muser_sampler_sample's", differ);
+    free(row);
+}
+
 int main(void)
 {
     test_greedy();
@@ -783,6 +836,7 @@ int main(void)
     test_wide_rows();
     test_sample_top();
     test_weights();
+    test_plain_draw();
     test_against_reference();
     return check_report("sampler");
 }

@@ -177,6 +177,9 @@ typedef struct job {
                                   * request without logprobs whose sampler needs no more) */
     float top_v[MUSER_TOP_MAX];
     int32_t top_id[MUSER_TOP_MAX];
+    bool drawn;                  /* the last step drew the token where its logits are (a plain
+                                  * temperature request without logprobs): draw.id, or logits at −1 */
+    muser_draw draw;
     int32_t *prompt;
     size_t n_prompt, prompt_cap;
     uint32_t max_tokens;
@@ -505,9 +508,10 @@ static int job_step(job *j, serve_err *e)
         return serve_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
     tok_rec *t = &j->toks[j->n_toks];
     memset(t, 0, sizeof *t);
-    const int32_t id = j->top_n ? muser_sampler_sample_top(j->smp, j->top_v, j->top_id, j->top_n)
-                                : muser_sampler_sample(j->smp, j->logits, j->req.logprobs ? &t->lp : NULL,
-                                                       j->req.top_logprobs ? t->top : NULL);
+    const int32_t id = j->drawn   ? (j->draw.id >= 0 ? j->draw.id : muser_sampler_sample_u(j->smp, j->logits, j->draw.u))
+                       : j->top_n ? muser_sampler_sample_top(j->smp, j->top_v, j->top_id, j->top_n)
+                                  : muser_sampler_sample(j->smp, j->logits, j->req.logprobs ? &t->lp : NULL,
+                                                         j->req.top_logprobs ? t->top : NULL);
     if (id < 0) return serve_err_set(e, 500, "server_error", NULL, NULL, "the model's logits are not finite");
     const double now = muser_now_s();
     if (!j->n_toks) {
@@ -555,14 +559,25 @@ static int job_step(job *j, serve_err *e)
         return 0;
     }
     j->released = j->len - (j->req.n_stop ? stop_holdback(j) : 0);
-    /* without logprobs, a greedy or top-k request takes the step's best logits, not its row */
+    /* without logprobs, a greedy or top-k request takes the step's best logits, not its row, and a
+     * plain temperature request its token drawn where the logits are */
     const uint32_t top_k = j->req.logprobs ? 0 : muser_sampler_top_needed(j->smp);
     const muser_top top = {.k = top_k, .v = j->top_v, .id = j->top_id};
     const bool by_top = top_k > 0 && top_k <= MUSER_TOP_MAX;
-    if (muser_seq_decode(j->q, id, by_top ? NULL : j->logits, by_top ? &top : NULL, &err))
+    float temp = 0.0f;
+    const bool by_draw = !by_top && !j->req.logprobs && !j->req.top_logprobs && muser_sampler_plain_draw(j->smp, &temp);
+    int rc;
+    if (by_draw) {
+        j->draw = (muser_draw){.temperature = temp, .u = muser_sampler_uniform(j->smp)};
+        rc = muser_seq_decode_draw(j->q, id, j->logits, &j->draw, &err);
+    } else {
+        rc = muser_seq_decode(j->q, id, by_top ? NULL : j->logits, by_top ? &top : NULL, &err);
+    }
+    if (rc)
         return serve_err_set(e, err.code == MUSER_E_CANCELLED ? 499 : 500, "server_error", NULL, NULL, "decode: %s",
                              err.msg);
     j->top_n = by_top ? top_k : 0;
+    j->drawn = by_draw;
     muser_sampler_accept(j->smp, id);
     return 0;
 }

@@ -271,6 +271,7 @@ int gen_reset(gen_ctx *g, muser_error *err)
     muser_engine_close(g->seq);
     g->seq = NULL;
     g->top_n = 0;
+    g->drawn = false;
     return muser_engine_open(g->eng, g->n_ctx, &g->seq, err);
 }
 
@@ -416,6 +417,7 @@ int gen_prefill_spec(gen_ctx *g, muser_drafter *d, const int32_t *toks, size_t n
         if (rc)
             return rc;
         g->top_n = 0;
+        g->drawn = false;
     }
     for (size_t i = 0; i < n; i++)
         muser_sampler_accept(g->smp, toks[i]);
@@ -468,14 +470,18 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
     const uint32_t top_k = muser_sampler_top_needed(g->smp);
     const muser_top top = {.k = top_k, .v = g->top_v, .id = g->top_id};
     const bool by_top = top_k > 0 && top_k <= MUSER_TOP_MAX;
+    /* a plain temperature draw: made where the logits are (on the GPU: no row copied) */
+    float temp = 0.0f;
+    const bool by_draw = !by_top && muser_sampler_plain_draw(g->smp, &temp);
     double t0 = muser_now_s();
     while (r->n_tokens < max_tokens) {
         if (interrupt && *interrupt) {
             r->stop = GEN_STOP_INTERRUPT;
             break;
         }
-        int32_t id = g->top_n ? muser_sampler_sample_top(g->smp, g->top_v, g->top_id, g->top_n)
-                              : muser_sampler_sample(g->smp, g->logits, NULL, NULL);
+        int32_t id = g->drawn   ? (g->draw.id >= 0 ? g->draw.id : muser_sampler_sample_u(g->smp, g->logits, g->draw.u))
+                     : g->top_n ? muser_sampler_sample_top(g->smp, g->top_v, g->top_id, g->top_n)
+                                : muser_sampler_sample(g->smp, g->logits, NULL, NULL);
         if (id < 0) {
             rc = muser_errorf(err, (muser_status)id,
                               "the logits at position %llu hold NaN or Inf; stopping",
@@ -499,10 +505,17 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
             r->stop = GEN_STOP_CONTEXT; /* no position left for it */
             break;
         }
-        rc = muser_seq_decode(g->seq, id, by_top ? NULL : g->logits, by_top ? &top : NULL, err);
+        if (by_draw) {
+            g->draw = (muser_draw){.temperature = temp, .u = muser_sampler_uniform(g->smp)};
+            rc = muser_seq_decode_draw(g->seq, id, g->logits, &g->draw, err);
+        } else {
+            rc = muser_seq_decode(g->seq, id, by_top ? NULL : g->logits, by_top ? &top : NULL, err);
+        }
+        g->drawn = false;
         if (rc)
             break;
         g->top_n = by_top ? top_k : 0;
+        g->drawn = by_draw;
         muser_sampler_accept(g->smp, id); /* in the context now, so it counts for penalties */
         r->pending = -1;
     }
@@ -527,7 +540,7 @@ int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, bool adaptive, c
     memset(r, 0, sizeof *r);
     r->pending = -1;
     r->stop = GEN_STOP_LIMIT;
-    if (g->top_n)
+    if (g->top_n || (g->drawn && g->draw.id >= 0))
         return muser_errorf(err, MUSER_E_ARG, "speculation needs the last logit row, and a greedy run kept only its token");
     muser_spec sp;
     int rc = muser_spec_init(&sp, g->seq, g->n_ctx, g->smp, d, k, ctx, n_ctx_toks, g->logits, err);

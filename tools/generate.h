@@ -46,6 +46,9 @@ typedef struct gen_ctx {
                                   * (a greedy or top-k sampler asks for no more; logits is stale) */
     float top_v[MUSER_TOP_MAX];
     int32_t top_id[MUSER_TOP_MAX];
+    bool drawn;                  /* the last step drew the token where its logits are (a plain
+                                  * temperature sampler): draw.id, or logits when it is −1 */
+    muser_draw draw;
     uint32_t n_vocab;            /* the model's logit row width */
     uint32_t max_batch;          /* rows per prefill call */
 } gen_ctx;

@@ -83,7 +83,10 @@ int gen_prefill_remote(gen_ctx *g, handoff_client *c, const int32_t *toks, size_
 {
     if (n > UINT32_MAX) return muser_errorf(err, MUSER_E_ARG, "%zu tokens in one prompt", n);
     const int rc = handoff_fetch(c, g->seq, toks, (uint32_t)n, g->logits, st, err);
-    if (!rc) g->top_n = 0;
+    if (!rc) {
+        g->top_n = 0;
+        g->drawn = false;
+    }
     for (size_t i = 0; !rc && i < n; i++) muser_sampler_accept(g->smp, toks[i]);
     return rc;
 }

@@ -66,6 +66,13 @@ static void pf_free(cu_pf *pf);
 /* Rows of one multi-row pass of the small-batch route (a step with more runs as several passes). */
 #define CU_ROWS_MAX 16u
 
+/* A pass's draws (muser_draw, cu_draw): each row's uniform and temperature (0: no draw) in, its token out */
+typedef struct cu_draw_io {
+    double u[CU_ROWS_MAX];
+    float temp[CU_ROWS_MAX];
+    int32_t id[CU_ROWS_MAX];
+} cu_draw_io;
+
 typedef struct cu_ctx {
     const muser_model *m;
     int device, n_sm;
@@ -86,6 +93,8 @@ typedef struct cu_ctx {
     float *d_best;             /* [CU_ROWS_MAX] the argmax's logit (after d_nonfinite: one copy takes all three) */
     unsigned long long *d_topk_part, *d_topk; /* cu_topk's scratch and keys [CU_ROWS_MAX][CU_TOPK] */
     unsigned long long *h_topk; /* pinned [CU_ROWS_MAX][CU_TOPK] */
+    cu_draw_io *h_draw, *d_draw; /* a pass's draws (h_draw pinned) */
+    double *d_draw_bsum;        /* cu_draw's scratch */
     float *h_logits;           /* pinned [CU_ROWS_MAX][V] */
     float *step_logits;        /* [MUSER_STEP_MAX_ROWS][V] a step's rows, copied out when all succeeded */
     int32_t *h_flags;          /* pinned: a pass's (or one row's, r = 0) [r] row r's argmax, [CU_ROWS_MAX + r]
@@ -866,6 +875,9 @@ static void ctx_free(cu_ctx *c)
     if (c->h_logits) cudaFreeHost(c->h_logits);
     if (c->h_flags) cudaFreeHost(c->h_flags);
     if (c->h_topk) cudaFreeHost(c->h_topk);
+    if (c->h_draw) cudaFreeHost(c->h_draw);
+    if (c->d_draw) cudaFree(c->d_draw);
+    if (c->d_draw_bsum) cudaFree(c->d_draw_bsum);
     if (c->d_topk_part) cudaFree(c->d_topk_part);
     if (c->h_rows) cudaFreeHost(c->h_rows);
     free(c->rows_geom);
@@ -1004,6 +1016,9 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     if (!e) e = cudaMalloc((void **)&c->d_topk_part, cu_topk_part_bytes(NR) + NR * CU_TOPK * sizeof(unsigned long long));
     if (!e) c->d_topk = c->d_topk_part + cu_topk_part_bytes(NR) / sizeof(unsigned long long);
     if (!e) e = cudaMallocHost((void **)&c->h_topk, NR * CU_TOPK * sizeof(unsigned long long));
+    if (!e) e = cudaMallocHost((void **)&c->h_draw, sizeof(cu_draw_io));
+    if (!e) e = cudaMalloc((void **)&c->d_draw, sizeof(cu_draw_io));
+    if (!e && V <= CU_DRAW_MAX_N) e = cudaMalloc((void **)&c->d_draw_bsum, cu_draw_bsum_bytes(NR));
     if (!e) e = cudaMalloc((void **)&c->d_tap, NR * MUSER_TAP_MAX_LAYERS * E * sizeof(float));
     if (!e) e = cudaMallocHost((void **)&c->h_tap, NR * MUSER_TAP_MAX_LAYERS * E * sizeof(float));
     /* the multi-row pass's tables: a row's step block 16-byte aligned */
@@ -1141,13 +1156,52 @@ static int profile_pass(cu_ctx *c, cu_seq *sq, uint32_t n, const char *what, mus
  * graphs were recorded with (the device's context). */
 static bool rows_ok(const cu_ctx *c, const cu_seq *sq) { return c->rows_geom && sq->n_ctx == c->rows_n_ctx; }
 
-/* After a pass's graph (n rows) is launched: the logit rows' copy back when wanted, and for more than
+/* Whether pass row i's token can be drawn on the device (h_draw set by draw_set). */
+static bool draws(const cu_ctx *c, uint32_t i) { return c->h_draw->temp[i] > 0.0f; }
+
+/* The pass's draws into h_draw (dr [n] by pass row, NULL entries: none; dr NULL: none): whether any
+ * row draws on the device (not where the vocabulary is past cu_draw's reach: those rows come back). */
+static bool draw_set(cu_ctx *c, const muser_draw *const *dr, uint32_t n)
+{
+    bool any = false;
+    for (uint32_t i = 0; i < n; i++) {
+        const muser_draw *w = dr && c->d_draw_bsum ? dr[i] : NULL;
+        c->h_draw->temp[i] = w ? w->temperature : 0.0f;
+        c->h_draw->u[i] = w ? w->u : 0.0;
+        c->h_draw->id[i] = -1;
+        any |= w != NULL;
+    }
+    return any;
+}
+
+/* Pass row i's draw done on the device, or its logits (copied back, or fetched now) into dst for the
+ * caller's: *id the token or −1. */
+static cudaError_t draw_out(cu_ctx *c, uint32_t i, bool copied, float *dst, int32_t *id)
+{
+    const size_t V = c->m->hp.n_vocab;
+    *id = draws(c, i) ? c->h_draw->id[i] : -1;
+    if (*id >= 0 || !dst) return cudaSuccess;
+    if (copied) {
+        memcpy(dst, c->h_logits + i * V, V * sizeof(float));
+        return cudaSuccess;
+    }
+    return cudaMemcpy(dst, c->logits + i * V, V * sizeof(float), cudaMemcpyDeviceToHost);
+}
+
+/* After a pass's graph (n rows) is launched: the logit rows' copy back when wanted, for more than
  * one best logit per row the top-k kernels (outside the graph: only a sampler that wants them pays)
- * and their keys' copy; then the wait. */
-static cudaError_t pass_finish(cu_ctx *c, uint32_t n, bool want_logits, const muser_top *top, bool tapped)
+ * and their keys' copy, and the rows' draws (draw_set) and their tokens' copy; then the wait. */
+static cudaError_t pass_finish(cu_ctx *c, uint32_t n, bool want_logits, const muser_top *top, bool tapped, bool drawn)
 {
     const size_t V = c->m->hp.n_vocab;
     cudaError_t e = cudaSuccess;
+    if (drawn) {
+        e = cudaMemcpyAsync(c->d_draw, c->h_draw, offsetof(cu_draw_io, id), cudaMemcpyHostToDevice, c->st);
+        if (!e)
+            e = cu_draw(c->st, c->logits, (uint32_t)V, c->d_best, c->d_draw->temp, c->d_draw->u, c->d_draw->id,
+                        c->d_draw_bsum, n);
+        if (!e) e = cudaMemcpyAsync(c->h_draw->id, c->d_draw->id, n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->st);
+    }
     if (tapped)
         e = cudaMemcpyAsync(c->h_tap, c->d_tap, (size_t)n * c->tap_nl * c->m->hp.n_embd * sizeof(float),
                             cudaMemcpyDeviceToHost, c->st);
@@ -1216,14 +1270,20 @@ static void top_out(const cu_ctx *c, const muser_top *top, uint32_t i, uint32_t 
 
 /* One multi-row pass: row i is token tok[i] of session sqs[i] at position pos[i] (n >= 2 rows, each
  * session rows_ok; a session's rows one run in position order from its next position), row
- * step_row[i] of the caller's step; its logits, where dst[step_row[i]] is non-NULL. K/V are staged and
+ * step_row[i] of the caller's step; its logits, where dst[step_row[i]] is non-NULL, or where
+ * draw[step_row[i]] is (draw may be NULL) its token drawn on the device into drawn[step_row[i]] (−1 and
+ * the row into dst where it was not). K/V are staged and
  * stored after the logits were checked (cu_stage_commit): a failing pass leaves every plane as it
  * was. The sessions' metadata take the appends (the caller restores them on failure: be_step). */
 static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const uint64_t *pos, const uint32_t *step_row,
-                     uint32_t n, float *const *dst, const muser_top *top, const muser_tap *tap, muser_error *err)
+                     uint32_t n, float *const *dst, muser_draw *const *draw, int32_t *drawn, const muser_top *top,
+                     const muser_tap *tap, muser_error *err)
 {
-    bool want = false; /* any row's logits wanted: dst[step_row[i]] */
-    for (uint32_t i = 0; dst && i < n; i++) want |= dst[step_row[i]] != NULL;
+    const muser_draw *dr[CU_ROWS_MAX];
+    for (uint32_t i = 0; i < n; i++) dr[i] = draw ? draw[step_row[i]] : NULL;
+    const bool drawing = draw_set(c, dr, n);
+    bool want = false; /* any row's logits wanted: dst[step_row[i]], unless the device draws its token */
+    for (uint32_t i = 0; dst && i < n; i++) want |= dst[step_row[i]] != NULL && !draws(c, i);
     const uint32_t nl = c->m->hp.n_layer;
     if (!c->g_rows[n]) {
         const int rc = record_graph_n(c, NULL, n, false, false, &c->g_rows[n], err);
@@ -1261,25 +1321,34 @@ static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const ui
     const int rg = graph_for(c, NULL, n, tap, c->g_rows[n], &c->g_rows_tap[n], &c->g_rows_tap_gen[n], &g, err);
     if (rg) return rg;
     cudaError_t e = cudaGraphLaunch(g, c->st);
-    if (!e) e = pass_finish(c, n, want, top, tap != NULL);
+    if (!e) e = pass_finish(c, n, want, top, tap != NULL, drawing);
     if (e) return muser_errorf(err, MUSER_E_BACKEND, "cuda: a pass of %u rows: %s", n, cudaGetErrorString(e));
     for (uint32_t i = 0; i < n; i++)
         if (c->h_flags[CU_ROWS_MAX + i] != 0)
             return muser_errorf(err, MUSER_E_NUMERIC, "cuda: non-finite logits in step row %u (position %llu; fail closed)",
                                 step_row[i], (unsigned long long)pos[i]);
-    for (uint32_t i = 0; want && i < n; i++)
-        if (dst[step_row[i]]) memcpy(dst[step_row[i]], c->h_logits + i * V, V * sizeof(float));
+    for (uint32_t i = 0; i < n; i++) {
+        float *to = dst ? dst[step_row[i]] : NULL;
+        if (dr[i]) {
+            e = draw_out(c, i, want, to, &drawn[step_row[i]]);
+            if (e) return muser_errorf(err, MUSER_E_BACKEND, "cuda: a pass's row copy: %s", cudaGetErrorString(e));
+        } else if (want && to) {
+            memcpy(to, c->h_logits + i * V, V * sizeof(float));
+        }
+    }
     for (uint32_t i = 0; top && i < n; i++) top_out(c, top, i, step_row[i]);
     for (uint32_t i = 0; tap && i < n; i++) tap_out(c, tap, i, step_row[i]);
     return MUSER_OK;
 }
 
 /* One token at pos through the session's graph; logits (if non-NULL: the only time the row is copied
- * back) and the best logits (top, if non-NULL, its row r) out. */
-static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, const muser_top *top, uint32_t r,
-                      const muser_tap *tap, muser_error *err)
+ * back, unless dr, non-NULL, has its token drawn on the device into *drawn: −1 and the row into
+ * logits where it was not) and the best logits (top, if non-NULL, its row r) out. */
+static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, const muser_draw *dr, int32_t *drawn,
+                      const muser_top *top, uint32_t r, const muser_tap *tap, muser_error *err)
 {
     cu_ctx *c = sq->c;
+    const bool drawing = draw_set(c, &dr, 1);
     kv_plane *saved_meta = sq->meta_step;
     const uint32_t nl = sq->kv.n_layer;
     memcpy(saved_meta, sq->kv.planes, nl * sizeof(kv_plane));
@@ -1299,7 +1368,8 @@ static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, co
         return rg;
     }
     cudaError_t e = cudaGraphLaunch(g, c->st);
-    if (!e) e = pass_finish(c, 1, logits != NULL, top, tap != NULL);
+    const bool want = logits && !draws(c, 0);
+    if (!e) e = pass_finish(c, 1, want, top, tap != NULL, drawing);
     if (e) {
         memcpy(sq->kv.planes, saved_meta, nl * sizeof(kv_plane));
         return muser_errorf(err, MUSER_E_BACKEND, "cuda: decode at position %llu: %s", (unsigned long long)pos,
@@ -1310,7 +1380,12 @@ static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, co
         return muser_errorf(err, MUSER_E_NUMERIC, "cuda: non-finite logits at position %llu (fail closed)",
                             (unsigned long long)pos);
     }
-    if (logits) memcpy(logits, c->h_logits, V * sizeof(float));
+    if (dr) {
+        e = draw_out(c, 0, want, logits, drawn);
+        if (e) return muser_errorf(err, MUSER_E_BACKEND, "cuda: a row copy: %s", cudaGetErrorString(e));
+    } else if (logits) {
+        memcpy(logits, c->h_logits, V * sizeof(float));
+    }
     if (top) top_out(c, top, 0, r);
     if (tap) tap_out(c, tap, 0, r);
     return MUSER_OK;
@@ -1943,7 +2018,7 @@ static int be_forward_tap(muser_session *s, const int32_t *tokens, uint32_t n, f
     for (uint32_t i = 0; i < n; i++) {
         float *out = NULL;
         if (logits && (all_logits || i + 1 == n)) out = all_logits ? logits + (size_t)i * V : logits;
-        rc = decode_one(sq, tokens[i], s->n_past + i, out, NULL, 0, NULL, err);
+        rc = decode_one(sq, tokens[i], s->n_past + i, out, NULL, NULL, NULL, 0, NULL, err);
         if (rc) {
             const int r2 = seq_restore(sq, wraps, err);
             return r2 ? r2 : rc;
@@ -2006,10 +2081,13 @@ static int be_forward_part(muser_device *d, const muser_step_rows *rows, uint32_
  * multi-row pass; row prow[i]'s logits into dst[prow[i]] and its best logits at top's row prow[i]
  * (each when non-NULL). */
 static int step_flush(cu_ctx *c, cu_seq *const *ps, const int32_t *pt, const uint64_t *pp, const uint32_t *prow,
-                      uint32_t np, float *const *dst, const muser_top *top, const muser_tap *tap, muser_error *err)
+                      uint32_t np, float *const *dst, muser_draw *const *draw, int32_t *drawn, const muser_top *top,
+                      const muser_tap *tap, muser_error *err)
 {
-    if (np == 1) return decode_one(ps[0], pt[0], pp[0], dst[prow[0]], top, prow[0], tap, err);
-    return rows_pass(c, ps, pt, pp, prow, np, dst, top, tap, err);
+    if (np == 1)
+        return decode_one(ps[0], pt[0], pp[0], dst[prow[0]], draw ? draw[prow[0]] : NULL, &drawn[prow[0]], top, prow[0],
+                          tap, err);
+    return rows_pass(c, ps, pt, pp, prow, np, dst, draw, drawn, top, tap, err);
 }
 
 /* The small-batch route. A step's rows go in order as multi-row passes of up to CU_ROWS_MAX rows
@@ -2041,6 +2119,8 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
     int32_t top_id[MUSER_STEP_MAX_ROWS * MUSER_TOP_MAX];
     const muser_top staged = {.k = rows->top ? rows->top->k : 0, .v = top_v, .id = top_id};
     const muser_top *top = rows->top && !direct ? &staged : rows->top;
+    int32_t drawn[MUSER_STEP_MAX_ROWS]; /* the rows' tokens drawn on the device (−1: not), set on success */
+    for (uint32_t i = 0; i < rows->n; i++) drawn[i] = -1;
     bool wraps[MUSER_STEP_MAX_ROWS];
     uint32_t first[MUSER_STEP_MAX_ROWS + 1], nrun = 0; /* run r: rows first[r] .. first[r + 1] − 1 */
     int rc = MUSER_OK;
@@ -2062,7 +2142,8 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
         for (uint32_t row = first[r]; !rc && row < first[r + 1]; row++) {
             const uint64_t pos = rows->seq[row]->n_past + (row - first[r]);
             if (!rows_ok(c, sq)) {
-                rc = decode_one(sq, rows->tokens[row], pos, dst[row], top, row, tap, err);
+                rc = decode_one(sq, rows->tokens[row], pos, dst[row], rows->draw ? rows->draw[row] : NULL, &drawn[row],
+                                top, row, tap, err);
                 continue;
             }
             ps[np] = sq;
@@ -2070,12 +2151,12 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
             pp[np] = pos;
             prow[np++] = row;
             if (np == CU_ROWS_MAX) {
-                rc = step_flush(c, ps, pt, pp, prow, np, dst, top, tap, err);
+                rc = step_flush(c, ps, pt, pp, prow, np, dst, rows->draw, drawn, top, tap, err);
                 np = 0;
             }
         }
     }
-    if (!rc && np) rc = step_flush(c, ps, pt, pp, prow, np, dst, top, tap, err);
+    if (!rc && np) rc = step_flush(c, ps, pt, pp, prow, np, dst, rows->draw, drawn, top, tap, err);
     if (rc) {
         for (uint32_t r = 0; r < nrun; r++) {
             const int r2 = seq_restore((cu_seq *)rows->seq[first[r]]->be_state, wraps[r], err);
@@ -2084,7 +2165,9 @@ static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, 
         return rc;
     }
     for (uint32_t i = 0; !direct && i < rows->n; i++)
-        if (want[i]) memcpy(want[i], dst[i], V * sizeof(float));
+        if (want[i] && drawn[i] < 0) memcpy(want[i], dst[i], V * sizeof(float));
+    for (uint32_t i = 0; rows->draw && i < rows->n; i++)
+        if (rows->draw[i]) rows->draw[i]->id = drawn[i];
     if (top == &staged) {
         memcpy(rows->top->id, top_id, (size_t)rows->n * staged.k * sizeof *top_id);
         if (rows->top->v) memcpy(rows->top->v, top_v, (size_t)rows->n * staged.k * sizeof *top_v);
@@ -2605,6 +2688,44 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
     if (c->st) cudaStreamDestroy(c->st);
     free(c);
     return rc;
+}
+
+extern "C" int muser_cuda_draw_check(const float *logits, uint32_t n, uint32_t rows, const float *temp, const double *u,
+                                     int32_t *id, muser_error *err)
+{
+    if (rows == 0 || rows > CU_ROWS_MAX || n == 0 || n > CU_DRAW_MAX_N)
+        return muser_errorf(err, MUSER_E_ARG, "cuda: draw check: %u rows of %u (1..%u of 1..%u)", rows, n, CU_ROWS_MAX,
+                            CU_DRAW_MAX_N);
+    float *dl = NULL, *pv = NULL, *best = NULL, *dt = NULL;
+    int32_t *pi = NULL, *tok = NULL, *bad = NULL, *did = NULL;
+    double *du = NULL, *bsum = NULL;
+    cudaError_t e = cudaMalloc((void **)&dl, (size_t)rows * n * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&pv, (size_t)rows * 256 * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&pi, (size_t)rows * 256 * sizeof(int32_t));
+    if (!e) e = cudaMalloc((void **)&tok, rows * 3 * sizeof(int32_t));
+    if (!e) bad = tok + rows, best = (float *)(tok + 2 * rows);
+    if (!e) e = cudaMalloc((void **)&dt, rows * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&du, rows * sizeof(double));
+    if (!e) e = cudaMalloc((void **)&did, rows * sizeof(int32_t));
+    if (!e) e = cudaMalloc((void **)&bsum, cu_draw_bsum_bytes(rows));
+    if (!e) e = cudaMemcpy(dl, logits, (size_t)rows * n * sizeof(float), cudaMemcpyHostToDevice);
+    if (!e) e = cudaMemcpy(dt, temp, rows * sizeof(float), cudaMemcpyHostToDevice);
+    if (!e) e = cudaMemcpy(du, u, rows * sizeof(double), cudaMemcpyHostToDevice);
+    if (!e) e = cudaMemset(did, 0xFF, rows * sizeof(int32_t)); /* −1: rows without a draw */
+    if (!e) {
+        cu_argmax(0, dl, n, pv, pi, tok, bad, best, rows); /* the row's largest logit, as a pass has it */
+        e = cu_draw(0, dl, n, best, dt, du, did, bsum, rows);
+    }
+    if (!e) e = cudaMemcpy(id, did, rows * sizeof(int32_t), cudaMemcpyDeviceToHost);
+    cudaFree(dl);
+    cudaFree(pv);
+    cudaFree(pi);
+    cudaFree(tok);
+    cudaFree(dt);
+    cudaFree(du);
+    cudaFree(did);
+    cudaFree(bsum);
+    return e ? muser_errorf(err, MUSER_E_BACKEND, "cuda: draw check: %s", cudaGetErrorString(e)) : MUSER_OK;
 }
 
 extern "C" int muser_cuda_topk_check(const float *logits, uint32_t n, uint32_t rows, float *v, int32_t *id,

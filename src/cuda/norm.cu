@@ -5,6 +5,7 @@
  * of blocks; the rounding points are the unfused ones: h is written as f32 and the second norm
  * reads those f32 values. Reductions accumulate in f64 (cheap here: E values). */
 #include "cuda/ops.cuh"
+#include "draw.h"
 
 #include <string.h>
 
@@ -381,6 +382,89 @@ void cu_topk_decode(unsigned long long key, float *v, int32_t *id)
     u = (u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u;
     memcpy(v, &u, sizeof *v);
     *id = (int32_t)(0xFFFFFFFFu - (uint32_t)key);
+}
+
+/* ---- a token drawn where the logits are: the host sampler's plain temperature draw, bit for bit ----
+ * sampler.c without top-k, top-p, min-p or penalties: x_i = (l_i − max) / T, w_i = muser_weight_of(x_i)
+ * (draw.h: the same IEEE steps), block b's weight the eight lanes of its MUSER_DRAW_BLOCK candidates
+ * (lane j the candidates j, j + 8, … in f64 in order, the lanes then in order); the blocks' running
+ * sum in order (the host's mass and its walk take the same adds); the first block whose running sum
+ * passes u·mass, and in it the first candidate whose running sum does. Stage 1: a thread per block;
+ * stage 2: a CTA per row, the running sum by one thread (the order is the host's), the search by all. */
+#define DRAW_MAX_BLOCKS (CU_DRAW_MAX_N / MUSER_DRAW_BLOCK)
+
+__device__ __forceinline__ float draw_w(float l, float mx, float T) { return muser_weight_of(__fdiv_rn(__fsub_rn(l, mx), T)); }
+
+__global__ void k_draw_blocks(const float *x, uint32_t n, const float *best, const float *temp, double *bsum)
+{
+    const uint32_t r = blockIdx.y, b = blockIdx.x * blockDim.x + threadIdx.x, nb = (n + MUSER_DRAW_BLOCK - 1) / MUSER_DRAW_BLOCK;
+    const float T = temp[r];
+    if (!(T > 0.0f) || b >= nb) return;
+    x += (size_t)r * n;
+    const float mx = best[r];
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const uint32_t i0 = b * MUSER_DRAW_BLOCK, i1 = min(i0 + MUSER_DRAW_BLOCK, n);
+    for (uint32_t i = i0; i < i1; i++) lane[i % 8] = __dadd_rn(lane[i % 8], (double)draw_w(x[i], mx, T));
+    double t = 0.0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) t = __dadd_rn(t, lane[j]);
+    bsum[(size_t)r * DRAW_MAX_BLOCKS + b] = t;
+}
+
+__global__ void k_draw_walk(const float *x, uint32_t n, const float *best, const float *temp, const double *u,
+                            int32_t *id, const double *bsum)
+{
+    extern __shared__ double inc[]; /* [nb] the blocks' running sums */
+    __shared__ uint32_t first;
+    const uint32_t r = blockIdx.x, nb = (n + MUSER_DRAW_BLOCK - 1) / MUSER_DRAW_BLOCK;
+    const float T = temp[r];
+    if (!(T > 0.0f)) return;
+    x += (size_t)r * n;
+    bsum += (size_t)r * DRAW_MAX_BLOCKS;
+    for (uint32_t b = threadIdx.x; b < nb; b += blockDim.x) inc[b] = bsum[b];
+    if (threadIdx.x == 0) first = nb;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double acc = 0.0;
+        for (uint32_t b = 0; b < nb; b++) inc[b] = acc = __dadd_rn(acc, inc[b]);
+    }
+    __syncthreads();
+    const double uu = __dmul_rn(u[r], inc[nb - 1]);
+    for (uint32_t b = threadIdx.x; b < nb; b += blockDim.x)
+        if (uu < inc[b]) {
+            atomicMin(&first, b);
+            break; /* (the running sums only grow: this thread's later blocks pass too) */
+        }
+    __syncthreads();
+    if (threadIdx.x) return;
+    const uint32_t b = first;
+    if (b == nb) { /* rounding can leave u just past the last step */
+        id[r] = (int32_t)(n - 1);
+        return;
+    }
+    const float mx = best[r];
+    double acc = b ? inc[b - 1] : 0.0;
+    const uint32_t i0 = b * MUSER_DRAW_BLOCK, i1 = min(i0 + MUSER_DRAW_BLOCK, n);
+    for (uint32_t i = i0; i < i1; i++) {
+        acc = __dadd_rn(acc, (double)draw_w(x[i], mx, T));
+        if (uu < acc) {
+            id[r] = (int32_t)i;
+            return;
+        }
+    }
+    id[r] = (int32_t)(i1 - 1); /* rounding: the block's candidates summed in order fall short */
+}
+
+size_t cu_draw_bsum_bytes(uint32_t rows) { return (size_t)rows * DRAW_MAX_BLOCKS * sizeof(double); }
+
+cudaError_t cu_draw(cudaStream_t st, const float *logits, uint32_t n, const float *best, const float *temp,
+                    const double *u, int32_t *id, double *bsum, uint32_t rows)
+{
+    if (n == 0 || n > CU_DRAW_MAX_N) return cudaErrorInvalidValue;
+    const uint32_t nb = (n + MUSER_DRAW_BLOCK - 1) / MUSER_DRAW_BLOCK;
+    k_draw_blocks<<<dim3((nb + 127) / 128, rows), 128, 0, st>>>(logits, n, best, temp, bsum);
+    k_draw_walk<<<rows, 256, nb * sizeof(double), st>>>(logits, n, best, temp, u, id, bsum);
+    return cudaGetLastError();
 }
 
 /* dst[r·dst_stride + i] = src[r·src_stride + i] for i < width, r < rows: the tap's rows out */
