@@ -401,6 +401,46 @@ void muser_spec_free(muser_spec *sp)
     memset(sp, 0, sizeof *sp);
 }
 
+/* A round without drafts (and no logprobs wanted): t0 through the plain decode step, the next token
+ * taken as plain decoding takes it — drawn on the device, or from the best logits, where the sampler
+ * allows (no row copied back), else from the row — and kept as the round's pending token. The
+ * generator's draws come in plain decoding's order. */
+static int decode_plain(muser_spec *sp, int32_t t0, muser_error *err)
+{
+    float temp = 0.0f;
+    const uint32_t top_k = muser_sampler_top_needed(sp->smp);
+    int32_t next = -1, top_id[MUSER_TOP_MAX];
+    float top_v[MUSER_TOP_MAX];
+    int rc;
+    if (top_k > 0 && top_k <= MUSER_TOP_MAX) { /* greedy or top-k, no penalty: the best logits */
+        const muser_top top = {.k = top_k, .v = top_v, .id = top_id};
+        rc = muser_seq_decode(sp->q, t0, NULL, &top, err);
+        if (!rc) muser_sampler_accept(sp->smp, t0);
+        if (!rc) next = muser_sampler_sample_top(sp->smp, top_v, top_id, top_k);
+    } else if (muser_sampler_plain_draw(sp->smp, &temp)) { /* the uniform first, as the next sample takes it */
+        muser_draw dw = {.temperature = temp, .u = muser_sampler_uniform(sp->smp)};
+        rc = muser_seq_decode_draw(sp->q, t0, sp->logits, &dw, err);
+        if (!rc) muser_sampler_accept(sp->smp, t0);
+        if (!rc) next = dw.id >= 0 ? dw.id : muser_sampler_sample_u(sp->smp, sp->logits, dw.u);
+    } else { /* the row: the next round samples it */
+        rc = muser_seq_decode(sp->q, t0, sp->logits, NULL, err);
+        if (!rc) muser_sampler_accept(sp->smp, t0);
+        if (!rc) {
+            sp->st.rounds++;
+            return MUSER_OK;
+        }
+    }
+    if (rc)
+        return rc;
+    if (next < 0)
+        return muser_errorf(err, MUSER_E_NUMERIC, "the logits at position %llu hold NaN or Inf",
+                            (unsigned long long)sp->n_hist);
+    sp->st.rounds++;
+    sp->pending = next;
+    sp->pending_lp = 0.0f;
+    return MUSER_OK;
+}
+
 int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (*stop)(int32_t, void *), void *arg,
                     int32_t *ids, float *logprobs, uint32_t *n_out, bool *ended, muser_error *err)
 {
@@ -417,13 +457,14 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
     float lp0 = sp->pending_lp;
     sp->pending = -1;
     if (t0 < 0) {
-        t0 = muser_sampler_sample(sp->smp, sp->logits, &lp0, NULL);
+        t0 = muser_sampler_sample(sp->smp, sp->logits, logprobs ? &lp0 : NULL, NULL);
         if (t0 < 0)
             return muser_errorf(err, MUSER_E_NUMERIC, "the logits at position %llu hold NaN or Inf",
                                 (unsigned long long)p0);
     }
     ids[n] = t0;
-    logprobs[n++] = lp0;
+    if (logprobs) logprobs[n] = lp0;
+    n++;
     sp->st.emitted++;
     if ((stop && stop(t0, arg)) || (n == max_out && last_is_final) || p0 + 1 > sp->n_ctx) {
         *ended = (stop && stop(t0, arg)) || p0 + 1 > sp->n_ctx;
@@ -441,6 +482,13 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
     if (kd < 0)
         return kd;
     sp->st.drafted += (uint64_t)kd;
+    if (kd == 0 && !logprobs && !sp->d->n_tap) { /* nothing to verify: t0 decodes as plain decoding's would */
+        const int rc = decode_plain(sp, t0, err);
+        if (rc)
+            sp->n_hist--;
+        *n_out = n;
+        return rc;
+    }
     const muser_tap tap = {.n_layers = sp->d->n_tap, .layers = sp->d->tap_layers, .out = sp->feats};
     int rc = muser_seq_verify_tap(sp->q, block, (uint32_t)kd + 1, sp->rows, sp->d->n_tap ? &tap : NULL, err);
     if (rc) {
@@ -465,7 +513,7 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
                               (unsigned long long)(p0 + 1 + i));
             break;
         }
-        const float lp = muser_sampler_logprob(sp->smp, row, tok);
+        const float lp = logprobs ? muser_sampler_logprob(sp->smp, row, tok) : 0.0f;
         if (!acc) { /* the target's own token: emitted next round, fed in its block */
             sp->pending = tok;
             sp->pending_lp = lp;
@@ -477,7 +525,8 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
         n_acc++;
         sp->st.emitted++;
         ids[n] = tok;
-        logprobs[n++] = lp;
+        if (logprobs) logprobs[n] = lp;
+        n++;
         if ((stop && stop(tok, arg)) || (n == max_out && last_is_final)) {
             *ended = stop && stop(tok, arg);
             all = false;

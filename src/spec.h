@@ -113,7 +113,8 @@ void muser_spec_adaptive(muser_spec *sp, bool on);
 /* The draft length the next round asks for (k_max when not adaptive; the context may cut it). */
 uint32_t muser_spec_next_k(const muser_spec *sp);
 /* The next tokens, at most max_out (>= 1): ids and their raw logprobs (log_softmax of the row that
- * produced them, as plain decoding reports). A token for which stop(id, arg) is true ends the
+ * produced them, as plain decoding reports; logprobs NULL on every call of a generation: none
+ * computed, which saves a pass over each row). A token for which stop(id, arg) is true ends the
  * generation (*ended): it is emitted but not fed, as plain decoding does; the last of max_out
  * tokens is not fed either when last_is_final (the caller's token limit). */
 int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (*stop)(int32_t, void *), void *arg,

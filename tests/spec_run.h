@@ -15,6 +15,9 @@
 
 static muser_backend_kind g_backend = MUSER_BACKEND_CPU; /* greedy() runs on each */
 static bool g_adaptive = false; /* speculate() with the adaptive draft length (k the cap) */
+static bool g_no_lp = false;    /* speculate() asks for no logprobs (o->lp all 0) */
+static int g_sampling = 0;      /* sampler() with temp > 0: 0 the defaults (top-k 40, top-p 0.95, min-p
+                                 * 0.05), 1 temperature alone (a plain draw), 2 top-p 0.9 alone */
 
 typedef struct out {
     int32_t ids[GEN];
@@ -44,6 +47,11 @@ static muser_sampler *sampler(uint32_t V, float temp, uint64_t seed)
     muser_sampler_params_default(&p);
     p.temperature = temp;
     p.seed = seed;
+    if (g_sampling) {
+        p.top_k = 0;
+        p.top_p = g_sampling == 2 ? 0.9f : 1.0f;
+        p.min_p = 0.0f;
+    }
     muser_error err = {0};
     muser_sampler *s = NULL;
     CHECK_OK(muser_sampler_new(&s, V, &p, &err), &err);
@@ -94,7 +102,9 @@ static void speculate(muser_engine *e, muser_drafter *d, uint32_t k, const int32
     while (o->n < GEN) {
         uint32_t n = 0;
         bool ended = false;
-        int rc = muser_spec_next(&sp, GEN - o->n, true, NULL, NULL, o->ids + o->n, o->lp + o->n, &n, &ended, &err);
+        int rc = muser_spec_next(&sp, GEN - o->n, true, NULL, NULL, o->ids + o->n, g_no_lp ? NULL : o->lp + o->n, &n,
+                                 &ended, &err);
+        if (g_no_lp) memset(o->lp + o->n, 0, n * sizeof *o->lp);
         CHECK_OK(rc, &err);
         o->n += n;
         if (rc || ended || !n) break;

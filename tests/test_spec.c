@@ -57,6 +57,54 @@ static void greedy(const muser_model *m, const muser_model *draft, const char *w
     muser_engine_free(e);
 }
 
+/* ---- no logprobs asked: a round without drafts decodes plainly ---- */
+/* Speculation asking for no logprobs (muser_spec_next's logprobs NULL: a round whose drafter proposes
+ * nothing decodes t0 through the plain step, its next token drawn on the device, taken from the best
+ * logits or from the row) gives the tokens and cache of the same run with logprobs, for greedy,
+ * top-k, temperature alone and top-p samplers, fixed and adaptive draft lengths; greedy also plain
+ * decoding's. */
+static void no_logprobs(const muser_model *m, const char *what, const int32_t *prompt, uint32_t np)
+{
+    muser_engine *e = engine(m);
+    if (!e) return;
+    out ref;
+    plain(e, prompt, np, 0.0f, 1, &ref);
+    int same = 0, total = 0;
+    uint64_t rounds = 0, drafted = 0;
+    for (int smp = 0; smp < 4; smp++) {
+        const float temp = smp == 0 ? 0.0f : 0.8f;
+        g_sampling = smp < 2 ? 0 : smp - 1;
+        for (int ad = 0; ad < 2; ad++) {
+            muser_error err = {0};
+            muser_drafter *d = NULL;
+            CHECK_OK(muser_drafter_ngram_new(&d, 3, &err), &err);
+            if (!d) continue;
+            g_adaptive = ad == 1;
+            out with, without;
+            speculate(e, d, ad ? 15 : 3, prompt, np, temp, 7, &with);
+            g_no_lp = true;
+            speculate(e, d, ad ? 15 : 3, prompt, np, temp, 7, &without);
+            g_no_lp = false;
+            g_adaptive = false;
+            const bool ok = with.n == without.n && !memcmp(with.ids, without.ids, with.n * sizeof *with.ids) &&
+                            !strcmp(with.kv, without.kv) && with.pos == without.pos &&
+                            (temp > 0.0f || (ref.n == with.n && !memcmp(ref.ids, with.ids, ref.n * sizeof *ref.ids)));
+            CHECKF(ok, "%s: sampler %d%s: speculation without logprobs differs from the run with them", what, smp,
+                   ad ? ", adaptive" : "");
+            same += ok;
+            total++;
+            rounds += without.st.rounds;
+            drafted += without.st.drafted;
+            muser_drafter_free(d);
+        }
+    }
+    g_sampling = 0;
+    printf("%-18s no logprobs: %d/%d speculative runs (greedy, top-k, temperature alone, top-p) give the tokens and "
+           "cache of the run with logprobs; %llu drafts over %llu rounds\n", what, same, total,
+           (unsigned long long)drafted, (unsigned long long)rounds);
+    muser_engine_free(e);
+}
+
 /* ---- the adaptive draft length's choice ---- */
 static double fixed_round(const muser_drafter *d, uint32_t k)
 {
@@ -194,6 +242,8 @@ int main(void)
     for (uint32_t i = 0; i < 120; i++) prompt[i] = (int32_t)(40 + (i % 23) * 7 + (i / 46));
     if (def) greedy(def, draft, "default (trained)", prompt, 100);
     if (tiny) greedy(tiny, NULL, "tiny", prompt, 30);
+    if (def) no_logprobs(def, "default (trained)", prompt, 100);
+    if (tiny) no_logprobs(tiny, "tiny", prompt, 30);
     acceptance();
     adaptive_choice();
     if (tiny) { /* seeded sampled speculation repeats exactly */
@@ -240,6 +290,7 @@ int main(void)
         printf("CUDA:\n");
         if (def) greedy(def, draft, "default (trained)", prompt, 100);
         if (tiny) greedy(tiny, NULL, "tiny", prompt, 30);
+        if (def) no_logprobs(def, "default (trained)", prompt, 100);
     } else {
         printf("SKIP: the CUDA half (no GPU, or built without CUDA)\n");
     }

@@ -16,6 +16,7 @@
 #include "handoff_cli.h"
 #include "serve_page.h"
 #include "serve_req.h"
+#include "spec.h"
 #include "util.h"
 
 #include <cjson/cJSON.h>
@@ -76,6 +77,8 @@ typedef struct server {
     uint32_t n_cache;         /* --prefix-cache: entries at most (0: off) */
     uint64_t tick, cache_hits, cache_misses, cache_reused;
     handoff_client *remote;   /* --remote-prefill: prompts are prefilled by that producer */
+    gen_draft draft;          /* --draft-ngram: requests speculate with prompt lookup */
+    muser_spec_stats spec;    /* the finished requests' speculation, summed */
 } server;
 
 enum { OUT_STOP, OUT_LENGTH, OUT_ERROR, OUT_CANCELLED, OUT_REFUSED };
@@ -180,6 +183,14 @@ typedef struct job {
     bool drawn;                  /* the last step drew the token where its logits are (a plain
                                   * temperature request without logprobs): draw.id, or logits at −1 */
     muser_draw draw;
+    /* speculation (the server's drafter; not for a request asking for top logprobs): each round's
+     * tokens and logprobs, handed out one a step */
+    muser_drafter *d;
+    muser_spec sp;
+    bool spec_on;
+    int32_t sp_ids[KV_MAX_SPEC_ROWS];
+    float sp_lp[KV_MAX_SPEC_ROWS];
+    uint32_t sp_n, sp_at;
     int32_t *prompt;
     size_t n_prompt, prompt_cap;
     uint32_t max_tokens;
@@ -302,6 +313,12 @@ static void job_finish_metrics(job *j)
     pthread_mutex_lock(&sv->mu);
     sv->outcome[j->outcome]++;
     sv->gen_tokens += j->n_toks;
+    if (j->spec_on) {
+        sv->spec.rounds += j->sp.st.rounds;
+        sv->spec.drafted += j->sp.st.drafted;
+        sv->spec.accepted += j->sp.st.accepted;
+        sv->spec.emitted += j->sp.st.emitted;
+    }
     if (j->started) histo_add(&sv->e2e, now - j->t_submit);
     pthread_mutex_unlock(&sv->mu);
     fprintf(stderr, "muser serve: request %llu: %s, prompt %zu tokens, generated %u, ttft %.3f s, %.1f tok/s, %s\n",
@@ -330,6 +347,8 @@ static void job_free(job *j)
         pthread_cond_signal(&sv->slot_free);
         pthread_mutex_unlock(&sv->mu);
     }
+    if (j->spec_on) muser_spec_free(&j->sp);
+    muser_drafter_free(j->d);
     muser_sampler_free(j->smp);
     serve_req_free(&j->req);
     free(j->logits);
@@ -492,6 +511,14 @@ static int job_start(job *j, serve_err *e)
                              sv->remote ? "remote prefill" : "prefill", err.msg);
     cache_put(j);
     for (size_t i = 0; i < j->n_prompt; i++) muser_sampler_accept(j->smp, j->prompt[i]);
+    if (sv->draft.ngram && !j->req.top_logprobs) { /* (a round reports each token's logprob, not the alternatives) */
+        if (muser_drafter_ngram_new(&j->d, sv->draft.ngram, &err) ||
+            muser_spec_init(&j->sp, j->q, sv->n_ctx, j->smp, j->d, sv->draft.max, j->prompt, j->n_prompt, j->logits,
+                            &err))
+            return serve_err_set(e, 500, "server_error", NULL, NULL, "cannot start speculation: %s", err.msg);
+        muser_spec_adaptive(&j->sp, !sv->draft.fixed);
+        j->spec_on = true;
+    }
     muser_detok_stream_init(&j->ds, sv->g.tok);
     j->piece_cap = muser_detok_stream_min_cap(sv->g.tok) + 256;
     j->piece = malloc(j->piece_cap);
@@ -499,7 +526,31 @@ static int job_start(job *j, serve_err *e)
     return 0;
 }
 
-/* One token: sample, record, detokenize, check the stops, feed. Sets done (and outcome). */
+static bool spec_stop(int32_t id, void *arg) { return muser_token_is_eog((const muser_tokenizer *)arg, id); }
+
+/* A speculating request's next token and its logprob: the next of the last round's, or a new round
+ * (the drafter's proposals verified in one pass, the tokens fed as they are accepted). */
+static int spec_token(job *j, int32_t *id, float *lp, serve_err *e)
+{
+    if (j->sp_at == j->sp_n) {
+        muser_error err = {0};
+        bool ended = false;
+        j->sp_n = j->sp_at = 0;
+        if (muser_spec_next(&j->sp, j->max_tokens - j->n_toks, true, spec_stop, j->sv->g.tok, j->sp_ids,
+                            j->req.logprobs ? j->sp_lp : NULL, &j->sp_n, &ended, &err))
+            return serve_err_set(e, err.code == MUSER_E_CANCELLED ? 499 : 500, "server_error", NULL, NULL, "decode: %s",
+                                 err.msg);
+        if (!j->sp_n)
+            return serve_err_set(e, 500, "server_error", NULL, NULL, "speculation returned no token");
+    }
+    *id = j->sp_ids[j->sp_at];
+    *lp = j->req.logprobs ? j->sp_lp[j->sp_at] : 0.0f;
+    j->sp_at++;
+    return 0;
+}
+
+/* One token: sample (or take speculation's next), record, detokenize, check the stops, feed (unless
+ * speculation fed it). Sets done (and outcome). */
 static int job_step(job *j, serve_err *e)
 {
     server *sv = j->sv;
@@ -508,7 +559,10 @@ static int job_step(job *j, serve_err *e)
         return serve_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
     tok_rec *t = &j->toks[j->n_toks];
     memset(t, 0, sizeof *t);
-    const int32_t id = j->drawn   ? (j->draw.id >= 0 ? j->draw.id : muser_sampler_sample_u(j->smp, j->logits, j->draw.u))
+    int32_t sid = -1;
+    if (j->spec_on && spec_token(j, &sid, &t->lp, e)) return -1;
+    const int32_t id = j->spec_on ? sid
+                     : j->drawn   ? (j->draw.id >= 0 ? j->draw.id : muser_sampler_sample_u(j->smp, j->logits, j->draw.u))
                        : j->top_n ? muser_sampler_sample_top(j->smp, j->top_v, j->top_id, j->top_n)
                                   : muser_sampler_sample(j->smp, j->logits, j->req.logprobs ? &t->lp : NULL,
                                                          j->req.top_logprobs ? t->top : NULL);
@@ -559,6 +613,7 @@ static int job_step(job *j, serve_err *e)
         return 0;
     }
     j->released = j->len - (j->req.n_stop ? stop_holdback(j) : 0);
+    if (j->spec_on) return 0; /* (the round fed it) */
     /* without logprobs, a greedy or top-k request takes the step's best logits, not its row, and a
      * plain temperature request its token drawn where the logits are */
     const uint32_t top_k = j->req.logprobs ? 0 : muser_sampler_top_needed(j->smp);
@@ -985,6 +1040,16 @@ static enum MHD_Result do_metrics(server *sv, struct MHD_Connection *c)
     for (int i = 0; i < 5; i++)
         len += (size_t)snprintf(s + len, 128, "muser_requests_total{outcome=\"%s\"} %llu\n", outcome_name[i],
                                 (unsigned long long)snap.outcome[i]);
+    if (grow((void **)&s, &cap, len + 1024, 1)) return simple_error(c, 500, "server_error", NULL, "out of memory");
+    len += (size_t)snprintf(s + len, 1024,
+                            "# HELP muser_spec_rounds_total verify passes of speculating requests (finished ones)\n"
+                            "# TYPE muser_spec_rounds_total counter\nmuser_spec_rounds_total %llu\n"
+                            "# HELP muser_spec_draft_tokens_total tokens the drafter proposed\n"
+                            "# TYPE muser_spec_draft_tokens_total counter\nmuser_spec_draft_tokens_total %llu\n"
+                            "# HELP muser_spec_accepted_tokens_total of them accepted\n"
+                            "# TYPE muser_spec_accepted_tokens_total counter\nmuser_spec_accepted_tokens_total %llu\n",
+                            (unsigned long long)snap.spec.rounds, (unsigned long long)snap.spec.drafted,
+                            (unsigned long long)snap.spec.accepted);
     return reply(c, 200, "text/plain; version=0.0.4", s);
 }
 
@@ -1099,6 +1164,13 @@ static void serve_help(FILE *f)
                "  --api-key KEY           require 'Authorization: Bearer KEY' (not on /health)\n"
                "  --api-key-file F        the same, the key read from F\n"
                "  --drain S               on SIGTERM, seconds to let running requests finish (default 10)\n"
+               "  --draft-ngram N         speculate with prompt lookup (n-grams up to N tokens): each\n"
+               "                          request's drafts verified in one pass with its next token;\n"
+               "                          greedy output unchanged, sampled output the same distribution\n"
+               "                          (not for requests asking for top logprobs)\n"
+               "  --draft-max K           at most K drafts per verify pass, 1..15 (default 8); each\n"
+               "                          round takes as many as the request's acceptance makes pay\n"
+               "  --draft-fixed           always ask for K drafts\n"
                "  --backend NAME          cpu (default) or cuda\n"
                "  -t, --threads N         CPU threads\n"
                "  -m, --model PATH        GGUF model (default: $MUSER_MODEL or models/default.gguf)\n"
@@ -1114,6 +1186,7 @@ int cmd_serve(int argc, char **argv)
     }
     static server sv;
     memset(&sv, 0, sizeof sv);
+    sv.draft = GEN_DRAFT_DEFAULT;
     gen_opts o;
     gen_opts_default(&o, 0);
     const char *host = "127.0.0.1", *key_file = NULL;
@@ -1147,11 +1220,17 @@ int cmd_serve(int argc, char **argv)
         } else {
             int rc = gen_parse_option("serve", argc, argv, &i, &o);
             if (rc == 0) rc = cli_remote_parse("serve", argc, argv, &i, &remote);
+            if (rc == 0) rc = gen_parse_draft_option("serve", argc, argv, &i, &sv.draft);
             if (rc < 0) return CLI_EXIT_USAGE;
             if (rc == 0) return cli_usage_error("serve", "unknown option '%s'", a);
         }
     }
     if (cli_remote_check("serve", &remote)) return CLI_EXIT_USAGE;
+    if (gen_draft_check("serve", &sv.draft, o.sess.backend)) return CLI_EXIT_USAGE;
+    if (sv.draft.model_path || sv.draft.dflash_path)
+        return cli_usage_error("serve", "%s: the server speculates with prompt lookup (--draft-ngram N) only; a draft "
+                               "model or a DFlash drafter would run one more model per request",
+                               sv.draft.model_path ? "--draft" : "--draft-dflash");
     static char keybuf[512];
     if (key_file) {
         FILE *f = fopen(key_file, "r");

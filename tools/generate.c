@@ -557,7 +557,6 @@ int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, bool adaptive, c
         return muser_errorf(err, MUSER_E_NOMEM, "out of memory for a %zu-byte text buffer", text_cap);
     }
     int32_t ids[KV_MAX_SPEC_ROWS];
-    float lps[KV_MAX_SPEC_ROWS];
     double t0 = muser_now_s();
     while (r->n_tokens < max_tokens) {
         if (interrupt && *interrupt) {
@@ -566,7 +565,7 @@ int gen_generate_spec(gen_ctx *g, muser_drafter *d, uint32_t k, bool adaptive, c
         }
         uint32_t n = 0;
         bool ended = false;
-        rc = muser_spec_next(&sp, max_tokens - r->n_tokens, true, spec_stop, g->tok, ids, lps, &n, &ended, err);
+        rc = muser_spec_next(&sp, max_tokens - r->n_tokens, true, spec_stop, g->tok, ids, NULL, &n, &ended, err);
         for (uint32_t i = 0; i < n; i++) {
             r->n_tokens++;
             if (muser_token_is_eog(g->tok, ids[i])) {
