@@ -917,6 +917,8 @@ int muser_sampler_dist(muser_sampler *s, const float *logits, const int32_t **id
     return MUSER_OK;
 }
 
+bool muser_sampler_greedy(const muser_sampler *s) { return is_greedy(s); }
+
 bool muser_sampler_plain_draw(const muser_sampler *s, float *temperature)
 {
     const muser_sampler_params *p = &s->p;

@@ -60,6 +60,9 @@ bool muser_sampler_plain_draw(const muser_sampler *s, float *temperature);
  * place of the generator's next one, the generator unmoved: taking u = muser_sampler_uniform(s)
  * first gives muser_sampler_sample's token and leaves the generator where it would. */
 int32_t muser_sampler_sample_u(muser_sampler *s, const float *logits, double u);
+/* Whether the sampler always takes the best token (temperature 0 or top-k 1): no draw, so its
+ * tokens depend on no generator. */
+bool muser_sampler_greedy(const muser_sampler *s);
 /* One uniform in [0, 1) from the sampler's seeded generator. */
 double muser_sampler_uniform(muser_sampler *s);
 /* log_softmax(logits)[id] of the raw row, as muser_sampler_sample's chosen_logprob. */

@@ -334,6 +334,7 @@ int muser_spec_init(muser_spec *sp, muser_seq *q, uint64_t n_ctx, muser_sampler 
     sp->n_ctx = n_ctx;
     sp->logits = logits;
     sp->pending = -1;
+    sp->greedy = muser_sampler_greedy(smp);
     sp->cap = n_ctx + 1;
     sp->hist = malloc(sp->cap * sizeof *sp->hist);
     sp->rows = malloc((size_t)KV_MAX_SPEC_ROWS * V * sizeof *sp->rows);
@@ -373,18 +374,30 @@ void muser_spec_adaptive(muser_spec *sp, bool on)
     sp->acc_w = sp->rej_w = 1.0; /* an even prior: a = 1/2 */
 }
 
+void muser_spec_set_neighbours(muser_spec *sp, uint32_t n) { sp->neighbours = n; }
+
+/* The cost of passes holding n rows, in decode steps: full passes of KV_MAX_SPEC_ROWS, then the rest. */
+static double rows_cost(const muser_spec *sp, uint32_t n)
+{
+    double c = 0.0;
+    for (; n > KV_MAX_SPEC_ROWS; n -= KV_MAX_SPEC_ROWS)
+        c += sp->cost[KV_MAX_SPEC_ROWS];
+    return c + sp->cost[n];
+}
+
 uint32_t muser_spec_next_k(const muser_spec *sp)
 {
     if (!sp->adaptive)
         return sp->k_max;
     const double a = sp->acc_w / (sp->acc_w + sp->rej_w);
-    uint32_t best = 1;
-    double best_v = 0.0, e = 1.0, ak = 1.0;
+    const uint32_t others = sp->greedy ? sp->neighbours : 0; /* (a sampled run's tokens must not see them) */
+    uint32_t best = others ? 0 : 1;
+    double best_v = others ? (others + 1.0) / rows_cost(sp, others + 1) : 0.0, e = 1.0, ak = 1.0;
     for (uint32_t k = 1; k <= sp->k_max; k++) {
         ak *= a;
         e += ak; /* the expected tokens of a block of k drafts: 1 + a + … + a^k */
         const double r = sp->d->round_macs && sp->target_macs > 0 ? sp->d->round_macs(sp->d, k) / sp->target_macs : 0.0;
-        const double v = e / (sp->cost[k + 1] + r);
+        const double v = (others + e) / (rows_cost(sp, others + 1 + k) + r);
         if (v > best_v) {
             best_v = v;
             best = k;

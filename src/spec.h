@@ -97,6 +97,8 @@ typedef struct muser_spec {
     double cost[KV_MAX_SPEC_ROWS + 1];
     double target_macs;  /* the target's multiply-adds per token (muser_model_token_macs) */
     double acc_w, rej_w;
+    bool greedy;         /* the sampler is greedy (muser_sampler_greedy): see muser_spec_set_neighbours */
+    uint32_t neighbours; /* rows other sequences bring to the next round's pass */
 } muser_spec;
 
 int muser_spec_init(muser_spec *sp, muser_seq *q, uint64_t n_ctx, muser_sampler *smp, muser_drafter *d,
@@ -110,6 +112,12 @@ void muser_spec_free(muser_spec *sp);
  * figures and the run's own history, so runs repeat; greedy output is plain decoding's whatever
  * k is. */
 void muser_spec_adaptive(muser_spec *sp, bool on);
+/* The rows other sequences will bring to the next round's pass (a server's other streams). The
+ * adaptive length of a greedy generation weighs them: with N of them, the k in 0..k_max that
+ * maximises (N + E(k)) / (cost(N + 1 + k) + r(k)), so drafts that would crowd a full pass are not
+ * made (a greedy generation's tokens are the same whatever k is). A sampled generation's length
+ * stays a function of its own history: its tokens do not depend on its neighbours. */
+void muser_spec_set_neighbours(muser_spec *sp, uint32_t n);
 /* The draft length the next round asks for (k_max when not adaptive; the context may cut it). */
 uint32_t muser_spec_next_k(const muser_spec *sp);
 /* The next tokens, at most max_out (>= 1): ids and their raw logprobs (log_softmax of the row that

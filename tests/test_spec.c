@@ -113,8 +113,9 @@ static double fixed_round(const muser_drafter *d, uint32_t k)
     return 4.0e6; /* a round that costs 4 target tokens of 1e6 multiply-adds, whatever k */
 }
 
-/* k for acceptance a (as decayed counts) under cost table c and drafter d */
-static uint32_t choose_k(const double *c, double a, const muser_drafter *d)
+/* k for acceptance a (as decayed counts) under cost table c and drafter d, with a greedy sampler
+ * or not and n rows of other sequences in the pass */
+static uint32_t choose_k_beside(const double *c, double a, const muser_drafter *d, bool greedy, uint32_t n)
 {
     muser_spec sp;
     memset(&sp, 0, sizeof sp);
@@ -125,8 +126,12 @@ static uint32_t choose_k(const double *c, double a, const muser_drafter *d)
     memcpy(sp.cost, c, sizeof sp.cost);
     sp.acc_w = 100.0 * a;
     sp.rej_w = 100.0 * (1.0 - a);
+    sp.greedy = greedy;
+    muser_spec_set_neighbours(&sp, n);
     return muser_spec_next_k(&sp);
 }
+
+static uint32_t choose_k(const double *c, double a, const muser_drafter *d) { return choose_k_beside(c, a, d, false, 0); }
 
 static void adaptive_choice(void)
 {
@@ -147,12 +152,23 @@ static void adaptive_choice(void)
            MUSER_SPEC_MAX_DRAFT);
     const uint32_t k_fix = choose_k(cpu, 0.9, &fixed_d);
     CHECKF(k_fix > k_high, "a round's fixed drafter cost should lengthen the block: k %u against %u", k_fix, k_high);
+    /* beside other sequences' rows: a greedy run drafts only where the pass has room worth it; a
+     * sampled run's choice does not see them */
+    const uint32_t k_full = choose_k_beside(cpu, 0.9, &free_d, true, 15),
+                   k_alone = choose_k_beside(cpu, 0.9, &free_d, true, 0),
+                   k_sampled = choose_k_beside(cpu, 0.9, &free_d, false, 15),
+                   k_room = choose_k_beside(lin, 0.99, &free_d, true, 3);
+    CHECKF(k_full == 0, "greedy beside 15 rows at acceptance 0.9 on groups of 4: k %u, want 0", k_full);
+    CHECKF(k_alone == k_high, "greedy with no neighbours: k %u, want %u", k_alone, k_high);
+    CHECKF(k_sampled == k_high, "a sampled run weighed its neighbours: k %u, want %u", k_sampled, k_high);
+    CHECKF(k_room > 0, "greedy beside 3 rows on nearly free rows at 0.99: k %u, want some", k_room);
     muser_spec off;
     memset(&off, 0, sizeof off);
     off.k_max = 9;
     CHECKF(muser_spec_next_k(&off) == 9, "not adaptive: k is k_max");
     printf("adaptive draft length: k %u / %u / %u at acceptance 0.1 / 0.6 / 0.9 on groups of 4 rows, %u with a "
-           "4-token drafter round, %u on nearly free rows at 0.99\n", k_low, k_mid, k_high, k_fix, k_free);
+           "4-token drafter round, %u on nearly free rows at 0.99; greedy beside 15 rows %u, beside 3 on free rows %u\n",
+           k_low, k_mid, k_high, k_fix, k_free, k_full, k_room);
 }
 
 /* ---- 2. the acceptance rule ---- */

@@ -536,6 +536,10 @@ static int spec_token(job *j, int32_t *id, float *lp, serve_err *e)
         muser_error err = {0};
         bool ended = false;
         j->sp_n = j->sp_at = 0;
+        pthread_mutex_lock(&j->sv->mu);
+        const uint32_t others = j->sv->running > 0 ? j->sv->running - 1 : 0; /* (each decodes a row a pass) */
+        pthread_mutex_unlock(&j->sv->mu);
+        muser_spec_set_neighbours(&j->sp, others);
         if (muser_spec_next(&j->sp, j->max_tokens - j->n_toks, true, spec_stop, j->sv->g.tok, j->sp_ids,
                             j->req.logprobs ? j->sp_lp : NULL, &j->sp_n, &ended, &err))
             return serve_err_set(e, err.code == MUSER_E_CANCELLED ? 499 : 500, "server_error", NULL, NULL, "decode: %s",
