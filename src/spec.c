@@ -351,6 +351,8 @@ int muser_spec_init(muser_spec *sp, muser_seq *q, uint64_t n_ctx, muser_sampler 
 
 /* The weight the earlier rounds' acceptance keeps per round (adaptive draft length). */
 #define SPEC_DECAY 0.8
+/* Rounds without drafts after which a sequence alone drafts again (adaptive draft length). */
+#define SPEC_EXPLORE 8
 
 double muser_model_token_macs(const muser_model *m)
 {
@@ -391,8 +393,11 @@ uint32_t muser_spec_next_k(const muser_spec *sp)
         return sp->k_max;
     const double a = sp->acc_w / (sp->acc_w + sp->rej_w);
     const uint32_t others = sp->greedy ? sp->neighbours : 0; /* (a sampled run's tokens must not see them) */
-    uint32_t best = others ? 0 : 1;
-    double best_v = others ? (others + 1.0) / rows_cost(sp, others + 1) : 0.0, e = 1.0, ak = 1.0;
+    /* no drafts is a choice too, except every SPEC_EXPLORE-th round of a sequence alone, whose
+     * acceptance would otherwise never be measured again */
+    const bool none_ok = others > 0 || sp->skipped < SPEC_EXPLORE;
+    uint32_t best = none_ok ? 0 : 1;
+    double best_v = none_ok ? (others + 1.0) / rows_cost(sp, others + 1) : 0.0, e = 1.0, ak = 1.0;
     for (uint32_t k = 1; k <= sp->k_max; k++) {
         ak *= a;
         e += ak; /* the expected tokens of a block of k drafts: 1 + a + … + a^k */
@@ -487,6 +492,7 @@ int muser_spec_next(muser_spec *sp, uint32_t max_out, bool last_is_final, bool (
     sp->hist[sp->n_hist++] = t0;
     /* drafts: as many as the caller's limit, the context and a verify block allow */
     uint64_t k = muser_spec_next_k(sp);
+    sp->skipped = k ? 0 : sp->skipped + 1;
     if (k > max_out - n) k = max_out - n;
     if (k > sp->n_ctx - p0 - 1) k = sp->n_ctx - p0 - 1;
     int32_t block[KV_MAX_SPEC_ROWS];

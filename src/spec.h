@@ -99,13 +99,15 @@ typedef struct muser_spec {
     double acc_w, rej_w;
     bool greedy;         /* the sampler is greedy (muser_sampler_greedy): see muser_spec_set_neighbours */
     uint32_t neighbours; /* rows other sequences bring to the next round's pass */
+    uint32_t skipped;    /* rounds in a row the adaptive length chose no drafts */
 } muser_spec;
 
 int muser_spec_init(muser_spec *sp, muser_seq *q, uint64_t n_ctx, muser_sampler *smp, muser_drafter *d,
                     uint32_t k_max, const int32_t *prompt, uint64_t n_prompt, float *logits, muser_error *err);
 void muser_spec_free(muser_spec *sp);
-/* Adaptive draft length: each round asks the drafter for the k in 1..k_max that maximises the
- * expected tokens per unit of cost, E(k) / (cost(k + 1) + r(k)), with E(k) = 1 + a + … + a^k for
+/* Adaptive draft length: each round asks the drafter for the k in 0..k_max that maximises the
+ * expected tokens per unit of cost, E(k) / (cost(k + 1) + r(k)) (k = 0: a plain step; after 8 such
+ * rounds in a row k ≥ 1 once, so the acceptance is measured again), with E(k) = 1 + a + … + a^k for
  * the per-draft acceptance a estimated from the rounds so far (decayed counts of accepted drafts
  * and of rejections, from an even prior), cost the device's pass_cost and r the drafter's round in
  * target tokens (its round_macs over the target's per-token multiply-adds). It reads only fixed

@@ -114,8 +114,9 @@ static double fixed_round(const muser_drafter *d, uint32_t k)
 }
 
 /* k for acceptance a (as decayed counts) under cost table c and drafter d, with a greedy sampler
- * or not and n rows of other sequences in the pass */
-static uint32_t choose_k_beside(const double *c, double a, const muser_drafter *d, bool greedy, uint32_t n)
+ * or not, n rows of other sequences in the pass, and `skipped` rounds without drafts before it */
+static uint32_t choose_k_beside(const double *c, double a, const muser_drafter *d, bool greedy, uint32_t n,
+                                uint32_t skipped)
 {
     muser_spec sp;
     memset(&sp, 0, sizeof sp);
@@ -127,11 +128,16 @@ static uint32_t choose_k_beside(const double *c, double a, const muser_drafter *
     sp.acc_w = 100.0 * a;
     sp.rej_w = 100.0 * (1.0 - a);
     sp.greedy = greedy;
+    sp.skipped = skipped;
     muser_spec_set_neighbours(&sp, n);
     return muser_spec_next_k(&sp);
 }
 
-static uint32_t choose_k(const double *c, double a, const muser_drafter *d) { return choose_k_beside(c, a, d, false, 0); }
+/* the best k ≥ 1 (a round that must draft: the exploring one) */
+static uint32_t choose_k(const double *c, double a, const muser_drafter *d)
+{
+    return choose_k_beside(c, a, d, false, 0, 1000);
+}
 
 static void adaptive_choice(void)
 {
@@ -154,10 +160,17 @@ static void adaptive_choice(void)
     CHECKF(k_fix > k_high, "a round's fixed drafter cost should lengthen the block: k %u against %u", k_fix, k_high);
     /* beside other sequences' rows: a greedy run drafts only where the pass has room worth it; a
      * sampled run's choice does not see them */
-    const uint32_t k_full = choose_k_beside(cpu, 0.9, &free_d, true, 15),
-                   k_alone = choose_k_beside(cpu, 0.9, &free_d, true, 0),
-                   k_sampled = choose_k_beside(cpu, 0.9, &free_d, false, 15),
-                   k_room = choose_k_beside(lin, 0.99, &free_d, true, 3);
+    const uint32_t k_full = choose_k_beside(cpu, 0.9, &free_d, true, 15, 0),
+                   k_alone = choose_k_beside(cpu, 0.9, &free_d, true, 0, 0),
+                   k_sampled = choose_k_beside(cpu, 0.9, &free_d, false, 15, 0),
+                   k_room = choose_k_beside(lin, 0.99, &free_d, true, 3, 0);
+    /* alone: no drafts when they do not pay, until the exploring round */
+    const uint32_t k_none = choose_k_beside(cpu, 0.1, &free_d, false, 0, 0),
+                   k_explore = choose_k_beside(cpu, 0.1, &free_d, false, 0, 8),
+                   k_costly = choose_k_beside(cpu, 0.9, &fixed_d, false, 0, 0);
+    CHECKF(k_none == 0, "acceptance 0.1 on group costs, alone: k %u, want 0 (a plain step)", k_none);
+    CHECKF(k_explore == 1, "the 9th round without drafts: k %u, want 1", k_explore);
+    CHECKF(k_costly == 0, "a drafter whose round costs 4 tokens at acceptance 0.9: k %u, want 0", k_costly);
     CHECKF(k_full == 0, "greedy beside 15 rows at acceptance 0.9 on groups of 4: k %u, want 0", k_full);
     CHECKF(k_alone == k_high, "greedy with no neighbours: k %u, want %u", k_alone, k_high);
     CHECKF(k_sampled == k_high, "a sampled run weighed its neighbours: k %u, want %u", k_sampled, k_high);
@@ -167,8 +180,9 @@ static void adaptive_choice(void)
     off.k_max = 9;
     CHECKF(muser_spec_next_k(&off) == 9, "not adaptive: k is k_max");
     printf("adaptive draft length: k %u / %u / %u at acceptance 0.1 / 0.6 / 0.9 on groups of 4 rows, %u with a "
-           "4-token drafter round, %u on nearly free rows at 0.99; greedy beside 15 rows %u, beside 3 on free rows %u\n",
-           k_low, k_mid, k_high, k_fix, k_free, k_full, k_room);
+           "4-token drafter round, %u on nearly free rows at 0.99 (the best k >= 1); none at 0.1 (%u) until the 9th "
+           "round (%u); greedy beside 15 rows %u, beside 3 on free rows %u\n",
+           k_low, k_mid, k_high, k_fix, k_free, k_none, k_explore, k_full, k_room);
 }
 
 /* ---- 2. the acceptance rule ---- */
