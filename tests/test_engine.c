@@ -433,14 +433,14 @@ static void regroup(void)
      * pass. The engine waits for decoders whose callers are due back within a quarter of a pass,
      * so the groups merge. The callers' time is measured against a pass of this machine; on a
      * machine shared with other work (ctest -j) a caller's time varies, and the engine does not
-     * wait for an unsteady one, so the scenario runs up to three times: without the wait every run
-     * stays apart (2 rows a pass). */
+     * wait for an unsteady one, so the scenario runs up to three times and a run must beat 2.5 rows
+     * a pass (seen: 2.74–3.96; without the wait every run stays apart at 1.97–2.00). */
     muser_model *m = trained_model();
     if (!m) return;
     double pass = 0, best = 0;
     uint32_t turn_us = 0;
     char runs[128] = "";
-    for (int a = 0; a < 3 && best < 3.0; a++) {
+    for (int a = 0; a < 3 && best < 3.5; a++) {
         const double mean = regroup_once(m, &pass, &turn_us);
         best = mean > best ? mean : best;
         snprintf(runs + strlen(runs), sizeof runs - strlen(runs), "%s%.2f", a ? ", " : "", mean);
@@ -448,7 +448,7 @@ static void regroup(void)
     printf("regroup: 4 decoders started out of step (a pass %.2f ms, callers %u µs); rows a pass in the second "
            "half: %s\n", pass * 1e3, turn_us, runs);
     if (turn_us >= 150) /* (the callers' time must be well above usleep's granularity and the wait's 0.1 ms) */
-        CHECKF(best >= 3.0, "the decoders stayed apart: %s rows a pass (4 decoding)", runs);
+        CHECKF(best >= 2.5, "the decoders stayed apart: %s rows a pass (4 decoding)", runs);
     else
         printf("SKIP: regroup's check: a pass of %.2f ms is too short on this machine for callers of a tenth of it\n",
                pass * 1e3);
