@@ -1202,7 +1202,7 @@ static cudaError_t pass_finish(cu_ctx *c, uint32_t n, bool want_logits, const mu
                         c->d_draw_bsum, n);
         if (!e) e = cudaMemcpyAsync(c->h_draw->id, c->d_draw->id, n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->st);
     }
-    if (tapped)
+    if (!e && tapped)
         e = cudaMemcpyAsync(c->h_tap, c->d_tap, (size_t)n * c->tap_nl * c->m->hp.n_embd * sizeof(float),
                             cudaMemcpyDeviceToHost, c->st);
     if (!e && want_logits) e = cudaMemcpyAsync(c->h_logits, c->logits, n * V * sizeof(float), cudaMemcpyDeviceToHost, c->st);
