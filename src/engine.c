@@ -279,11 +279,9 @@ static void run_decode(muser_engine *e)
             muser_error er = {0};
             muser_tap one = pass_tap;
             one.out = tap ? e->tap_scratch + first[r] * trow : NULL;
-            const uint32_t nq = first[r + 1] - first[r];
-            float *one_out[MUSER_STEP_MAX_ROWS];
-            for (uint32_t j = 0; j < nq; j++) one_out[j] = row_out[first[r] + j];
-            rcs[r] = muser_step_out(e->d, ss + first[r], tok + first[r], nq, reqs[r]->logits ? one_out : NULL,
-                                    any_draw ? row_draw + first[r] : NULL, reqs[r]->top, tap ? &one : NULL, &er);
+            rcs[r] = muser_step_out(e->d, ss + first[r], tok + first[r], first[r + 1] - first[r],
+                                    reqs[r]->logits ? row_out + first[r] : NULL, any_draw ? row_draw + first[r] : NULL,
+                                    reqs[r]->top, tap ? &one : NULL, &er);
             errs[r] = er;
         }
     const double t1 = muser_now_s();
@@ -816,9 +814,8 @@ int muser_seq_decode(muser_seq *q, int32_t token, float *logits, const muser_top
 int muser_seq_decode_draw(muser_seq *q, int32_t token, float *logits, muser_draw *draw, muser_error *err)
 {
     if (!q || !draw || !logits) return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode_draw: NULL argument");
-    if (!(draw->temperature > 0.0f) || !isfinite(draw->temperature) || !(draw->u >= 0.0 && draw->u < 1.0))
-        return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode_draw: temperature %g (finite, > 0), u %g (in [0, 1))",
-                            (double)draw->temperature, draw->u);
+    const int rc = muser_draw_check(draw, "muser_seq_decode_draw", err);
+    if (rc) return rc;
     draw->id = -1;
     return submit(q, REQ_DECODE, &token, 1, false, 0, logits, NULL, draw, NULL, err);
 }

@@ -448,9 +448,10 @@ static int step_rows(muser_device *d, muser_session *const *seq, const int32_t *
         if (!w) continue;
         if (!out || !out[i])
             return muser_errorf(err, MUSER_E_ARG, "step: row %u has a draw but no buffer for its logits", i);
-        if (!(w->temperature > 0.0f) || !isfinite(w->temperature) || !(w->u >= 0.0 && w->u < 1.0))
-            return muser_errorf(err, MUSER_E_ARG, "step: row %u's draw: temperature %g (finite, > 0), u %g (in [0, 1))",
-                                i, (double)w->temperature, w->u);
+        char what[48];
+        snprintf(what, sizeof what, "step: row %u's draw", i);
+        if ((rc = muser_draw_check(w, what, err)))
+            return rc;
     }
     for (uint32_t i = 0; draw && i < n; i++)
         if (draw[i]) draw[i]->id = -1;
@@ -461,6 +462,14 @@ static int step_rows(muser_device *d, muser_session *const *seq, const int32_t *
         return rc;
     for (uint32_t i = 0; i < n; i++)
         seq[i]->n_past++;
+    return MUSER_OK;
+}
+
+int muser_draw_check(const muser_draw *w, const char *what, muser_error *err)
+{
+    if (!(w->temperature > 0.0f) || !isfinite(w->temperature) || !(w->u >= 0.0 && w->u < 1.0))
+        return muser_errorf(err, MUSER_E_ARG, "%s: temperature %g (finite, > 0), u %g (in [0, 1))", what,
+                            (double)w->temperature, w->u);
     return MUSER_OK;
 }
 

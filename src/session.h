@@ -234,6 +234,9 @@ int muser_step(muser_device *d, muser_session *const *seq, const int32_t *tokens
 int muser_step_out(muser_device *d, muser_session *const *seq, const int32_t *tokens, uint32_t n,
                    float *const *out, muser_draw *const *draw, const muser_top *top, const muser_tap *tap,
                    muser_error *err);
+/* A draw's parameters are well formed: temperature finite and > 0, u in [0, 1) (what the step
+ * refuses; what names the caller in the message). */
+int muser_draw_check(const muser_draw *w, const char *what, muser_error *err);
 /* For a backend whose logits are in host memory: top's n rows from logits [n][V] (muser_top_k). */
 void muser_top_rows(const muser_top *top, const float *logits, uint32_t n, uint32_t V);
 int muser_session_checkpoint(muser_session *s, muser_error *err);
