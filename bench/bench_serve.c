@@ -4,7 +4,7 @@
  * any request does not end with a 200, a usage event and [DONE].
  *
  *   bench_serve --port P [--host 127.0.0.1] [--requests 32] [--concurrency 8] [--max-tokens 64]
- *               [--prompt TEXT | --prompt-file F] [--temperature 0.8] [--api-key KEY]
+ *               [--prompt TEXT | --prompt-file F] [--temperature 0.8] [--top-p 1] [--api-key KEY]
  *
  * The seed of request i is i, so a run's requests are the same from run to run. */
 #include <arpa/inet.h>
@@ -25,7 +25,7 @@ typedef struct opts {
     const char *host, *key;
     int port;
     uint32_t requests, concurrency, max_tokens;
-    double temperature;
+    double temperature, top_p;
     char *prompt_json; /* the prompt as a JSON string, quotes included */
 } opts;
 
@@ -166,9 +166,9 @@ static void run_one(uint32_t idx, result *r)
 {
     char body[1 << 17];
     const int bn = snprintf(body, sizeof body,
-                            "{\"prompt\":%s,\"max_tokens\":%u,\"temperature\":%g,\"seed\":%u,\"stream\":true,"
-                            "\"stream_options\":{\"include_usage\":true}}",
-                            g_o.prompt_json, g_o.max_tokens, g_o.temperature, idx);
+                            "{\"prompt\":%s,\"max_tokens\":%u,\"temperature\":%g,\"top_p\":%g,\"seed\":%u,"
+                            "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                            g_o.prompt_json, g_o.max_tokens, g_o.temperature, g_o.top_p, idx);
     if (bn < 0 || (size_t)bn >= sizeof body) {
         snprintf(r->err, sizeof r->err, "the prompt is too long for a request");
         return;
@@ -264,14 +264,14 @@ static double pct(double *v, size_t n, double p)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: bench_serve --port P [--host 127.0.0.1] [--requests 32] [--concurrency 8] [--max-tokens 64]\n"
-               "                   [--prompt TEXT | --prompt-file F] [--temperature 0.8] [--api-key KEY]\n"
+               "                   [--prompt TEXT | --prompt-file F] [--temperature 0.8] [--top-p 1] [--api-key KEY]\n"
                "Streams completions from a running `muser serve` and reports aggregate tok/s, TTFT,\n"
                "inter-token and end-to-end latency. Exit 1 when any request fails.\n");
 }
 
 int main(int argc, char **argv)
 {
-    g_o = (opts){.host = "127.0.0.1", .requests = 32, .concurrency = 8, .max_tokens = 64, .temperature = 0.8};
+    g_o = (opts){.host = "127.0.0.1", .requests = 32, .concurrency = 8, .max_tokens = 64, .temperature = 0.8, .top_p = 1.0};
     const char *prompt = "In the beginning", *prompt_file = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -290,6 +290,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--concurrency")) g_o.concurrency = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--max-tokens")) g_o.max_tokens = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--temperature")) g_o.temperature = atof(v);
+        else if (!strcmp(a, "--top-p")) g_o.top_p = atof(v);
         else if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--prompt-file")) prompt_file = v;
         else if (!strcmp(a, "--api-key")) g_o.key = v;

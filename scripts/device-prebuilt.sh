@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, prefill-llama, tests-quick, pfcpu-start … pfcpu-end,
+#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, topp, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, prefill-llama, tests-quick, pfcpu-start … pfcpu-end,
 #                                               # skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
@@ -101,6 +101,33 @@ for step in $steps; do
             >"$OUT/serve.log" 2>&1
         note "serve rc=$?"
         grep -E '^==|aggregate|tok/s|p50|p99' "$OUT/serve.log" | sed 's/^/    /' >>"$S"
+        ;;
+    topp)
+        # sampled serving with top-p (OpenAI's top_p, no top-k): muser serve --backend cuda, a staged
+        # muser-base (BASE_BIN) against muser, interleaved, TOPP_ROUNDS rounds (2); bench_serve at 1, 4
+        # and 16 streams, T 0.8, --top-p TOP_P (0.9), 96 tokens, 3 requests a stream
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        for round in $(seq 1 "${TOPP_ROUNDS:-2}"); do
+            for bin in ${BASE_BIN:-muser-base} muser; do
+                "$D/$bin" serve -m /tmp/g.gguf --backend cuda --port 0 --slots 16 --ctx 2048 --prefix-cache 0 \
+                    >"$OUT/topp_serve_$bin.log" 2>&1 &
+                sp=$!
+                port=
+                for _ in $(seq 1 600); do
+                    port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$OUT/topp_serve_$bin.log")
+                    [ -n "$port" ] && curl -s "http://127.0.0.1:$port/health" | grep -q ok && break
+                    sleep 0.2
+                done
+                for c in 1 4 16; do
+                    timeout -k 5 120 "$D/bench_serve" --port "$port" --requests $((3 * c)) --concurrency $c --max-tokens 96 \
+                        --temperature 0.8 --top-p "${TOP_P:-0.9}" --prompt "And God said, Let there be light" \
+                        >"$OUT/topp_${bin}_${c}_$round.log" 2>&1
+                    note "topp r$round $bin c$c rc=$? :: $(grep -E 'aggregate|inter-token' "$OUT/topp_${bin}_${c}_$round.log" | tr '\n' ' ')"
+                done
+                kill -TERM $sp
+                wait $sp
+            done
+        done
         ;;
     host)
         # the host side of a token: `muser run` decode (greedy, then the default sampling: top-k 40,

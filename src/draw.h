@@ -62,4 +62,63 @@ static inline MUSER_HD float muser_weight_of(float x)
     return p * scale.f;
 }
 
+/* ---- truncation where the draw is made: min-p and top-p over the whole row (no top-k) ----------
+ * A candidate is an id whose logit is not −inf and, with min-p, whose x reaches cut = logf(min_p);
+ * the draw weighs the others 0 and walks the whole row in id order (its blocks, then its ids).
+ *
+ * top-p needs sums whose bits do not depend on the order they are taken in, so that a GPU adding in
+ * parallel gets the host's: the weights are summed per biased exponent e of the f32 weight (0 .. 127:
+ * weights lie in (0, 1]; zero weights add nothing). Every weight of one exponent is a multiple of
+ * that exponent's ulp 2^(e−150) below 2^(e−126), so fewer than 2^29 of them sum exactly in f64 (42
+ * bits for a 202,048-wide row), in any order. z (every candidate's weight, before min-p) and the
+ * kept mass are then the exponents' sums added from e = 127 down. top-p applies when the mass reaches
+ * need = top_p·z: the walk from the top finds the exponent, then the bucket of the top seven
+ * mantissa bits within it (again exact sums), then, among that bucket's candidates ranked by weight
+ * and then the lower id, the first whose running sum reaches need: the last one kept (lv, li).
+ * Each walk adds in one fixed order, so the host and the GPU take the same steps. */
+#define MUSER_DRAW_EXPS 128 /* biased exponents of weights in [0, 1] */
+#define MUSER_DRAW_SUBS 128 /* buckets within an exponent: the top seven mantissa bits */
+
+static inline MUSER_HD uint32_t muser_w_bits(float w)
+{
+    union {
+        float f;
+        uint32_t u;
+    } b;
+    b.f = w;
+    return b.u;
+}
+static inline MUSER_HD uint32_t muser_w_exp(float w) { return muser_w_bits(w) >> 23; }
+static inline MUSER_HD uint32_t muser_w_sub(float w) { return (muser_w_bits(w) >> 16) & (MUSER_DRAW_SUBS - 1); }
+
+/* The sum of groups [0, n) from the top, the order z and the mass take */
+static inline MUSER_HD double muser_topp_total(const double *sums, int n)
+{
+    double t = 0.0;
+    for (int k = n - 1; k >= 0; k--) t += sums[k];
+    return t;
+}
+
+/* One level of top-p's walk: from the top group down, the first group k with weight whose sum
+ * brings *above to need, or else the lowest group with weight (rounding can leave the running sum
+ * short of the exact total); *above grows by the groups passed. −1 when no group has weight. */
+static inline MUSER_HD int muser_topp_walk(const double *sums, int n, double need, double *above)
+{
+    int lo = -1;
+    for (int k = 0; k < n && lo < 0; k++)
+        if (sums[k] > 0.0) lo = k;
+    for (int k = n - 1; k > lo; k--) {
+        if (!(sums[k] > 0.0)) continue;
+        if (*above + sums[k] >= need) return k;
+        *above += sums[k];
+    }
+    return lo;
+}
+
+/* Whether a candidate of weight w and id i ranks at or before the last one top-p keeps (lv, li) */
+static inline MUSER_HD int muser_topp_keeps(float w, int32_t i, float lv, int32_t li)
+{
+    return w > lv || (w == lv && i <= li);
+}
+
 #endif

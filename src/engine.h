@@ -88,8 +88,8 @@ int muser_seq_prefill(muser_seq *q, const int32_t *tokens, uint32_t n, float *lo
  * that asks for no logits gets what it needs without the row's copy (on the GPU, 808 KB). */
 int muser_seq_decode(muser_seq *q, int32_t token, float *logits, const muser_top *top, muser_error *err);
 /* One decode row whose token is drawn where its logits are (session.h muser_draw: draw->id set,
- * or −1 and the row in logits [V], which is needed): a plain temperature sampler's step without
- * the row's copy where the backend draws. */
+ * or −1 and the row in logits [V], which is needed): a whole-row sampler's step (temperature,
+ * top-p, min-p) without the row's copy where the backend draws. */
 int muser_seq_decode_draw(muser_seq *q, int32_t token, float *logits, muser_draw *draw, muser_error *err);
 /* A speculative block: n rows (1..16) at the sequence's next positions in one pass (packed with
  * other sequences' rows), after a KV checkpoint; logits [n][V] (may be NULL). Each row's bytes

@@ -13,12 +13,13 @@
  * Cost per token on a V-wide row: one check and one scan of the row (and a copy when a penalty
  * applies). With top-k the k best come
  * from a size-k min-heap (O(V log k)) and only k exponentials are taken. min-p is a threshold on
- * the scaled logit (no exponential needed to decide). Without top-k, top-p needs no full sort:
- * one pass sums the weight per bucket of the float's upper bits, the bucket where the running
- * weight crosses p is found from the top, and only that bucket is sorted to place the exact cut.
- * top-p and min-p both keep a best-ranked prefix, so filtering min-p first gives the same set as
- * the documented order, provided top-p is measured against the weight of all candidates left by
- * top-k (it is).
+ * the scaled logit (no exponential needed to decide). Without top-k, every id stays in the list
+ * in id order, the ones min-p or top-p drop weighing 0 (draw.h), and top-p needs no full sort: its
+ * sums are exact per exponent of the weight (so the GPU, adding in parallel, gets the same bits),
+ * the walk from the top finds the exponent, then the bucket of seven mantissa bits, and only that
+ * bucket is sorted to place the exact cut. top-p and min-p both keep a best-ranked prefix, so
+ * filtering min-p first gives the same set as the documented order, provided top-p is measured
+ * against the weight of all candidates left by top-k (it is).
  *
  * The draw walks the kept candidates in rank order when top-k is on and in id order otherwise;
  * the distribution is the same either way, the order only fixes which token a seed yields.
@@ -46,9 +47,6 @@
 
 #define SAMPLER_MAX_LOGPROBS 20
 #define W_BLOCK MUSER_DRAW_BLOCK /* the draw's blocks of candidates (block_sums) */
-/* top-p buckets: a positive float's upper 16 bits (sign, exponent, 7 mantissa bits) order it,
- * so weights in (0, 1] fall in buckets 0 .. 0x3F80, larger weight -> higher bucket. */
-#define TOP_P_BUCKETS (0x3F80 + 1)
 
 struct muser_sampler {
     muser_sampler_params p;
@@ -58,8 +56,7 @@ struct muser_sampler {
     int32_t *idx;      /* [V] candidate ids */
     float *val;        /* [V] candidate values, parallel to idx */
     int32_t *b_idx;    /* [V] top-p: the candidates of the boundary bucket */
-    float *b_val;      /* [V] */
-    double *b_mass;    /* [TOP_P_BUCKETS] top-p: weight per bucket */
+    float *b_val;      /* [V] without top-k: the scaled logits, then the boundary bucket's weights */
     double *bsum;      /* [V / W_BLOCK + 1] the kept candidates' weight per block of W_BLOCK (draw) */
     int32_t *iota;     /* [V] 0, 1, ... V - 1 */
     int32_t *counts;   /* [V] occurrences of each id in the penalty window */
@@ -163,12 +160,11 @@ int muser_sampler_new(muser_sampler **out, uint32_t n_vocab, const muser_sampler
     s->val = malloc((size_t)n_vocab * sizeof *s->val);
     s->b_idx = malloc((size_t)n_vocab * sizeof *s->b_idx);
     s->b_val = malloc((size_t)n_vocab * sizeof *s->b_val);
-    s->b_mass = malloc(TOP_P_BUCKETS * sizeof *s->b_mass);
     s->bsum = malloc(((size_t)n_vocab / W_BLOCK + 1) * sizeof *s->bsum);
     s->iota = malloc((size_t)n_vocab * sizeof *s->iota);
     s->counts = calloc(n_vocab, sizeof *s->counts);
     s->history = malloc((size_t)(p->repeat_last_n ? p->repeat_last_n : 1) * sizeof *s->history);
-    if (!s->work || !s->idx || !s->val || !s->b_idx || !s->b_val || !s->b_mass || !s->bsum || !s->iota || !s->counts ||
+    if (!s->work || !s->idx || !s->val || !s->b_idx || !s->b_val || !s->bsum || !s->iota || !s->counts ||
         !s->history) {
         muser_sampler_free(s);
         return muser_errorf(err, MUSER_E_NOMEM, "sampler: out of memory for %u-entry buffers",
@@ -192,7 +188,6 @@ void muser_sampler_free(muser_sampler *s)
     free(s->b_val);
     free(s->bsum);
     free(s->iota);
-    free(s->b_mass);
     free(s->counts);
     free(s->history);
     free(s);
@@ -259,13 +254,6 @@ static void apply_penalties(muser_sampler *s)
 static inline bool ranks_before(float va, int32_t ia, float vb, int32_t ib)
 {
     return va > vb || (va == vb && ia < ib);
-}
-
-static inline uint32_t bucket_of(float w)
-{
-    uint32_t bits;
-    memcpy(&bits, &w, sizeof bits);
-    return bits >> 16;
 }
 
 /* Min-heap (the worst candidate at the root) over parallel idx/val arrays. */
@@ -496,55 +484,6 @@ static void raw_logprobs(const muser_sampler *s, const float *logits, int32_t ch
     }
 }
 
-/* top-p without a sort of the whole list (idx/val[0, n) in id order, val = weights in (0, 1]).
- * One pass sums the weight per bucket; walking buckets from the top finds the bucket where the
- * running weight crosses need; only that bucket's candidates are sorted, to find the exact last
- * candidate kept (in rank order: weight, then lower id). A filter pass then keeps everything
- * ranking at or before it, still in id order, and *mass becomes their weight. */
-static uint32_t top_p_threshold(muser_sampler *s, uint32_t n, double need, double *mass)
-{
-    memset(s->b_mass, 0, TOP_P_BUCKETS * sizeof *s->b_mass);
-    for (uint32_t i = 0; i < n; i++)
-        s->b_mass[bucket_of(s->val[i])] += (double)s->val[i];
-    double above = 0.0;
-    uint32_t b = TOP_P_BUCKETS;
-    while (b-- > 0) {
-        if (above + s->b_mass[b] >= need)
-            break;
-        above += s->b_mass[b];
-    }
-    if (b >= TOP_P_BUCKETS)
-        return n; /* rounding: the whole list is needed */
-    uint32_t m = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (bucket_of(s->val[i]) == b) {
-            s->b_idx[m] = s->idx[i];
-            s->b_val[m] = s->val[i];
-            m++;
-        }
-    sort_cands(s->b_idx, s->b_val, m);
-    uint32_t last = m - 1;
-    for (uint32_t j = 0; j < m; j++) {
-        above += (double)s->b_val[j];
-        if (above >= need) {
-            last = j;
-            break;
-        }
-    }
-    const float lv = s->b_val[last];
-    const int32_t li = s->b_idx[last];
-    uint32_t kept = 0;
-    *mass = 0.0;
-    for (uint32_t i = 0; i < n; i++)
-        if (!ranks_before(lv, li, s->val[i], s->idx[i])) { /* at or before the last one */
-            s->idx[kept] = s->idx[i];
-            s->val[kept] = s->val[i];
-            *mass += (double)s->val[i];
-            kept++;
-        }
-    return kept;
-}
-
 /* A candidate's weight e^x (draw.h: the steps the GPU's draw takes too) */
 #define W_LOG2E MUSER_W_LOG2E
 #define W_LN2_HI MUSER_W_LN2_HI
@@ -589,33 +528,6 @@ static void weights(const float *x, float *w, uint32_t n)
 #endif
     for (uint32_t i = 0; i < n; i++)
         w[i] = weight_of(x[i]);
-}
-
-/* Whether x[0, n) holds a -inf (a masked id): sixteen at a time with AVX2. */
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) static bool any_neg_inf_avx2(const float *x, uint32_t n)
-{
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 hit = _mm256_setzero_ps();
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        hit = _mm256_or_ps(hit, _mm256_cmp_ps(_mm256_loadu_ps(x + i), ninf, _CMP_EQ_OQ));
-    bool any = _mm256_movemask_ps(hit) != 0;
-    for (; i < n; i++)
-        any |= x[i] == -INFINITY;
-    return any;
-}
-#endif
-
-static bool any_neg_inf(const float *x, uint32_t n)
-{
-#if defined(__x86_64__)
-    if (muser_rows_avx2()) return any_neg_inf_avx2(x, n);
-#endif
-    bool any = false;
-    for (uint32_t i = 0; i < n; i++)
-        any |= x[i] == -INFINITY;
-    return any;
 }
 
 /* The largest of x[0, n) (no NaN; -inf for n 0): eight lanes with AVX2 (the maximum does not
@@ -705,46 +617,35 @@ static double block_sums(const float *w, uint32_t n, double *bsum)
 /* Whether top-k applies: it keeps fewer than the whole vocabulary. */
 static bool top_k_on(const muser_sampler *s) { return s->p.top_k > 0 && s->p.top_k < s->n_vocab; }
 
-static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_out, double *mass_out);
+static void finish_cands(muser_sampler *s, uint32_t n, uint32_t *n_out, double *mass_out);
+static void cands_all(muser_sampler *s, uint32_t *n_out, double *mass_out);
 
 /* The candidates after temperature, top-k, top-p and min-p (s->row: the penalised row):
  * s->idx / s->val [0, *n) with their unnormalised weights, *mass their sum. */
 static void truncate_cands(muser_sampler *s, uint32_t *n_out, double *mass_out)
 {
-    const uint32_t V = s->n_vocab;
-    /* Candidates: the top-k (sorted; -inf is never one), or every id with a finite logit
-     * (unsorted). */
-    uint32_t n = 0;
-    if (top_k_on(s)) {
-        muser_top_k(s->row, V, s->p.top_k, s->val, s->idx);
-        while (n < s->p.top_k && s->val[n] != -INFINITY)
-            n++;
-    } else if (!any_neg_inf(s->row, V)) { /* every id a candidate: the row and the ids as they are */
-        memcpy(s->val, s->row, (size_t)V * sizeof *s->val);
-        memcpy(s->idx, s->iota, (size_t)V * sizeof *s->idx);
-        n = V;
-    } else {
-        for (uint32_t i = 0; i < V; i++) {
-            if (s->row[i] == -INFINITY)
-                continue;
-            s->idx[n] = (int32_t)i;
-            s->val[n] = s->row[i];
-            n++;
-        }
+    if (!top_k_on(s)) {
+        cands_all(s, n_out, mass_out);
+        return;
     }
-    finish_cands(s, n, top_k_on(s), n_out, mass_out);
+    /* the top-k, sorted; -inf is never one */
+    uint32_t n = 0;
+    muser_top_k(s->row, s->n_vocab, s->p.top_k, s->val, s->idx);
+    while (n < s->p.top_k && s->val[n] != -INFINITY)
+        n++;
+    finish_cands(s, n, n_out, mass_out);
 }
 
-/* Temperature, min-p and top-p over the candidates s->idx / s->val [0, n) (raw logits; sorted:
- * best first, else in id order). */
-static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_out, double *mass_out)
+/* Temperature, min-p and top-p over the candidates s->idx / s->val [0, n) (raw logits, best
+ * first). */
+static void finish_cands(muser_sampler *s, uint32_t n, uint32_t *n_out, double *mass_out)
 {
     const muser_sampler_params *p = &s->p;
 
     /* Temperature: val becomes x = (l - l_max) / T <= 0, the best at 0; a tiny T sends the rest
      * to -inf (never inf * 0 = NaN). A candidate's weight is weight_of(x) ≈ e^x, the best
      * weighing 1. */
-    const float raw_max = sorted ? (n ? s->val[0] : -INFINITY) : max_of(s->val, n);
+    const float raw_max = n ? s->val[0] : -INFINITY;
     for (uint32_t i = 0; i < n; i++)
         s->val[i] = (s->val[i] - raw_max) / p->temperature;
 
@@ -754,7 +655,7 @@ static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_
     double z = 0.0, mass = 0.0;
     if (p->min_p > 0.0f) {
         if (p->top_p < 1.0f) {
-            weights(s->val, s->b_val, n); /* (b_val is free until top_p_threshold) */
+            weights(s->val, s->b_val, n);
             for (uint32_t i = 0; i < n; i++)
                 z += (double)s->b_val[i];
         }
@@ -782,29 +683,178 @@ static void finish_cands(muser_sampler *s, uint32_t n, bool sorted, uint32_t *n_
      * top_p * z. When min-p already kept less than that, top-p keeps all of it. */
     if (p->top_p < 1.0f && n > 1 && mass >= (double)p->top_p * z) {
         const double need = (double)p->top_p * z;
-        if (sorted) {
-            double cum = 0.0;
-            for (uint32_t i = 0; i < n; i++) {
-                cum += (double)s->val[i];
-                if (cum >= need) {
-                    n = i + 1;
-                    mass = cum;
-                    break;
-                }
+        double cum = 0.0;
+        for (uint32_t i = 0; i < n; i++) {
+            cum += (double)s->val[i];
+            if (cum >= need) {
+                n = i + 1;
+                break;
             }
-        } else {
-            n = top_p_threshold(s, n, need, &mass);
         }
     }
-
-    (void)mass;
     *n_out = n;
     *mass_out = block_sums(s->val, n, s->bsum); /* the kept list's weight, as the draw walks it */
 }
 
+/* x[i] = (l[i] − mx) / T for i in [i0, n), each one IEEE subtract and divide (the GPU's draw takes
+ * the same); scale_row: eight lanes at a time with AVX2 */
+static void scale_from(const float *l, float mx, float T, float *x, uint32_t i0, uint32_t n)
+{
+    for (uint32_t i = i0; i < n; i++)
+        x[i] = (l[i] - mx) / T;
+}
+
+/* w[i] = 0 for i in [i0, n) unless v[i] > c, or v[i] == c and i ≤ ci (ci −1: v[i] ≥ c);
+ * keep_at_least: eight lanes at a time with AVX2 */
+static void keep_from(const float *v, float c, int32_t ci, float *w, uint32_t i0, uint32_t n)
+{
+    for (uint32_t i = i0; i < n; i++)
+        if (!muser_topp_keeps(v[i], (int32_t)i, c, ci < 0 ? INT32_MAX : ci)) w[i] = 0.0f;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint32_t scale_avx2(const float *l, float mx, float T, float *x, uint32_t n)
+{
+    const __m256 m = _mm256_set1_ps(mx), t = _mm256_set1_ps(T);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(l + i), m), t));
+    return i;
+}
+
+__attribute__((target("avx2"))) static uint32_t keep_avx2(const float *v, float c, int32_t ci, float *w, uint32_t n)
+{
+    const __m256 cc = _mm256_set1_ps(c);
+    const __m256i ci8 = _mm256_set1_epi32(ci < 0 ? INT32_MAX : ci), step = _mm256_set1_epi32(8);
+    __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8, id = _mm256_add_epi32(id, step)) {
+        const __m256 vv = _mm256_loadu_ps(v + i);
+        const __m256 eq_ok = _mm256_and_ps(_mm256_cmp_ps(vv, cc, _CMP_EQ_OQ),
+                                           _mm256_castsi256_ps(_mm256_xor_si256(_mm256_cmpgt_epi32(id, ci8), _mm256_set1_epi32(-1))));
+        const __m256 keep = _mm256_or_ps(_mm256_cmp_ps(vv, cc, _CMP_GT_OQ), eq_ok);
+        _mm256_storeu_ps(w + i, _mm256_and_ps(keep, _mm256_loadu_ps(w + i)));
+    }
+    return i;
+}
+#endif
+
+static void scale_row(const float *l, float mx, float T, float *x, uint32_t n)
+{
+    uint32_t i0 = 0;
+#if defined(__x86_64__)
+    if (muser_rows_avx2()) i0 = scale_avx2(l, mx, T, x, n);
+#endif
+    scale_from(l, mx, T, x, i0, n);
+}
+
+static void keep_at_least(const float *v, float c, int32_t ci, float *w, uint32_t n)
+{
+    uint32_t i0 = 0;
+#if defined(__x86_64__)
+    if (muser_rows_avx2()) i0 = keep_avx2(v, c, ci, w, n);
+#endif
+    keep_from(v, c, ci, w, i0, n);
+}
+
+/* w as a double where keep is 1, else 0 (a mask, not a branch: which ids pass is random) */
+static inline double dkeep(float w, int keep)
+{
+    double d = (double)w;
+    uint64_t b;
+    memcpy(&b, &d, sizeof b);
+    b &= (uint64_t)0 - (uint64_t)(keep & 1);
+    memcpy(&d, &b, sizeof d);
+    return d;
+}
+
+/* top-p over the whole row (draw.h): w [V] the weights with min-p's drops already 0, z the weight
+ * of every candidate before min-p, em the kept weight per exponent; the last candidate kept,
+ * (*lv, *li), or false when top-p keeps everything min-p kept. */
+static bool topp_cut(muser_sampler *s, const float *w, double z, const double *em, float *lv, int32_t *li)
+{
+    const uint32_t V = s->n_vocab;
+    const double need = (double)s->p.top_p * z;
+    if (!(muser_topp_total(em, MUSER_DRAW_EXPS) >= need))
+        return false;
+    double bs[MUSER_DRAW_SUBS] = {0};
+    double above = 0.0;
+    const int e = muser_topp_walk(em, MUSER_DRAW_EXPS, need, &above);
+    if (e < 0) return false;
+    /* (branch-free passes: which ids pass a test is random along the row) */
+    for (uint32_t i = 0; i < V; i++) {
+        const uint32_t bits = muser_w_bits(w[i]); /* (a weight of 0 has exponent 0 < e or none) */
+        bs[(bits >> 16) & (MUSER_DRAW_SUBS - 1)] += dkeep(w[i], (bits >> 23 == (uint32_t)e) & (w[i] > 0.0f));
+    }
+    const uint32_t b = (uint32_t)e << 7 | (uint32_t)muser_topp_walk(bs, MUSER_DRAW_SUBS, need, &above);
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < V; i++) {
+        s->b_idx[m] = (int32_t)i;
+        s->b_val[m] = w[i];
+        m += (w[i] > 0.0f) & (muser_w_bits(w[i]) >> 16 == b);
+    }
+    sort_cands(s->b_idx, s->b_val, m); /* weight, then the lower id */
+    uint32_t last = m - 1;
+    for (uint32_t j = 0; j < m; j++) {
+        above += (double)s->b_val[j];
+        if (above >= need) {
+            last = j;
+            break;
+        }
+    }
+    *lv = s->b_val[last];
+    *li = s->b_idx[last];
+    return true;
+}
+
+/* Without top-k (draw.h): every id a candidate in id order, s->val its weight, 0 for an id whose
+ * logit is −inf or that min-p or top-p drops. */
+static void cands_all(muser_sampler *s, uint32_t *n_out, double *mass_out)
+{
+    const muser_sampler_params *p = &s->p;
+    const uint32_t V = s->n_vocab;
+    float *x = s->b_val, *w = s->val;
+    scale_row(s->row, max_of(s->row, V), p->temperature, x, V);
+    weights(x, w, V);
+    const float cut = p->min_p > 0.0f ? logf(p->min_p) : -INFINITY;
+    double ez[MUSER_DRAW_EXPS] = {0}, em[MUSER_DRAW_EXPS] = {0};
+    if (p->top_p < 1.0f) { /* the sums per exponent: exact in any order (draw.h), so four tables
+                            * (independent chains of adds) summed after give the same bits */
+        double t[2][4][MUSER_DRAW_EXPS];
+        memset(t, 0, sizeof t);
+        const int both = p->min_p > 0.0f;
+        for (uint32_t i = 0; i < V; i++) { /* (a weight 0 adds 0; no branch on a random test) */
+            const uint32_t e = muser_w_exp(w[i]);
+            t[0][i & 3][e] += (double)w[i];
+            if (both) t[1][i & 3][e] += dkeep(w[i], x[i] >= cut);
+        }
+        for (int e = 0; e < MUSER_DRAW_EXPS; e++) {
+            ez[e] = (t[0][0][e] + t[0][1][e]) + (t[0][2][e] + t[0][3][e]);
+            em[e] = both ? (t[1][0][e] + t[1][1][e]) + (t[1][2][e] + t[1][3][e]) : ez[e];
+        }
+    }
+    if (p->min_p > 0.0f) keep_at_least(x, cut, -1, w, V); /* min-p: x ≥ cut */
+    float lv;
+    int32_t li;
+    if (p->top_p < 1.0f && topp_cut(s, w, muser_topp_total(ez, MUSER_DRAW_EXPS), em, &lv, &li))
+        keep_at_least(w, lv, li, w, V); /* top-p: ranked at or before (lv, li) */
+    memcpy(s->idx, s->iota, (size_t)V * sizeof *s->idx);
+    *n_out = V;
+    *mass_out = block_sums(w, V, s->bsum);
+}
+
+/* The last candidate of val[lo, hi) with weight, else lo's: where the draw's walk lands when
+ * rounding leaves u just past the steps it added */
+static int32_t last_weighed(const muser_sampler *s, uint32_t lo, uint32_t hi)
+{
+    for (uint32_t i = hi; i-- > lo;)
+        if (s->val[i] > 0.0f) return s->idx[i];
+    return s->idx[lo];
+}
+
 /* Draw: the uniform's step u in [0, mass) found by walking the blocks' weights (block_sums, which
- * finish_cands left), then the candidates of that block in order (rank order with top-k, id order
- * without). */
+ * the candidates' pass left), then the candidates of that block in order (rank order with top-k,
+ * id order without). */
 static int32_t draw_u(muser_sampler *s, uint32_t n, double mass, double u01)
 {
     const double u = u01 * mass;
@@ -820,9 +870,9 @@ static int32_t draw_u(muser_sampler *s, uint32_t n, double mass, double u01)
             if (u < acc)
                 return s->idx[i];
         }
-        return s->idx[end - 1]; /* rounding: the block's candidates summed in order fall short */
+        return last_weighed(s, b * W_BLOCK, end); /* the block's candidates summed in order fall short */
     }
-    return s->idx[n - 1]; /* rounding can leave u just past the last step */
+    return last_weighed(s, 0, n);
 }
 
 static int32_t draw(muser_sampler *s, uint32_t n, double mass) { return draw_u(s, n, mass, rng_uniform(s->rng)); }
@@ -879,7 +929,7 @@ int32_t muser_sampler_sample_top(muser_sampler *s, const float *v, const int32_t
     }
     uint32_t kept;
     double mass;
-    finish_cands(s, m, true, &kept, &mass);
+    finish_cands(s, m, &kept, &mass);
     return draw(s, kept, mass);
 }
 
@@ -919,12 +969,14 @@ int muser_sampler_dist(muser_sampler *s, const float *logits, const int32_t **id
 
 bool muser_sampler_greedy(const muser_sampler *s) { return is_greedy(s); }
 
-bool muser_sampler_plain_draw(const muser_sampler *s, float *temperature)
+bool muser_sampler_draw_params(const muser_sampler *s, float *temperature, float *top_p, float *min_p)
 {
     const muser_sampler_params *p = &s->p;
-    if (penalties_active(p) || is_greedy(s) || top_k_on(s) || p->top_p < 1.0f || p->min_p > 0.0f)
+    if (penalties_active(p) || is_greedy(s) || top_k_on(s))
         return false;
     if (temperature) *temperature = p->temperature;
+    if (top_p) *top_p = p->top_p;
+    if (min_p) *min_p = p->min_p;
     return true;
 }
 

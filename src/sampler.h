@@ -52,10 +52,10 @@ int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chose
  * Speculative sampling accepts and resamples against it (spec.h). */
 int muser_sampler_dist(muser_sampler *s, const float *logits, const int32_t **ids, const float **w,
                        uint32_t *n, double *mass);
-/* Whether the sampler's choice is a plain temperature draw over the whole row (T > 0; no penalty,
- * top-k, top-p or min-p): one a GPU can make where the logits are (muser_draw, session.h), with
- * *temperature (may be NULL) its T. */
-bool muser_sampler_plain_draw(const muser_sampler *s, float *temperature);
+/* Whether the sampler's choice is a draw over the whole row (T > 0, no penalty or top-k; top-p and
+ * min-p as they are set): one a GPU can make where the logits are (muser_draw, session.h), with its
+ * T, top-p and min-p (each pointer may be NULL). */
+bool muser_sampler_draw_params(const muser_sampler *s, float *temperature, float *top_p, float *min_p);
 /* muser_sampler_sample's choice (no log-probabilities) with u in [0, 1) as the draw's uniform in
  * place of the generator's next one, the generator unmoved: taking u = muser_sampler_uniform(s)
  * first gives muser_sampler_sample's token and leaves the generator where it would. */

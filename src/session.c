@@ -467,9 +467,11 @@ static int step_rows(muser_device *d, muser_session *const *seq, const int32_t *
 
 int muser_draw_check(const muser_draw *w, const char *what, muser_error *err)
 {
-    if (!(w->temperature > 0.0f) || !isfinite(w->temperature) || !(w->u >= 0.0 && w->u < 1.0))
-        return muser_errorf(err, MUSER_E_ARG, "%s: temperature %g (finite, > 0), u %g (in [0, 1))", what,
-                            (double)w->temperature, w->u);
+    if (!(w->temperature > 0.0f) || !isfinite(w->temperature) || !(w->u >= 0.0 && w->u < 1.0) ||
+        !(w->top_p > 0.0f && w->top_p <= 1.0f) || !(w->min_p >= 0.0f && w->min_p <= 1.0f))
+        return muser_errorf(err, MUSER_E_ARG,
+                            "%s: temperature %g (finite, > 0), top-p %g (in (0, 1]), min-p %g (in [0, 1]), u %g (in [0, 1))",
+                            what, (double)w->temperature, (double)w->top_p, (double)w->min_p, w->u);
     return MUSER_OK;
 }
 

@@ -56,12 +56,15 @@ typedef struct muser_top {
 } muser_top;
 
 /* A row's token drawn where its logits are: what muser_sampler_sample_u(s, row, u) gives for a
- * sampler whose choice is a plain temperature draw (muser_sampler_plain_draw: x = (l − max) / T,
- * draw.h's weights, the blocks' sums and the walk), so that the row need not come back. A backend
- * that draws (CUDA) sets id and leaves the row's buffer as it was; one that does not leaves id −1
- * and writes the row for the caller to draw from with the same u. */
+ * sampler whose choice is a draw over the whole row (muser_sampler_draw_params: x = (l − max) / T,
+ * draw.h's weights, min-p and top-p as draw.h truncates, the blocks' sums and the walk), so that the
+ * row need not come back. A backend that draws (CUDA) sets id and leaves the row's buffer as it
+ * was; one that does not, or cannot for this row, leaves id −1 and writes the row for the caller to
+ * draw from with the same u. */
 typedef struct muser_draw {
     float temperature;         /* > 0, finite */
+    float top_p;               /* (0, 1]; 1: none */
+    float min_p;               /* [0, 1]; 0: none */
     double u;                  /* in [0, 1): the sampler's uniform for this token (muser_sampler_uniform) */
     int32_t id;                /* out: the token, or −1 (the row is in the row's buffer) */
 } muser_draw;

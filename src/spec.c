@@ -42,7 +42,7 @@ int32_t muser_spec_accept(muser_sampler *s, const float *row, int32_t d, bool *a
     double acc = 0.0;
     int32_t last = -1;
     for (uint32_t i = 0; i < n; i++) {
-        if (ids[i] == d)
+        if (ids[i] == d || !(w[i] > 0.0f)) /* (an id the truncation dropped weighs 0) */
             continue;
         acc += (double)w[i];
         last = ids[i];
@@ -425,7 +425,7 @@ void muser_spec_free(muser_spec *sp)
  * generator's draws come in plain decoding's order. */
 static int decode_plain(muser_spec *sp, int32_t t0, muser_error *err)
 {
-    float temp = 0.0f;
+    float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
     const uint32_t top_k = muser_sampler_top_needed(sp->smp);
     int32_t next = -1, top_id[MUSER_TOP_MAX];
     float top_v[MUSER_TOP_MAX];
@@ -435,8 +435,8 @@ static int decode_plain(muser_spec *sp, int32_t t0, muser_error *err)
         rc = muser_seq_decode(sp->q, t0, NULL, &top, err);
         if (!rc) muser_sampler_accept(sp->smp, t0);
         if (!rc) next = muser_sampler_sample_top(sp->smp, top_v, top_id, top_k);
-    } else if (muser_sampler_plain_draw(sp->smp, &temp)) { /* the uniform first, as the next sample takes it */
-        muser_draw dw = {.temperature = temp, .u = muser_sampler_uniform(sp->smp)};
+    } else if (muser_sampler_draw_params(sp->smp, &temp, &top_p, &min_p)) { /* the uniform first, as the next sample takes it */
+        muser_draw dw = {.temperature = temp, .top_p = top_p, .min_p = min_p, .u = muser_sampler_uniform(sp->smp)};
         rc = muser_seq_decode_draw(sp->q, t0, sp->logits, &dw, err);
         if (!rc) muser_sampler_accept(sp->smp, t0);
         if (!rc) next = dw.id >= 0 ? dw.id : muser_sampler_sample_u(sp->smp, sp->logits, dw.u);

@@ -250,41 +250,49 @@ static void topk_checks(void)
     printf("cu_topk: the exact top 64 at 65 .. 262,144 logits a row, the host's ranking\n");
 }
 
-/* The device's draw (muser_cuda_draw_check, cu_draw: a pass's plain temperature draw) against the
- * host sampler's muser_sampler_sample_u on the same row and uniform: the same token every time.
- * Rows of Glimmer's width and others (a tail block of 1), bell-shaped, coarse ties, a soft cap's
- * range, one dominant logit, all equal; temperatures from 1e-4 to 3; uniforms at random, 0 and the
- * last below 1; a row without a draw left at −1. */
+/* The device's draw (cu_draw) against the host sampler's (muser_sampler_sample_u with the same u):
+ * rows of Glimmer's width and others (a tail block of 1), bell-shaped, coarse ties, a soft cap's
+ * range, one dominant logit, all equal; temperatures from 1e-4 to 3, top-p from 0.2 to 0.999 and
+ * min-p from 0.02 to 0.3, alone and together; uniforms at random, 0 and the last below 1; a row
+ * without a draw left at −1. A device's −1 for a drawing row is allowed only where top-p's boundary
+ * is a tie wider than the device sorts (all 262,144 or 202,048 logits equal). */
 static void draw_checks(void)
 {
     const uint32_t widths[] = {202048, 4096, 65, 262144};
-    const float temps[] = {0.8f, 1.0f, 0.05f, 3.0f, 1e-4f, 0.37f};
-    enum { ROWS = 16, ROUNDS = 12 };
-    uint64_t draws = 0;
+    const struct { float t, top_p, min_p; } set[] = {
+        {0.8f, 1.0f, 0.0f},  {1.0f, 1.0f, 0.0f},   {0.05f, 1.0f, 0.0f},  {3.0f, 1.0f, 0.0f},
+        {1e-4f, 1.0f, 0.0f}, {0.37f, 1.0f, 0.0f},  {0.8f, 0.9f, 0.0f},   {1.0f, 0.5f, 0.0f},
+        {0.7f, 1.0f, 0.05f}, {1.0f, 0.95f, 0.02f}, {2.0f, 0.2f, 0.3f},   {0.8f, 0.999f, 0.0f},
+    };
+    enum { NSET = sizeof set / sizeof set[0], ROWS = 16, ROUNDS = 12 };
+    uint64_t draws = 0, host = 0, truncated = 0;
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
         const uint32_t n = widths[wi];
         float *x = malloc((size_t)ROWS * n * sizeof *x);
-        muser_sampler *smp[sizeof temps / sizeof temps[0]];
-        for (size_t t = 0; t < sizeof temps / sizeof temps[0]; t++) {
+        muser_sampler *smp[NSET];
+        for (size_t t = 0; t < NSET; t++) {
             muser_sampler_params p;
             muser_sampler_params_default(&p);
-            p.temperature = temps[t];
+            p.temperature = set[t].t;
             p.top_k = 0;
-            p.top_p = 1.0f;
-            p.min_p = 0.0f;
+            p.top_p = set[t].top_p;
+            p.min_p = set[t].min_p;
             p.repeat_penalty = 1.0f;
             muser_error err = {0};
             CHECK_OK(muser_sampler_new(&smp[t], n, &p, &err), &err);
-            CHECK(muser_sampler_plain_draw(smp[t], NULL));
+            CHECK(muser_sampler_draw_params(smp[t], NULL, NULL, NULL));
         }
         check_rng_seed(91 + wi);
         int bad = 0;
         for (uint32_t round = 0; round < ROUNDS; round++) {
-            float temp[ROWS];
+            float temp[ROWS], top_p[ROWS], min_p[ROWS];
             double u[ROWS];
             int32_t id[ROWS];
+            uint32_t kinds[ROWS];
+            size_t which[ROWS];
             for (uint32_t r = 0; r < ROWS; r++) {
                 const uint32_t kind = (r + round) % 5;
+                kinds[r] = kind;
                 for (uint32_t i = 0; i < n; i++) {
                     const double g = (double)(check_rng_u64() >> 11) / 9007199254740992.0;
                     float *xi = &x[(size_t)r * n + i];
@@ -294,34 +302,41 @@ static void draw_checks(void)
                         : kind == 3 ? (i == n / 3 + r % 7 ? 100.0f : (float)(g * 4.0))
                                     : 1.5f;
                 }
-                temp[r] = r == ROWS - 1 && round % 3 == 0 ? 0.0f : temps[(r + 2 * round) % (sizeof temps / sizeof temps[0])];
+                which[r] = (r + 5 * round) % NSET;
+                temp[r] = r == ROWS - 1 && round % 3 == 0 ? 0.0f : set[which[r]].t;
+                top_p[r] = set[which[r]].top_p;
+                min_p[r] = set[which[r]].min_p;
                 u[r] = round == 0 && r < 2 ? (r == 0 ? 0.0 : 1.0 - 0x1p-53)
                                            : (double)(check_rng_u64() >> 11) / 9007199254740992.0;
             }
             muser_error err = {0};
-            CHECK_OK(muser_cuda_draw_check(x, n, ROWS, temp, u, id, &err), &err);
+            CHECK_OK(muser_cuda_draw_check(x, n, ROWS, temp, top_p, min_p, u, id, &err), &err);
             for (uint32_t r = 0; r < ROWS; r++) {
                 if (temp[r] == 0.0f) {
                     bad += id[r] != -1;
                     continue;
                 }
-                size_t t = 0;
-                while (temps[t] != temp[r]) t++;
-                const int32_t want = muser_sampler_sample_u(smp[t], x + (size_t)r * n, u[r]);
+                if (id[r] == -1 && kinds[r] == 4 && top_p[r] < 1.0f && n > 16384) {
+                    host++; /* left to the host: its logits come back */
+                    continue;
+                }
+                const int32_t want = muser_sampler_sample_u(smp[which[r]], x + (size_t)r * n, u[r]);
                 if (want != id[r] && bad < 5)
-                    fprintf(stderr, "cu_draw: %u logits, round %u row %u, T %g u %.17g: device %d, host %d\n", n, round,
-                            r, (double)temp[r], u[r], id[r], want);
+                    fprintf(stderr, "cu_draw: %u logits, round %u row %u (kind %u), T %g top-p %g min-p %g u %.17g: device %d, host %d\n",
+                            n, round, r, kinds[r], (double)temp[r], (double)top_p[r], (double)min_p[r], u[r], id[r], want);
                 bad += want != id[r];
                 draws++;
+                truncated += top_p[r] < 1.0f || min_p[r] > 0.0f;
             }
         }
         CHECKF(bad == 0, "cu_draw, %u logits a row: %d of %u draws differ from the host sampler's", n, bad,
                ROWS * ROUNDS);
-        for (size_t t = 0; t < sizeof temps / sizeof temps[0]; t++) muser_sampler_free(smp[t]);
+        for (size_t t = 0; t < NSET; t++) muser_sampler_free(smp[t]);
         free(x);
     }
-    printf("cu_draw: %llu draws at 65 .. 262,144 logits a row, each the host sampler's token\n",
-           (unsigned long long)draws);
+    printf("cu_draw: %llu draws at 65 .. 262,144 logits a row (%llu with top-p or min-p), each the host sampler's "
+           "token; %llu left to the host (a flat row's tie)\n",
+           (unsigned long long)draws, (unsigned long long)truncated, (unsigned long long)host);
 }
 
 /* The prefill route's GEMM (muser_cuda_gemm_check) per format and layout against the f64 dot of the

@@ -775,8 +775,8 @@ static void *draw_thread(void *arg)
     muser_sampler_params_default(&sp);
     sp.temperature = 0.7f + 0.05f * (float)j->k;
     sp.top_k = 0;
-    sp.top_p = 1.0f;
-    sp.min_p = 0.0f;
+    sp.top_p = j->k % 4 == 1 || j->k % 4 == 3 ? 0.9f : 1.0f; /* top-p, min-p, both, or neither */
+    sp.min_p = j->k % 4 >= 2 ? 0.05f : 0.0f;
     sp.seed = 100 + j->k;
     muser_error err = {0};
     muser_sampler *smp = NULL;
@@ -793,9 +793,9 @@ static void *draw_thread(void *arg)
             if (!j->rc) t = muser_sampler_sample(smp, lg, NULL, NULL);
             continue;
         }
-        float temp = 0.0f;
-        if (!muser_sampler_plain_draw(smp, &temp)) j->rc = MUSER_E_ARG;
-        muser_draw d = {.temperature = temp, .u = muser_sampler_uniform(smp)};
+        muser_draw d = {.u = 0.0};
+        if (!muser_sampler_draw_params(smp, &d.temperature, &d.top_p, &d.min_p)) j->rc = MUSER_E_ARG;
+        d.u = muser_sampler_uniform(smp);
         if (!j->rc) j->rc = muser_seq_decode_draw(q, t, lg, &d, &err);
         if (j->rc) break;
         j->on_device += d.id >= 0;
@@ -809,9 +809,10 @@ static void *draw_thread(void *arg)
     return NULL;
 }
 
-/* The same tokens through the row and drawn where the logits are, alone and beside 15 others: on
- * the CPU every draw comes back as a row (the host draws), on the GPU every one on the device. A
- * draw without a row buffer, or with a temperature or uniform out of range, is refused. */
+/* The same tokens through the row and drawn where the logits are (temperature alone, with top-p,
+ * min-p or both), alone and beside 15 others: on the CPU every draw comes back as a row (the host
+ * draws), on the GPU every one on the device. A draw without a row buffer, or with a temperature,
+ * top-p, min-p or uniform out of range, is refused. */
 static void draws(void)
 {
     muser_engine *e = engine_new(250, 256, 0);
@@ -852,11 +853,17 @@ static void draws(void)
     const int32_t p0 = 1;
     CHECK_OK(muser_seq_prefill(q, &p0, 1, NULL, &err), &err);
     float *lg = malloc(g_m->hp.n_vocab * sizeof *lg);
-    muser_draw d = {.temperature = 0.8f, .u = 0.5};
+    muser_draw d = {.temperature = 0.8f, .top_p = 1.0f, .u = 0.5};
     CHECK(muser_seq_decode_draw(q, 2, NULL, &d, &err) == MUSER_E_ARG);
     d.temperature = 0.0f;
     CHECK(muser_seq_decode_draw(q, 2, lg, &d, &err) == MUSER_E_ARG);
-    d = (muser_draw){.temperature = 0.8f, .u = 1.0};
+    d = (muser_draw){.temperature = 0.8f, .top_p = 1.0f, .u = 1.0};
+    CHECK(muser_seq_decode_draw(q, 2, lg, &d, &err) == MUSER_E_ARG);
+    d = (muser_draw){.temperature = 0.8f, .top_p = 0.0f, .u = 0.5};
+    CHECK(muser_seq_decode_draw(q, 2, lg, &d, &err) == MUSER_E_ARG);
+    d = (muser_draw){.temperature = 0.8f, .top_p = 1.5f, .u = 0.5};
+    CHECK(muser_seq_decode_draw(q, 2, lg, &d, &err) == MUSER_E_ARG);
+    d = (muser_draw){.temperature = 0.8f, .top_p = 1.0f, .min_p = -0.1f, .u = 0.5};
     CHECK(muser_seq_decode_draw(q, 2, lg, &d, &err) == MUSER_E_ARG);
     CHECK(muser_seq_pos(q) == 1);
     muser_engine_close(q);

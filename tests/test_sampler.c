@@ -770,22 +770,25 @@ static void test_weights(void)
     free(w0);
 }
 
-/* The plain draw (muser_sampler_plain_draw, muser_sampler_sample_u: what a GPU draws where the
- * logits are): which samplers are plain; with u taken from the generator first, sample_u gives
- * muser_sampler_sample's tokens (masked rows and both SIMD levels included) and the generator ends
- * where it does; greedy takes no draw; a non-finite row fails closed. */
+/* The whole-row draw (muser_sampler_draw_params, muser_sampler_sample_u: what a GPU draws where
+ * the logits are): which samplers draw over the whole row (top-p and min-p included); with u taken
+ * from the generator first, sample_u gives muser_sampler_sample's tokens (masked rows and both SIMD
+ * levels included) and the generator ends where it does; greedy takes no draw; a non-finite row
+ * fails closed; a truncated id is never drawn. */
 static void test_plain_draw(void)
 {
     const uint32_t V = 202048;
     float *row = malloc(V * sizeof *row);
     muser_sampler_params p = plain_params(0.8f, 9);
+    p.top_p = 0.9f;
+    p.min_p = 0.02f;
     muser_sampler *s = make(V, &p);
-    float t = 0.0f;
-    CHECK(muser_sampler_plain_draw(s, &t) && t == 0.8f);
+    float t = 0.0f, tp = 0.0f, mp = 0.0f;
+    CHECK(muser_sampler_draw_params(s, &t, &tp, &mp) && t == 0.8f && tp == 0.9f && mp == 0.02f);
     muser_sampler_free(s);
     struct { float t; uint32_t k; float top_p, min_p, rep; } no[] = {
-        {0.0f, 0, 1.0f, 0.0f, 1.0f}, {0.8f, 40, 1.0f, 0.0f, 1.0f}, {0.8f, 0, 0.95f, 0.0f, 1.0f},
-        {0.8f, 0, 1.0f, 0.05f, 1.0f}, {0.8f, 0, 1.0f, 0.0f, 1.1f},
+        {0.0f, 0, 1.0f, 0.0f, 1.0f}, {0.8f, 40, 1.0f, 0.0f, 1.0f}, {0.8f, 0, 0.95f, 0.0f, 1.1f},
+        {0.8f, 1, 0.95f, 0.05f, 1.0f},
     };
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
         p = plain_params(no[i].t, 9);
@@ -794,15 +797,19 @@ static void test_plain_draw(void)
         p.min_p = no[i].min_p;
         p.repeat_penalty = no[i].rep;
         s = make(V, &p);
-        CHECKF(!muser_sampler_plain_draw(s, NULL), "sampler %zu is not a plain temperature draw", i);
+        CHECKF(!muser_sampler_draw_params(s, NULL, NULL, NULL), "sampler %zu draws over the whole row", i);
         muser_sampler_free(s);
     }
     int differ = 0;
     for (int level = 0; level < 2; level++) {
         if (level) setenv("MUSER_SIMD", "0", 1);
-        for (int ci = 0; ci < 3; ci++) {
-            const float temps[3] = {0.8f, 1.7f, 0.01f};
+        for (int ci = 0; ci < 7; ci++) {
+            const float temps[7] = {0.8f, 1.7f, 0.01f, 0.8f, 1.0f, 0.7f, 2.0f};
+            const float top_ps[7] = {1.0f, 1.0f, 1.0f, 0.9f, 0.5f, 1.0f, 0.95f};
+            const float min_ps[7] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.05f, 0.01f};
             p = plain_params(temps[ci], 31 + (uint64_t)ci);
+            p.top_p = top_ps[ci];
+            p.min_p = min_ps[ci];
             muser_sampler *a = make(V, &p), *b = make(V, &p);
             for (int d = 0; d < 30; d++) {
                 fill_row(row, V, 300 + (uint32_t)d, d % 2 ? 3.0f : 14.0f);
@@ -810,6 +817,21 @@ static void test_plain_draw(void)
                 const int32_t x = muser_sampler_sample(a, row, NULL, NULL);
                 const double u = muser_sampler_uniform(b);
                 differ += x != muser_sampler_sample_u(b, row, u);
+                /* the draw lands only on ids the truncation keeps, whatever the uniform */
+                const int32_t *ids;
+                const float *w;
+                uint32_t n;
+                double mass;
+                CHECK(muser_sampler_dist(b, row, &ids, &w, &n, &mass) == MUSER_OK && n == V);
+                const double us[3] = {0.0, 0.999999999, 0.5};
+                for (int k = 0; k < 3; k++) {
+                    const int32_t y = muser_sampler_sample_u(b, row, us[k]);
+                    differ += !(y >= 0 && (uint32_t)y < V);
+                    if (y >= 0 && (uint32_t)y < V) {
+                        muser_sampler_dist(b, row, &ids, &w, &n, &mass);
+                        differ += !(w[y] > 0.0f);
+                    }
+                }
             }
             differ += muser_sampler_uniform(a) != muser_sampler_uniform(b); /* both generators where they were */
             row[5] = NAN;

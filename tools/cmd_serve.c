@@ -619,15 +619,16 @@ static int job_step(job *j, serve_err *e)
     j->released = j->len - (j->req.n_stop ? stop_holdback(j) : 0);
     if (j->spec_on) return 0; /* (the round fed it) */
     /* without logprobs, a greedy or top-k request takes the step's best logits, not its row, and a
-     * plain temperature request its token drawn where the logits are */
+     * request drawing over the whole row (temperature, top-p, min-p) its token drawn where the logits are */
     const uint32_t top_k = j->req.logprobs ? 0 : muser_sampler_top_needed(j->smp);
     const muser_top top = {.k = top_k, .v = j->top_v, .id = j->top_id};
     const bool by_top = top_k > 0 && top_k <= MUSER_TOP_MAX;
-    float temp = 0.0f;
-    const bool by_draw = !by_top && !j->req.logprobs && !j->req.top_logprobs && muser_sampler_plain_draw(j->smp, &temp);
+    float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
+    const bool by_draw = !by_top && !j->req.logprobs && !j->req.top_logprobs &&
+                         muser_sampler_draw_params(j->smp, &temp, &top_p, &min_p);
     int rc;
     if (by_draw) {
-        j->draw = (muser_draw){.temperature = temp, .u = muser_sampler_uniform(j->smp)};
+        j->draw = (muser_draw){.temperature = temp, .top_p = top_p, .min_p = min_p, .u = muser_sampler_uniform(j->smp)};
         rc = muser_seq_decode_draw(j->q, id, j->logits, &j->draw, &err);
     } else {
         rc = muser_seq_decode(j->q, id, by_top ? NULL : j->logits, by_top ? &top : NULL, &err);

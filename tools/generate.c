@@ -470,9 +470,10 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
     const uint32_t top_k = muser_sampler_top_needed(g->smp);
     const muser_top top = {.k = top_k, .v = g->top_v, .id = g->top_id};
     const bool by_top = top_k > 0 && top_k <= MUSER_TOP_MAX;
-    /* a plain temperature draw: made where the logits are (on the GPU: no row copied) */
-    float temp = 0.0f;
-    const bool by_draw = !by_top && muser_sampler_plain_draw(g->smp, &temp);
+    /* a draw over the whole row (temperature, top-p, min-p): made where the logits are (on the GPU:
+     * no row copied) */
+    float temp = 0.0f, top_p = 1.0f, min_p = 0.0f;
+    const bool by_draw = !by_top && muser_sampler_draw_params(g->smp, &temp, &top_p, &min_p);
     double t0 = muser_now_s();
     while (r->n_tokens < max_tokens) {
         if (interrupt && *interrupt) {
@@ -506,7 +507,7 @@ int gen_generate(gen_ctx *g, uint32_t max_tokens, int32_t stop_id, FILE *out,
             break;
         }
         if (by_draw) {
-            g->draw = (muser_draw){.temperature = temp, .u = muser_sampler_uniform(g->smp)};
+            g->draw = (muser_draw){.temperature = temp, .top_p = top_p, .min_p = min_p, .u = muser_sampler_uniform(g->smp)};
             rc = muser_seq_decode_draw(g->seq, id, g->logits, &g->draw, err);
         } else {
             rc = muser_seq_decode(g->seq, id, by_top ? NULL : g->logits, by_top ? &top : NULL, err);

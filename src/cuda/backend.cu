@@ -66,10 +66,11 @@ static void pf_free(cu_pf *pf);
 /* Rows of one multi-row pass of the small-batch route (a step with more runs as several passes). */
 #define CU_ROWS_MAX 16u
 
-/* A pass's draws (muser_draw, cu_draw): each row's uniform and temperature (0: no draw) in, its token out */
+/* A pass's draws (muser_draw, cu_draw): each row's uniform, temperature (0: no draw), top-p and min-p's
+ * cut in, its token out */
 typedef struct cu_draw_io {
     double u[CU_ROWS_MAX];
-    float temp[CU_ROWS_MAX];
+    float temp[CU_ROWS_MAX], top_p[CU_ROWS_MAX], cut[CU_ROWS_MAX];
     int32_t id[CU_ROWS_MAX];
 } cu_draw_io;
 
@@ -94,7 +95,7 @@ typedef struct cu_ctx {
     unsigned long long *d_topk_part, *d_topk; /* cu_topk's scratch and keys [CU_ROWS_MAX][CU_TOPK] */
     unsigned long long *h_topk; /* pinned [CU_ROWS_MAX][CU_TOPK] */
     cu_draw_io *h_draw, *d_draw; /* a pass's draws (h_draw pinned) */
-    double *d_draw_bsum;        /* cu_draw's scratch */
+    void *d_draw_scratch;       /* cu_draw's scratch */
     float *h_logits;           /* pinned [CU_ROWS_MAX][V] */
     float *step_logits;        /* [MUSER_STEP_MAX_ROWS][V] a step's rows, copied out when all succeeded */
     int32_t *h_flags;          /* pinned: a pass's (or one row's, r = 0) [r] row r's argmax, [CU_ROWS_MAX + r]
@@ -877,7 +878,7 @@ static void ctx_free(cu_ctx *c)
     if (c->h_topk) cudaFreeHost(c->h_topk);
     if (c->h_draw) cudaFreeHost(c->h_draw);
     if (c->d_draw) cudaFree(c->d_draw);
-    if (c->d_draw_bsum) cudaFree(c->d_draw_bsum);
+    if (c->d_draw_scratch) cudaFree(c->d_draw_scratch);
     if (c->d_topk_part) cudaFree(c->d_topk_part);
     if (c->h_rows) cudaFreeHost(c->h_rows);
     free(c->rows_geom);
@@ -1018,7 +1019,7 @@ static int ctx_new(cu_ctx **out, const muser_model *m, uint64_t n_ctx, int devic
     if (!e) e = cudaMallocHost((void **)&c->h_topk, NR * CU_TOPK * sizeof(unsigned long long));
     if (!e) e = cudaMallocHost((void **)&c->h_draw, sizeof(cu_draw_io));
     if (!e) e = cudaMalloc((void **)&c->d_draw, sizeof(cu_draw_io));
-    if (!e && V <= CU_DRAW_MAX_N) e = cudaMalloc((void **)&c->d_draw_bsum, cu_draw_bsum_bytes(NR));
+    if (!e && V <= CU_DRAW_MAX_N) e = cudaMalloc(&c->d_draw_scratch, cu_draw_scratch_bytes(NR));
     if (!e) e = cudaMalloc((void **)&c->d_tap, NR * MUSER_TAP_MAX_LAYERS * E * sizeof(float));
     if (!e) e = cudaMallocHost((void **)&c->h_tap, NR * MUSER_TAP_MAX_LAYERS * E * sizeof(float));
     /* the multi-row pass's tables: a row's step block 16-byte aligned */
@@ -1165,8 +1166,10 @@ static bool draw_set(cu_ctx *c, const muser_draw *const *dr, uint32_t n)
 {
     bool any = false;
     for (uint32_t i = 0; i < n; i++) {
-        const muser_draw *w = dr && c->d_draw_bsum ? dr[i] : NULL;
+        const muser_draw *w = dr && c->d_draw_scratch ? dr[i] : NULL;
         c->h_draw->temp[i] = w ? w->temperature : 0.0f;
+        c->h_draw->top_p[i] = w ? w->top_p : 1.0f;
+        c->h_draw->cut[i] = w && w->min_p > 0.0f ? logf(w->min_p) : -INFINITY; /* the host sampler's cut */
         c->h_draw->u[i] = w ? w->u : 0.0;
         c->h_draw->id[i] = -1;
         any |= w != NULL;
@@ -1197,9 +1200,8 @@ static cudaError_t pass_finish(cu_ctx *c, uint32_t n, bool want_logits, const mu
     cudaError_t e = cudaSuccess;
     if (drawn) {
         e = cudaMemcpyAsync(c->d_draw, c->h_draw, offsetof(cu_draw_io, id), cudaMemcpyHostToDevice, c->st);
-        if (!e)
-            e = cu_draw(c->st, c->logits, (uint32_t)V, c->d_best, c->d_draw->temp, c->d_draw->u, c->d_draw->id,
-                        c->d_draw_bsum, n);
+        const cu_draw_par par = {c->d_draw->temp, c->d_draw->top_p, c->d_draw->cut, c->d_draw->u};
+        if (!e) e = cu_draw(c->st, c->logits, (uint32_t)V, c->d_best, par, c->d_draw->id, c->d_draw_scratch, n);
         if (!e) e = cudaMemcpyAsync(c->h_draw->id, c->d_draw->id, n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->st);
     }
     if (!e && tapped)
@@ -2690,41 +2692,50 @@ extern "C" int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t
     return rc;
 }
 
-extern "C" int muser_cuda_draw_check(const float *logits, uint32_t n, uint32_t rows, const float *temp, const double *u,
-                                     int32_t *id, muser_error *err)
+extern "C" int muser_cuda_draw_check(const float *logits, uint32_t n, uint32_t rows, const float *temp,
+                                     const float *top_p, const float *min_p, const double *u, int32_t *id,
+                                     muser_error *err)
 {
     if (rows == 0 || rows > CU_ROWS_MAX || n == 0 || n > CU_DRAW_MAX_N)
         return muser_errorf(err, MUSER_E_ARG, "cuda: draw check: %u rows of %u (1..%u of 1..%u)", rows, n, CU_ROWS_MAX,
                             CU_DRAW_MAX_N);
-    float *dl = NULL, *pv = NULL, *best = NULL, *dt = NULL;
+    float *dl = NULL, *pv = NULL, *best = NULL, *dpar = NULL;
     int32_t *pi = NULL, *tok = NULL, *bad = NULL, *did = NULL;
-    double *du = NULL, *bsum = NULL;
+    double *du = NULL;
+    void *scratch = NULL;
+    float hpar[3 * CU_ROWS_MAX];
+    for (uint32_t r = 0; r < rows; r++) {
+        hpar[r] = temp[r];
+        hpar[CU_ROWS_MAX + r] = top_p[r];
+        hpar[2 * CU_ROWS_MAX + r] = min_p[r] > 0.0f ? logf(min_p[r]) : -INFINITY; /* as draw_set */
+    }
     cudaError_t e = cudaMalloc((void **)&dl, (size_t)rows * n * sizeof(float));
     if (!e) e = cudaMalloc((void **)&pv, (size_t)rows * 256 * sizeof(float));
     if (!e) e = cudaMalloc((void **)&pi, (size_t)rows * 256 * sizeof(int32_t));
     if (!e) e = cudaMalloc((void **)&tok, rows * 3 * sizeof(int32_t));
     if (!e) bad = tok + rows, best = (float *)(tok + 2 * rows);
-    if (!e) e = cudaMalloc((void **)&dt, rows * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&dpar, sizeof hpar);
     if (!e) e = cudaMalloc((void **)&du, rows * sizeof(double));
     if (!e) e = cudaMalloc((void **)&did, rows * sizeof(int32_t));
-    if (!e) e = cudaMalloc((void **)&bsum, cu_draw_bsum_bytes(rows));
+    if (!e) e = cudaMalloc(&scratch, cu_draw_scratch_bytes(rows));
     if (!e) e = cudaMemcpy(dl, logits, (size_t)rows * n * sizeof(float), cudaMemcpyHostToDevice);
-    if (!e) e = cudaMemcpy(dt, temp, rows * sizeof(float), cudaMemcpyHostToDevice);
+    if (!e) e = cudaMemcpy(dpar, hpar, sizeof hpar, cudaMemcpyHostToDevice);
     if (!e) e = cudaMemcpy(du, u, rows * sizeof(double), cudaMemcpyHostToDevice);
     if (!e) e = cudaMemset(did, 0xFF, rows * sizeof(int32_t)); /* −1: rows without a draw */
     if (!e) {
         cu_argmax(0, dl, n, pv, pi, tok, bad, best, rows); /* the row's largest logit, as a pass has it */
-        e = cu_draw(0, dl, n, best, dt, du, did, bsum, rows);
+        const cu_draw_par par = {dpar, dpar + CU_ROWS_MAX, dpar + 2 * CU_ROWS_MAX, du};
+        e = cu_draw(0, dl, n, best, par, did, scratch, rows);
     }
     if (!e) e = cudaMemcpy(id, did, rows * sizeof(int32_t), cudaMemcpyDeviceToHost);
     cudaFree(dl);
     cudaFree(pv);
     cudaFree(pi);
     cudaFree(tok);
-    cudaFree(dt);
+    cudaFree(dpar);
     cudaFree(du);
     cudaFree(did);
-    cudaFree(bsum);
+    cudaFree(scratch);
     return e ? muser_errorf(err, MUSER_E_BACKEND, "cuda: draw check: %s", cudaGetErrorString(e)) : MUSER_OK;
 }
 

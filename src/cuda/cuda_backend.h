@@ -54,10 +54,11 @@ int muser_cuda_gemm_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, cons
  * sampler's step hands back), for tests: v and id [rows][64], best first. n <= 262,144. */
 int muser_cuda_topk_check(const float *logits, uint32_t n, uint32_t rows, float *v, int32_t *id, muser_error *err);
 /* The device's draw (cu_draw: what a pass hands back for a muser_draw row) of each of rows (1..16)
- * rows of n logits with temp[r] > 0 and uniform u[r] (temp[r] = 0: no draw, id[r] −1), for tests;
- * the host sampler's muser_sampler_sample_u is what it must equal. The rows must be finite. */
-int muser_cuda_draw_check(const float *logits, uint32_t n, uint32_t rows, const float *temp, const double *u,
-                          int32_t *id, muser_error *err);
+ * rows of n logits with temp[r] > 0, top_p[r], min_p[r] and uniform u[r] (temp[r] = 0: no draw, id[r]
+ * −1; a row the device leaves to the host: −1 too), for tests; the host sampler's
+ * muser_sampler_sample_u is what it must equal. The rows must be finite. */
+int muser_cuda_draw_check(const float *logits, uint32_t n, uint32_t rows, const float *temp, const float *top_p,
+                          const float *min_p, const double *u, int32_t *id, muser_error *err);
 
 /* One chunk of the prefill route's attention (prefill.cuh's pf_attention, and pfattn.cuh's
  * pf_attention_tc on tensor cores), for tests: rows p0 .. p0+n−1 over a plane (SPEC §3 layouts,

@@ -384,41 +384,185 @@ void cu_topk_decode(unsigned long long key, float *v, int32_t *id)
     *id = (int32_t)(0xFFFFFFFFu - (uint32_t)key);
 }
 
-/* ---- a token drawn where the logits are: the host sampler's plain temperature draw, bit for bit ----
- * sampler.c without top-k, top-p, min-p or penalties: x_i = (l_i − max) / T, w_i = muser_weight_of(x_i)
- * (draw.h: the same IEEE steps), block b's weight the eight lanes of its MUSER_DRAW_BLOCK candidates
- * (lane j the candidates j, j + 8, … in f64 in order, the lanes then in order); the blocks' running
- * sum in order (the host's mass and its walk take the same adds); the first block whose running sum
- * passes u·mass, and in it the first candidate whose running sum does. Stage 1: a thread per block;
- * stage 2: a CTA per row, the running sum by one thread (the order is the host's), the search by all. */
+/* ---- a token drawn where the logits are: the host sampler's whole-row draw, bit for bit ----------
+ * sampler.c without top-k or penalties: x_i = (l_i − max) / T, w_i = muser_weight_of(x_i) (draw.h: the
+ * same IEEE steps), a candidate kept by min-p (x_i ≥ cut = logf(min_p)) and top-p (draw.h: the exact
+ * per-exponent sums, the walks from the top, the boundary bucket ranked; `topp_*` below), the others
+ * weighing 0; block b's weight the eight lanes of its MUSER_DRAW_BLOCK ids (lane j the ids j, j + 8, …
+ * in f64 in order, the lanes then in order); the blocks' running sum in order (the host's mass and its
+ * walk take the same adds); the first block whose running sum passes u·mass, and in it the first id
+ * whose running sum does (where rounding leaves u past the steps: the last id with weight).
+ *
+ * top-p: stage 1, a thread per id adds its weight into its exponent's sums (z's: every candidate;
+ * the mass's: min-p's), exact in any order, so the atomic adds' order does not matter; stage 2, a CTA
+ * per row walks them (one thread), adds the chosen exponent's ids into its 128 buckets (exact again),
+ * walks those, gathers the boundary bucket's ids, sorts them (weight, then the lower id: a bitonic
+ * network over unique keys) and walks them to the last one kept (lv, li). A boundary bucket of more
+ * than TOPP_CAP ids (a flat row) is left to the host: the row's id stays −1 and its logits come back.
+ * Then the draw: stage 3, a thread per block; stage 4, a CTA per row, the running sum by one thread
+ * (the order is the host's), the search by all. */
 #define DRAW_MAX_BLOCKS (CU_DRAW_MAX_N / MUSER_DRAW_BLOCK)
+#define TOPP_CAP 16384u
+enum { TOPP_ALL = 0, TOPP_CUT = 1, TOPP_HOST = 2 };
 
-__device__ __forceinline__ float draw_w(float l, float mx, float T) { return muser_weight_of(__fdiv_rn(__fsub_rn(l, mx), T)); }
+/* A row's top-p state and sums (the scratch after the blocks' sums) */
+typedef struct topp_row {
+    double ez[MUSER_DRAW_EXPS], em[MUSER_DRAW_EXPS], bs[MUSER_DRAW_SUBS];
+    float lv;
+    int32_t li, mode;
+} topp_row;
 
-__global__ void k_draw_blocks(const float *x, uint32_t n, const float *best, const float *temp, double *bsum)
+__device__ __forceinline__ float draw_x(float l, float mx, float T) { return __fdiv_rn(__fsub_rn(l, mx), T); }
+
+/* candidate i's weight in the draw: 0 unless min-p and top-p keep it */
+__device__ __forceinline__ float draw_v(float l, uint32_t i, float mx, float T, float cut, const topp_row *tr)
+{
+    const float x = draw_x(l, mx, T), w = muser_weight_of(x);
+    if (!(x >= cut)) return 0.0f;
+    if (tr->mode == TOPP_CUT && !muser_topp_keeps(w, (int32_t)i, tr->lv, tr->li)) return 0.0f;
+    return w;
+}
+
+__global__ void k_topp_sums(const float *x, uint32_t n, const float *best, const float *temp, const float *top_p,
+                            const float *cut, topp_row *tp)
+{
+    __shared__ double ez[MUSER_DRAW_EXPS], em[MUSER_DRAW_EXPS];
+    const uint32_t r = blockIdx.y;
+    const float T = temp[r];
+    if (!(T > 0.0f) || !(top_p[r] < 1.0f)) return;
+    for (uint32_t k = threadIdx.x; k < MUSER_DRAW_EXPS; k += blockDim.x) ez[k] = em[k] = 0.0;
+    __syncthreads();
+    const float mx = best[r], c = cut[r];
+    x += (size_t)r * n;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float xi = draw_x(x[i], mx, T), w = muser_weight_of(xi);
+        if (!(w > 0.0f)) continue;
+        const uint32_t e = muser_w_exp(w);
+        atomicAdd(&ez[e], (double)w); /* exact: the order does not matter (draw.h) */
+        if (xi >= c) atomicAdd(&em[e], (double)w);
+    }
+    __syncthreads();
+    for (uint32_t k = threadIdx.x; k < MUSER_DRAW_EXPS; k += blockDim.x) {
+        if (ez[k] != 0.0) atomicAdd(&tp[r].ez[k], ez[k]);
+        if (em[k] != 0.0) atomicAdd(&tp[r].em[k], em[k]);
+    }
+}
+
+__global__ void __launch_bounds__(1024) k_topp_cut(const float *x, uint32_t n, const float *best, const float *temp,
+                                                   const float *top_p, const float *cut, topp_row *tp)
+{
+    extern __shared__ unsigned long long key[]; /* [TOPP_CAP] the boundary bucket's (weight, ~id) */
+    __shared__ double bs[MUSER_DRAW_SUBS], above, need;
+    __shared__ int32_t e, b, go;
+    __shared__ uint32_t m;
+    const uint32_t r = blockIdx.x, tid = threadIdx.x;
+    const float T = temp[r];
+    if (!(T > 0.0f)) return;
+    topp_row *tr = &tp[r];
+    if (!(top_p[r] < 1.0f)) {
+        if (tid == 0) tr->mode = TOPP_ALL;
+        return;
+    }
+    const float mx = best[r], c = cut[r];
+    x += (size_t)r * n;
+    if (tid == 0) {
+        need = __dmul_rn((double)top_p[r], muser_topp_total(tr->ez, MUSER_DRAW_EXPS));
+        double a = 0.0;
+        go = muser_topp_total(tr->em, MUSER_DRAW_EXPS) >= need;
+        e = go ? muser_topp_walk(tr->em, MUSER_DRAW_EXPS, need, &a) : -1;
+        go = e >= 0;
+        above = a;
+        m = 0;
+        if (!go) tr->mode = TOPP_ALL;
+    }
+    for (uint32_t k = tid; k < MUSER_DRAW_SUBS; k += blockDim.x) bs[k] = 0.0;
+    __syncthreads();
+    if (!go) return;
+    for (uint32_t i = tid; i < n; i += blockDim.x) {
+        const float xi = draw_x(x[i], mx, T), w = muser_weight_of(xi);
+        if (w > 0.0f && xi >= c && muser_w_exp(w) == (uint32_t)e) atomicAdd(&bs[muser_w_sub(w)], (double)w);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        double a = above;
+        b = e << 7 | muser_topp_walk(bs, MUSER_DRAW_SUBS, need, &a);
+        above = a;
+    }
+    __syncthreads();
+    for (uint32_t i = tid; i < n; i += blockDim.x) {
+        const float xi = draw_x(x[i], mx, T), w = muser_weight_of(xi);
+        if (w > 0.0f && xi >= c && (muser_w_bits(w) >> 16) == (uint32_t)b) {
+            const uint32_t at = atomicAdd(&m, 1u);
+            if (at < TOPP_CAP) key[at] = (unsigned long long)muser_w_bits(w) << 32 | (0xFFFFFFFFu - i);
+        }
+    }
+    __syncthreads();
+    const uint32_t cnt = m;
+    if (cnt > TOPP_CAP) {
+        if (tid == 0) tr->mode = TOPP_HOST;
+        return;
+    }
+    uint32_t p2 = 1;
+    while (p2 < cnt) p2 <<= 1;
+    for (uint32_t k = cnt + tid; k < p2; k += blockDim.x) key[k] = 0; /* below every key: sorts last */
+    __syncthreads();
+    for (uint32_t size = 2; size <= p2; size <<= 1) /* bitonic, descending */
+        for (uint32_t stride = size >> 1; stride; stride >>= 1) {
+            for (uint32_t k = tid; k < p2 / 2; k += blockDim.x) {
+                const uint32_t lo = 2 * k - (k & (stride - 1)), hi = lo + stride;
+                const bool desc = !(lo & size);
+                const unsigned long long a = key[lo], bb = key[hi];
+                if ((a < bb) == desc) {
+                    key[lo] = bb;
+                    key[hi] = a;
+                }
+            }
+            __syncthreads();
+        }
+    if (tid) return;
+    double a = above;
+    uint32_t last = cnt - 1;
+    for (uint32_t j = 0; j < cnt; j++) {
+        a = __dadd_rn(a, (double)__uint_as_float((uint32_t)(key[j] >> 32)));
+        if (a >= need) {
+            last = j;
+            break;
+        }
+    }
+    tr->lv = __uint_as_float((uint32_t)(key[last] >> 32));
+    tr->li = (int32_t)(0xFFFFFFFFu - (uint32_t)key[last]);
+    tr->mode = TOPP_CUT;
+}
+
+__global__ void k_draw_blocks(const float *x, uint32_t n, const float *best, const float *temp, const float *cut,
+                              const topp_row *tp, double *bsum)
 {
     const uint32_t r = blockIdx.y, b = blockIdx.x * blockDim.x + threadIdx.x, nb = (n + MUSER_DRAW_BLOCK - 1) / MUSER_DRAW_BLOCK;
     const float T = temp[r];
-    if (!(T > 0.0f) || b >= nb) return;
+    if (!(T > 0.0f) || b >= nb || tp[r].mode == TOPP_HOST) return;
     x += (size_t)r * n;
-    const float mx = best[r];
+    const float mx = best[r], c = cut[r];
     double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const uint32_t i0 = b * MUSER_DRAW_BLOCK, i1 = min(i0 + MUSER_DRAW_BLOCK, n);
-    for (uint32_t i = i0; i < i1; i++) lane[i % 8] = __dadd_rn(lane[i % 8], (double)draw_w(x[i], mx, T));
+    for (uint32_t i = i0; i < i1; i++) lane[i % 8] = __dadd_rn(lane[i % 8], (double)draw_v(x[i], i, mx, T, c, &tp[r]));
     double t = 0.0;
 #pragma unroll
     for (int j = 0; j < 8; j++) t = __dadd_rn(t, lane[j]);
     bsum[(size_t)r * DRAW_MAX_BLOCKS + b] = t;
 }
 
-__global__ void k_draw_walk(const float *x, uint32_t n, const float *best, const float *temp, const double *u,
-                            int32_t *id, const double *bsum)
+__global__ void k_draw_walk(const float *x, uint32_t n, const float *best, const float *temp, const float *cut,
+                            const topp_row *tp, const double *u, int32_t *id, const double *bsum)
 {
     extern __shared__ double inc[]; /* [nb] the blocks' running sums */
     __shared__ uint32_t first;
     const uint32_t r = blockIdx.x, nb = (n + MUSER_DRAW_BLOCK - 1) / MUSER_DRAW_BLOCK;
     const float T = temp[r];
     if (!(T > 0.0f)) return;
+    if (tp[r].mode == TOPP_HOST) { /* the host draws it from the row */
+        if (threadIdx.x == 0) id[r] = -1;
+        return;
+    }
     x += (size_t)r * n;
     bsum += (size_t)r * DRAW_MAX_BLOCKS;
     for (uint32_t b = threadIdx.x; b < nb; b += blockDim.x) inc[b] = bsum[b];
@@ -437,33 +581,54 @@ __global__ void k_draw_walk(const float *x, uint32_t n, const float *best, const
         }
     __syncthreads();
     if (threadIdx.x) return;
-    const uint32_t b = first;
-    if (b == nb) { /* rounding can leave u just past the last step */
-        id[r] = (int32_t)(n - 1);
-        return;
+    const float mx = best[r], c = cut[r];
+    uint32_t b = first;
+    if (b < nb) {
+        double acc = b ? inc[b - 1] : 0.0;
+        const uint32_t i0 = b * MUSER_DRAW_BLOCK, i1 = min(i0 + MUSER_DRAW_BLOCK, n);
+        for (uint32_t i = i0; i < i1; i++) {
+            acc = __dadd_rn(acc, (double)draw_v(x[i], i, mx, T, c, &tp[r]));
+            if (uu < acc) {
+                id[r] = (int32_t)i;
+                return;
+            }
+        }
+    } else { /* rounding can leave u just past the last step: the last block with weight */
+        b = nb;
+        while (b > 1 && !(bsum[b - 1] > 0.0)) b--;
+        b--;
     }
-    const float mx = best[r];
-    double acc = b ? inc[b - 1] : 0.0;
+    /* where the walk falls short: the block's last id with weight (sampler.c's last_weighed) */
     const uint32_t i0 = b * MUSER_DRAW_BLOCK, i1 = min(i0 + MUSER_DRAW_BLOCK, n);
-    for (uint32_t i = i0; i < i1; i++) {
-        acc = __dadd_rn(acc, (double)draw_w(x[i], mx, T));
-        if (uu < acc) {
+    for (uint32_t i = i1; i-- > i0;)
+        if (draw_v(x[i], i, mx, T, c, &tp[r]) > 0.0f) {
             id[r] = (int32_t)i;
             return;
         }
-    }
-    id[r] = (int32_t)(i1 - 1); /* rounding: the block's candidates summed in order fall short */
+    id[r] = (int32_t)i0;
 }
 
-size_t cu_draw_bsum_bytes(uint32_t rows) { return (size_t)rows * DRAW_MAX_BLOCKS * sizeof(double); }
+size_t cu_draw_scratch_bytes(uint32_t rows)
+{
+    return (size_t)rows * (DRAW_MAX_BLOCKS * sizeof(double) + sizeof(topp_row));
+}
 
-cudaError_t cu_draw(cudaStream_t st, const float *logits, uint32_t n, const float *best, const float *temp,
-                    const double *u, int32_t *id, double *bsum, uint32_t rows)
+cudaError_t cu_draw(cudaStream_t st, const float *logits, uint32_t n, const float *best, const cu_draw_par &p,
+                    int32_t *id, void *scratch, uint32_t rows)
 {
     if (n == 0 || n > CU_DRAW_MAX_N) return cudaErrorInvalidValue;
+    cudaError_t e = cudaFuncSetAttribute(k_topp_cut, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         TOPP_CAP * sizeof(unsigned long long));
+    if (e) return e;
+    double *bsum = (double *)scratch;
+    topp_row *tp = (topp_row *)(bsum + (size_t)rows * DRAW_MAX_BLOCKS);
     const uint32_t nb = (n + MUSER_DRAW_BLOCK - 1) / MUSER_DRAW_BLOCK;
-    k_draw_blocks<<<dim3((nb + 127) / 128, rows), 128, 0, st>>>(logits, n, best, temp, bsum);
-    k_draw_walk<<<rows, 256, nb * sizeof(double), st>>>(logits, n, best, temp, u, id, bsum);
+    e = cudaMemsetAsync(tp, 0, rows * sizeof(topp_row), st);
+    if (e) return e;
+    k_topp_sums<<<dim3(128, rows), 256, 0, st>>>(logits, n, best, p.temp, p.top_p, p.cut, tp);
+    k_topp_cut<<<rows, 1024, TOPP_CAP * sizeof(unsigned long long), st>>>(logits, n, best, p.temp, p.top_p, p.cut, tp);
+    k_draw_blocks<<<dim3((nb + 127) / 128, rows), 128, 0, st>>>(logits, n, best, p.temp, p.cut, tp, bsum);
+    k_draw_walk<<<rows, 256, nb * sizeof(double), st>>>(logits, n, best, p.temp, p.cut, tp, p.u, id, bsum);
     return cudaGetLastError();
 }
 

@@ -131,14 +131,22 @@ size_t cu_topk_part_bytes(uint32_t rows);
 cudaError_t cu_topk(cudaStream_t st, const float *logits, uint32_t n, unsigned long long *part, unsigned long long *out,
                     uint32_t rows);
 void cu_topk_decode(unsigned long long key, float *v, int32_t *id);
-/* Each of rows rows of n logits with temp[r] > 0: its token drawn from softmax(l / temp[r]) with the
- * uniform u[r], as the host sampler draws it (sampler.c, draw.h: the same bits), into id[r] (rows
- * with temp[r] = 0 are skipped); best [rows] each row's largest logit (cu_argmax's), bsum scratch of
- * cu_draw_bsum_bytes(rows). n ≤ CU_DRAW_MAX_N; the rows must be finite. */
+/* Each of rows rows of n logits with temp[r] > 0: its token drawn from softmax(l / temp[r]) truncated
+ * by top-p and min-p, with the uniform u[r], as the host sampler draws it (sampler.c, draw.h: the same
+ * bits), into id[r] (rows with temp[r] = 0 are skipped; a row whose top-p boundary is too wide a tie
+ * for the device gets −1: its logits are the host's to draw from); best [rows] each row's largest
+ * logit (cu_argmax's); scratch of cu_draw_scratch_bytes(rows). n ≤ CU_DRAW_MAX_N; the rows must be
+ * finite. Per row (device arrays [rows]): */
+typedef struct cu_draw_par {
+    const float *temp;   /* > 0, or 0: no draw */
+    const float *top_p;  /* (0, 1]; 1: none */
+    const float *cut;    /* logf(min_p) as the host computes it; −inf: none */
+    const double *u;     /* [0, 1) */
+} cu_draw_par;
 #define CU_DRAW_MAX_N (4096u * 64u)
-size_t cu_draw_bsum_bytes(uint32_t rows);
-cudaError_t cu_draw(cudaStream_t st, const float *logits, uint32_t n, const float *best, const float *temp,
-                    const double *u, int32_t *id, double *bsum, uint32_t rows);
+size_t cu_draw_scratch_bytes(uint32_t rows);
+cudaError_t cu_draw(cudaStream_t st, const float *logits, uint32_t n, const float *best, const cu_draw_par &p,
+                    int32_t *id, void *scratch, uint32_t rows);
 
 /* attention.cu */
 /* qkv: q then k (normed and rotated in place); v: the values stored beside k. pdl: launched as a
