@@ -105,7 +105,7 @@ for step in $steps; do
     topp)
         # sampled serving with top-p (OpenAI's top_p, no top-k): muser serve --backend cuda, a staged
         # muser-base (BASE_BIN) against muser, interleaved, TOPP_ROUNDS rounds (2); bench_serve at 1, 4
-        # and 16 streams, T 0.8, --top-p TOP_P (0.9), 96 tokens, 3 requests a stream
+        # and 16 streams, T 0.8, at each top-p of TOP_P (a list; 0.9), 96 tokens, 3 requests a stream
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
         for round in $(seq 1 "${TOPP_ROUNDS:-2}"); do
             for bin in ${BASE_BIN:-muser-base} muser; do
@@ -118,11 +118,13 @@ for step in $steps; do
                     [ -n "$port" ] && curl -s "http://127.0.0.1:$port/health" | grep -q ok && break
                     sleep 0.2
                 done
-                for c in 1 4 16; do
-                    timeout -k 5 120 "$D/bench_serve" --port "$port" --requests $((3 * c)) --concurrency $c --max-tokens 96 \
-                        --temperature 0.8 --top-p "${TOP_P:-0.9}" --prompt "And God said, Let there be light" \
-                        >"$OUT/topp_${bin}_${c}_$round.log" 2>&1
-                    note "topp r$round $bin c$c rc=$? :: $(grep -E 'aggregate|inter-token' "$OUT/topp_${bin}_${c}_$round.log" | tr '\n' ' ')"
+                for tp in ${TOP_P:-0.9}; do
+                    for c in 1 4 16; do
+                        timeout -k 5 120 "$D/bench_serve" --port "$port" --requests $((3 * c)) --concurrency $c --max-tokens 96 \
+                            --temperature 0.8 --top-p "$tp" --prompt "And God said, Let there be light" \
+                            >"$OUT/topp.log" 2>&1
+                        note "topp r$round $bin top-p $tp c$c rc=$? :: $(grep -E 'aggregate|inter-token' "$OUT/topp.log" | tr '\n' ' ')"
+                    done
                 done
                 kill -TERM $sp
                 wait $sp

@@ -74,8 +74,9 @@ static inline MUSER_HD float muser_weight_of(float x)
  * kept mass are then the exponents' sums added from e = 127 down. top-p applies when the mass reaches
  * need = top_p·z: the walk from the top finds the exponent, then the bucket of the top seven
  * mantissa bits within it (again exact sums), then, among that bucket's candidates ranked by weight
- * and then the lower id, the first whose running sum reaches need: the last one kept (lv, li).
- * Each walk adds in one fixed order, so the host and the GPU take the same steps. */
+ * and then the lower id, the first j for which above + (the exact sum of candidates 0..j) reaches
+ * need: the last one kept (lv, li). The walks over groups add in one fixed order and the last one's
+ * sums are exact, so the host and the GPU (which scans the bucket in parallel) take the same steps. */
 #define MUSER_DRAW_EXPS 128 /* biased exponents of weights in [0, 1] */
 #define MUSER_DRAW_SUBS 128 /* buckets within an exponent: the top seven mantissa bits */
 

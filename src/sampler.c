@@ -795,9 +795,10 @@ static bool topp_cut(muser_sampler *s, const float *w, double z, const double *e
     }
     sort_cands(s->b_idx, s->b_val, m); /* weight, then the lower id */
     uint32_t last = m - 1;
+    double cum = 0.0; /* exact: one exponent's weights (draw.h) */
     for (uint32_t j = 0; j < m; j++) {
-        above += (double)s->b_val[j];
-        if (above >= need) {
+        cum += (double)s->b_val[j];
+        if (above + cum >= need) {
             last = j;
             break;
         }

@@ -1200,7 +1200,9 @@ static cudaError_t pass_finish(cu_ctx *c, uint32_t n, bool want_logits, const mu
     cudaError_t e = cudaSuccess;
     if (drawn) {
         e = cudaMemcpyAsync(c->d_draw, c->h_draw, offsetof(cu_draw_io, id), cudaMemcpyHostToDevice, c->st);
-        const cu_draw_par par = {c->d_draw->temp, c->d_draw->top_p, c->d_draw->cut, c->d_draw->u};
+        bool topp = false;
+        for (uint32_t i = 0; i < n; i++) topp |= draws(c, i) && c->h_draw->top_p[i] < 1.0f;
+        const cu_draw_par par = {c->d_draw->temp, c->d_draw->top_p, c->d_draw->cut, c->d_draw->u, topp};
         if (!e) e = cu_draw(c->st, c->logits, (uint32_t)V, c->d_best, par, c->d_draw->id, c->d_draw_scratch, n);
         if (!e) e = cudaMemcpyAsync(c->h_draw->id, c->d_draw->id, n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->st);
     }
@@ -2724,7 +2726,9 @@ extern "C" int muser_cuda_draw_check(const float *logits, uint32_t n, uint32_t r
     if (!e) e = cudaMemset(did, 0xFF, rows * sizeof(int32_t)); /* −1: rows without a draw */
     if (!e) {
         cu_argmax(0, dl, n, pv, pi, tok, bad, best, rows); /* the row's largest logit, as a pass has it */
-        const cu_draw_par par = {dpar, dpar + CU_ROWS_MAX, dpar + 2 * CU_ROWS_MAX, du};
+        bool topp = false;
+        for (uint32_t r = 0; r < rows; r++) topp |= temp[r] > 0.0f && top_p[r] < 1.0f;
+        const cu_draw_par par = {dpar, dpar + CU_ROWS_MAX, dpar + 2 * CU_ROWS_MAX, du, topp};
         e = cu_draw(0, dl, n, best, par, did, scratch, rows);
     }
     if (!e) e = cudaMemcpy(id, did, rows * sizeof(int32_t), cudaMemcpyDeviceToHost);

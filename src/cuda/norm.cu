@@ -393,21 +393,25 @@ void cu_topk_decode(unsigned long long key, float *v, int32_t *id)
  * walk take the same adds); the first block whose running sum passes u·mass, and in it the first id
  * whose running sum does (where rounding leaves u past the steps: the last id with weight).
  *
- * top-p: stage 1, a thread per id adds its weight into its exponent's sums (z's: every candidate;
- * the mass's: min-p's), exact in any order, so the atomic adds' order does not matter; stage 2, a CTA
- * per row walks them (one thread), adds the chosen exponent's ids into its 128 buckets (exact again),
- * walks those, gathers the boundary bucket's ids, sorts them (weight, then the lower id: a bitonic
- * network over unique keys) and walks them to the last one kept (lv, li). A boundary bucket of more
- * than TOPP_CAP ids (a flat row) is left to the host: the row's id stays −1 and its logits come back.
- * Then the draw: stage 3, a thread per block; stage 4, a CTA per row, the running sum by one thread
- * (the order is the host's), the search by all. */
+ * top-p, a grid over each row's ids at every stage: (1) each id's weight into its exponent's sums
+ * (z's: every candidate; the mass's: min-p's), exact in any order, so the atomic adds' order does not
+ * matter; (2) the chosen exponent's ids into its 128 buckets (exact again); (3) the boundary bucket's
+ * ids gathered; each block repeats the walks that choose the exponent and the bucket itself (a
+ * thread's few hundred adds in a fixed order: the same answer everywhere). (4) A CTA per row sorts the
+ * bucket (weight, then the lower id: a bitonic network over unique keys), scans its exact running sum
+ * in parallel and takes the first id where the walk's sum reaches need: the last one kept (lv, li). A
+ * boundary bucket of more than TOPP_CAP ids (a flat row) is left to the host: the row's id stays −1
+ * and its logits come back. Then the draw: a thread per block of ids; a CTA per row, the running sum
+ * by one thread (the order is the host's), the search by all. */
 #define DRAW_MAX_BLOCKS (CU_DRAW_MAX_N / MUSER_DRAW_BLOCK)
 #define TOPP_CAP 16384u
+#define TOPP_GRID 96u /* CTAs per row of stages 1-3 */
 enum { TOPP_ALL = 0, TOPP_CUT = 1, TOPP_HOST = 2 };
 
 /* A row's top-p state and sums (the scratch after the blocks' sums) */
 typedef struct topp_row {
     double ez[MUSER_DRAW_EXPS], em[MUSER_DRAW_EXPS], bs[MUSER_DRAW_SUBS];
+    uint32_t cnt;      /* the boundary bucket's ids gathered */
     float lv;
     int32_t li, mode;
 } topp_row;
@@ -421,6 +425,19 @@ __device__ __forceinline__ float draw_v(float l, uint32_t i, float mx, float T, 
     if (!(x >= cut)) return 0.0f;
     if (tr->mode == TOPP_CUT && !muser_topp_keeps(w, (int32_t)i, tr->lv, tr->li)) return 0.0f;
     return w;
+}
+
+/* The walks (one thread): need, and whether top-p cuts (the mass reaches need); the exponent e and,
+ * when the buckets are summed (subs), the bucket b; *above the weight ranked before them */
+__device__ bool topp_walks(const topp_row *tr, float top_p, bool subs, double *need, int *e, int *b, double *above)
+{
+    *need = __dmul_rn((double)top_p, muser_topp_total(tr->ez, MUSER_DRAW_EXPS));
+    *above = 0.0;
+    if (!(muser_topp_total(tr->em, MUSER_DRAW_EXPS) >= *need)) return false;
+    *e = muser_topp_walk(tr->em, MUSER_DRAW_EXPS, *need, above);
+    if (*e < 0) return false;
+    if (subs) *b = *e << 7 | muser_topp_walk(tr->bs, MUSER_DRAW_SUBS, *need, above);
+    return true;
 }
 
 __global__ void k_topp_sums(const float *x, uint32_t n, const float *best, const float *temp, const float *top_p,
@@ -448,67 +465,78 @@ __global__ void k_topp_sums(const float *x, uint32_t n, const float *best, const
     }
 }
 
-__global__ void __launch_bounds__(1024) k_topp_cut(const float *x, uint32_t n, const float *best, const float *temp,
-                                                   const float *top_p, const float *cut, topp_row *tp)
+/* Stage 2 (gather false): the chosen exponent's ids into its buckets; stage 3 (gather true): the
+ * boundary bucket's ids into the row's key list */
+__global__ void k_topp_pass(const float *x, uint32_t n, const float *best, const float *temp, const float *top_p,
+                            const float *cut, topp_row *tp, unsigned long long *keys, bool gather)
+{
+    __shared__ double bs[MUSER_DRAW_SUBS];
+    __shared__ int sel, go;
+    const uint32_t r = blockIdx.y;
+    const float T = temp[r];
+    if (!(T > 0.0f) || !(top_p[r] < 1.0f)) return;
+    topp_row *tr = &tp[r];
+    if (threadIdx.x == 0) {
+        double need, above;
+        int e = -1, b = -1;
+        go = topp_walks(tr, top_p[r], gather, &need, &e, &b, &above);
+        sel = gather ? b : e;
+    }
+    for (uint32_t k = threadIdx.x; k < MUSER_DRAW_SUBS; k += blockDim.x) bs[k] = 0.0;
+    __syncthreads();
+    if (!go) return;
+    const float mx = best[r], c = cut[r];
+    const uint32_t want = (uint32_t)sel;
+    x += (size_t)r * n;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float xi = draw_x(x[i], mx, T), w = muser_weight_of(xi);
+        if (!(w > 0.0f) || !(xi >= c)) continue;
+        if (!gather && muser_w_exp(w) == want) atomicAdd(&bs[muser_w_sub(w)], (double)w);
+        if (gather && (muser_w_bits(w) >> 16) == want) {
+            const uint32_t at = atomicAdd(&tr->cnt, 1u);
+            if (at < TOPP_CAP) keys[(size_t)r * TOPP_CAP + at] = (unsigned long long)muser_w_bits(w) << 32 | (0xFFFFFFFFu - i);
+        }
+    }
+    if (gather) return;
+    __syncthreads();
+    for (uint32_t k = threadIdx.x; k < MUSER_DRAW_SUBS; k += blockDim.x)
+        if (bs[k] != 0.0) atomicAdd(&tr->bs[k], bs[k]);
+}
+
+/* Stage 4: a CTA per row sorts the bucket and finds the last id kept */
+__global__ void __launch_bounds__(1024) k_topp_cut(const float *temp, const float *top_p, topp_row *tp,
+                                                   const unsigned long long *keys)
 {
     extern __shared__ unsigned long long key[]; /* [TOPP_CAP] the boundary bucket's (weight, ~id) */
-    __shared__ double bs[MUSER_DRAW_SUBS], above, need;
-    __shared__ int32_t e, b, go;
-    __shared__ uint32_t m;
-    const uint32_t r = blockIdx.x, tid = threadIdx.x;
-    const float T = temp[r];
-    if (!(T > 0.0f)) return;
+    __shared__ double seg[1024], above, need;
+    __shared__ int go;
+    __shared__ uint32_t first;
+    const uint32_t r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    if (!(temp[r] > 0.0f)) return;
     topp_row *tr = &tp[r];
     if (!(top_p[r] < 1.0f)) {
         if (tid == 0) tr->mode = TOPP_ALL;
         return;
     }
-    const float mx = best[r], c = cut[r];
-    x += (size_t)r * n;
+    const uint32_t cnt = tr->cnt;
     if (tid == 0) {
-        need = __dmul_rn((double)top_p[r], muser_topp_total(tr->ez, MUSER_DRAW_EXPS));
-        double a = 0.0;
-        go = muser_topp_total(tr->em, MUSER_DRAW_EXPS) >= need;
-        e = go ? muser_topp_walk(tr->em, MUSER_DRAW_EXPS, need, &a) : -1;
-        go = e >= 0;
+        double nd, a;
+        int e, b;
+        go = topp_walks(tr, top_p[r], true, &nd, &e, &b, &a);
+        need = nd;
         above = a;
-        m = 0;
-        if (!go) tr->mode = TOPP_ALL;
-    }
-    for (uint32_t k = tid; k < MUSER_DRAW_SUBS; k += blockDim.x) bs[k] = 0.0;
-    __syncthreads();
-    if (!go) return;
-    for (uint32_t i = tid; i < n; i += blockDim.x) {
-        const float xi = draw_x(x[i], mx, T), w = muser_weight_of(xi);
-        if (w > 0.0f && xi >= c && muser_w_exp(w) == (uint32_t)e) atomicAdd(&bs[muser_w_sub(w)], (double)w);
+        first = cnt;
+        tr->mode = !go ? TOPP_ALL : cnt > TOPP_CAP || cnt == 0 ? TOPP_HOST : TOPP_CUT;
     }
     __syncthreads();
-    if (tid == 0) {
-        double a = above;
-        b = e << 7 | muser_topp_walk(bs, MUSER_DRAW_SUBS, need, &a);
-        above = a;
-    }
-    __syncthreads();
-    for (uint32_t i = tid; i < n; i += blockDim.x) {
-        const float xi = draw_x(x[i], mx, T), w = muser_weight_of(xi);
-        if (w > 0.0f && xi >= c && (muser_w_bits(w) >> 16) == (uint32_t)b) {
-            const uint32_t at = atomicAdd(&m, 1u);
-            if (at < TOPP_CAP) key[at] = (unsigned long long)muser_w_bits(w) << 32 | (0xFFFFFFFFu - i);
-        }
-    }
-    __syncthreads();
-    const uint32_t cnt = m;
-    if (cnt > TOPP_CAP) {
-        if (tid == 0) tr->mode = TOPP_HOST;
-        return;
-    }
+    if (!go || cnt > TOPP_CAP || cnt == 0) return;
     uint32_t p2 = 1;
     while (p2 < cnt) p2 <<= 1;
-    for (uint32_t k = cnt + tid; k < p2; k += blockDim.x) key[k] = 0; /* below every key: sorts last */
+    for (uint32_t k = tid; k < p2; k += nt) key[k] = k < cnt ? keys[(size_t)r * TOPP_CAP + k] : 0; /* 0: sorts last */
     __syncthreads();
     for (uint32_t size = 2; size <= p2; size <<= 1) /* bitonic, descending */
         for (uint32_t stride = size >> 1; stride; stride >>= 1) {
-            for (uint32_t k = tid; k < p2 / 2; k += blockDim.x) {
+            for (uint32_t k = tid; k < p2 / 2; k += nt) {
                 const uint32_t lo = 2 * k - (k & (stride - 1)), hi = lo + stride;
                 const bool desc = !(lo & size);
                 const unsigned long long a = key[lo], bb = key[hi];
@@ -519,19 +547,32 @@ __global__ void __launch_bounds__(1024) k_topp_cut(const float *x, uint32_t n, c
             }
             __syncthreads();
         }
-    if (tid) return;
-    double a = above;
-    uint32_t last = cnt - 1;
-    for (uint32_t j = 0; j < cnt; j++) {
-        a = __dadd_rn(a, (double)__uint_as_float((uint32_t)(key[j] >> 32)));
-        if (a >= need) {
-            last = j;
+    /* the running sum, exact (one exponent's weights): thread t's segment summed, the segments'
+     * sums scanned, then each segment walked from its start */
+    const uint32_t per = (cnt + nt - 1) / nt, j0 = min(tid * per, cnt), j1 = min(j0 + per, cnt);
+    double own = 0.0;
+    for (uint32_t j = j0; j < j1; j++) own += (double)__uint_as_float((uint32_t)(key[j] >> 32));
+    seg[tid] = own;
+    __syncthreads();
+    for (uint32_t d = 1; d < nt; d <<= 1) { /* inclusive scan of the segments' sums */
+        const double add = tid >= d ? seg[tid - d] : 0.0;
+        __syncthreads();
+        seg[tid] += add;
+        __syncthreads();
+    }
+    double cum = seg[tid] - own; /* exact: what the segments before this one hold */
+    for (uint32_t j = j0; j < j1; j++) {
+        cum += (double)__uint_as_float((uint32_t)(key[j] >> 32));
+        if (__dadd_rn(above, cum) >= need) {
+            atomicMin(&first, j);
             break;
         }
     }
+    __syncthreads();
+    if (tid) return;
+    const uint32_t last = first < cnt ? first : cnt - 1;
     tr->lv = __uint_as_float((uint32_t)(key[last] >> 32));
     tr->li = (int32_t)(0xFFFFFFFFu - (uint32_t)key[last]);
-    tr->mode = TOPP_CUT;
 }
 
 __global__ void k_draw_blocks(const float *x, uint32_t n, const float *best, const float *temp, const float *cut,
@@ -610,23 +651,28 @@ __global__ void k_draw_walk(const float *x, uint32_t n, const float *best, const
 
 size_t cu_draw_scratch_bytes(uint32_t rows)
 {
-    return (size_t)rows * (DRAW_MAX_BLOCKS * sizeof(double) + sizeof(topp_row));
+    return (size_t)rows * (DRAW_MAX_BLOCKS * sizeof(double) + sizeof(topp_row) + TOPP_CAP * sizeof(unsigned long long));
 }
 
 cudaError_t cu_draw(cudaStream_t st, const float *logits, uint32_t n, const float *best, const cu_draw_par &p,
                     int32_t *id, void *scratch, uint32_t rows)
 {
     if (n == 0 || n > CU_DRAW_MAX_N) return cudaErrorInvalidValue;
-    cudaError_t e = cudaFuncSetAttribute(k_topp_cut, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         TOPP_CAP * sizeof(unsigned long long));
-    if (e) return e;
     double *bsum = (double *)scratch;
-    topp_row *tp = (topp_row *)(bsum + (size_t)rows * DRAW_MAX_BLOCKS);
+    unsigned long long *keys = (unsigned long long *)(bsum + (size_t)rows * DRAW_MAX_BLOCKS);
+    topp_row *tp = (topp_row *)(keys + (size_t)rows * TOPP_CAP);
     const uint32_t nb = (n + MUSER_DRAW_BLOCK - 1) / MUSER_DRAW_BLOCK;
-    e = cudaMemsetAsync(tp, 0, rows * sizeof(topp_row), st);
+    cudaError_t e = cudaMemsetAsync(tp, 0, rows * sizeof(topp_row), st); /* (mode TOPP_ALL) */
+    if (!e && p.topp)
+        e = cudaFuncSetAttribute(k_topp_cut, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 TOPP_CAP * sizeof(unsigned long long));
     if (e) return e;
-    k_topp_sums<<<dim3(128, rows), 256, 0, st>>>(logits, n, best, p.temp, p.top_p, p.cut, tp);
-    k_topp_cut<<<rows, 1024, TOPP_CAP * sizeof(unsigned long long), st>>>(logits, n, best, p.temp, p.top_p, p.cut, tp);
+    if (p.topp) {
+        k_topp_sums<<<dim3(TOPP_GRID, rows), 256, 0, st>>>(logits, n, best, p.temp, p.top_p, p.cut, tp);
+        k_topp_pass<<<dim3(TOPP_GRID, rows), 256, 0, st>>>(logits, n, best, p.temp, p.top_p, p.cut, tp, keys, false);
+        k_topp_pass<<<dim3(TOPP_GRID, rows), 256, 0, st>>>(logits, n, best, p.temp, p.top_p, p.cut, tp, keys, true);
+        k_topp_cut<<<rows, 1024, TOPP_CAP * sizeof(unsigned long long), st>>>(p.temp, p.top_p, tp, keys);
+    }
     k_draw_blocks<<<dim3((nb + 127) / 128, rows), 128, 0, st>>>(logits, n, best, p.temp, p.cut, tp, bsum);
     k_draw_walk<<<rows, 256, nb * sizeof(double), st>>>(logits, n, best, p.temp, p.cut, tp, p.u, id, bsum);
     return cudaGetLastError();

@@ -142,6 +142,7 @@ typedef struct cu_draw_par {
     const float *top_p;  /* (0, 1]; 1: none */
     const float *cut;    /* logf(min_p) as the host computes it; −inf: none */
     const double *u;     /* [0, 1) */
+    bool topp;           /* (host) whether any row's top-p is below 1: else top-p's kernels are not launched */
 } cu_draw_par;
 #define CU_DRAW_MAX_N (4096u * 64u)
 size_t cu_draw_scratch_bytes(uint32_t rows);
