@@ -47,8 +47,9 @@ int32_t muser_sampler_sample(muser_sampler *s, const float *logits, float *chose
                              muser_logprob *top);
 
 /* The distribution muser_sampler_sample draws from for this row (penalties, temperature, top-k,
- * top-p, min-p applied): *n candidate ids and their unnormalised weights, *mass their sum; valid
- * until the next call on s. Greedy: the argmax, weight 1. MUSER_E_NUMERIC on a non-finite row.
+ * top-p, min-p applied): *n candidate ids and their unnormalised weights, *mass their sum (without
+ * top-k: every id in id order, the ones min-p or top-p drops weighing 0); valid until the next call
+ * on s. Greedy: the argmax, weight 1. MUSER_E_NUMERIC on a non-finite row.
  * Speculative sampling accepts and resamples against it (spec.h). */
 int muser_sampler_dist(muser_sampler *s, const float *logits, const int32_t **ids, const float **w,
                        uint32_t *n, double *mass);
