@@ -704,12 +704,12 @@ static void scale_from(const float *l, float mx, float T, float *x, uint32_t i0,
         x[i] = (l[i] - mx) / T;
 }
 
-/* w[i] = 0 for i in [i0, n) unless v[i] > c, or v[i] == c and i ≤ ci (ci −1: v[i] ≥ c);
- * keep_at_least: eight lanes at a time with AVX2 */
+/* w[i] = 0 for i in [i0, n) unless v[i] > c, or v[i] == c and i ≤ ci (muser_topp_keeps; ci
+ * INT32_MAX: v[i] ≥ c); keep_at_least: eight lanes at a time with AVX2 */
 static void keep_from(const float *v, float c, int32_t ci, float *w, uint32_t i0, uint32_t n)
 {
     for (uint32_t i = i0; i < n; i++)
-        if (!muser_topp_keeps(v[i], (int32_t)i, c, ci < 0 ? INT32_MAX : ci)) w[i] = 0.0f;
+        if (!muser_topp_keeps(v[i], (int32_t)i, c, ci)) w[i] = 0.0f;
 }
 
 #if defined(__x86_64__)
@@ -725,7 +725,7 @@ __attribute__((target("avx2"))) static uint32_t scale_avx2(const float *l, float
 __attribute__((target("avx2"))) static uint32_t keep_avx2(const float *v, float c, int32_t ci, float *w, uint32_t n)
 {
     const __m256 cc = _mm256_set1_ps(c);
-    const __m256i ci8 = _mm256_set1_epi32(ci < 0 ? INT32_MAX : ci), step = _mm256_set1_epi32(8);
+    const __m256i ci8 = _mm256_set1_epi32(ci), step = _mm256_set1_epi32(8);
     __m256i id = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8, id = _mm256_add_epi32(id, step)) {
@@ -834,7 +834,7 @@ static void cands_all(muser_sampler *s, uint32_t *n_out, double *mass_out)
             em[e] = both ? (t[1][0][e] + t[1][1][e]) + (t[1][2][e] + t[1][3][e]) : ez[e];
         }
     }
-    if (p->min_p > 0.0f) keep_at_least(x, cut, -1, w, V); /* min-p: x ≥ cut */
+    if (p->min_p > 0.0f) keep_at_least(x, cut, INT32_MAX, w, V); /* min-p: x ≥ cut */
     float lv;
     int32_t li;
     if (p->top_p < 1.0f && topp_cut(s, w, muser_topp_total(ez, MUSER_DRAW_EXPS), em, &lv, &li))
