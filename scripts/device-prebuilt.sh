@@ -261,12 +261,23 @@ for step in $steps; do
         note "glimmer cuda vs cpu :: $(tail -3 "$OUT/glimmer_cmp.log" | tr '\n' ' ')"
         ;;
     parallel)
-        # aggregate decode through the small-batch route (muser_step) at 1 / 4 / 16 sequences
+        # aggregate decode through the small-batch route (muser_step) at 1 / 4 / 16 sequences; with
+        # PAR_BINS="muser-base muser" (staged builds) each in turn, PAR_ROUNDS rounds (1)
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
-        timeout -k 5 200 "$D/muser" bench --backend cuda -m /tmp/g.gguf --parallel ${PAR:-1,4,16} --gen 32 --reps 2 \
-            >"$OUT/parallel.log" 2>&1
-        note "parallel rc=$?"
-        grep '^parallel' "$OUT/parallel.log" | sed 's/^/    /' >>"$S"
+        for round in $(seq 1 "${PAR_ROUNDS:-1}"); do
+            for bin in ${PAR_BINS:-muser}; do
+                timeout -k 5 200 "$D/$bin" bench --backend cuda -m /tmp/g.gguf --parallel ${PAR:-1,4,16} --gen 32 --reps 2 \
+                    >"$OUT/parallel_${bin}_$round.log" 2>&1
+                note "parallel [$bin] rc=$?"
+                grep '^parallel' "$OUT/parallel_${bin}_$round.log" | sed 's/^/    /' >>"$S"
+            done
+        done
+        # PAR_PROFILE=1: each build's unfused time per op family at the last count of PAR
+        for bin in ${PAR_PROFILE:+${PAR_BINS:-muser}}; do
+            MUSER_CUDA_PROFILE=1 timeout -k 5 100 "$D/$bin" bench --backend cuda -m /tmp/g.gguf --parallel "${PAR##*,}" \
+                --gen 8 --reps 1 >"$OUT/parallel_profile_$bin.log" 2>&1
+            note "parallel profile [$bin] rc=$?"
+        done
         ;;
     verify)
         # what a speculative verify pass of B rows costs against a decode step (one sequence)
@@ -366,6 +377,11 @@ for step in $steps; do
             >"$OUT/prefill_llama.log" 2>&1
         note "prefill-llama rc=$?"
         grep -E '^ctx ' "$OUT/prefill_llama.log" | sed 's/^/    /' >>"$S"
+        ;;
+    test-rows)
+        # test_rows alone: every row's bytes alone and packed (tiny models), and against the oracle
+        (cd "$W" && MUSER_SOURCE_DIR="$OLDPWD" timeout -k 5 200 "$OLDPWD/$D/test_rows") >"$OUT/test_rows.log" 2>&1
+        note "test_rows rc=$? :: $(grep -E 'invariance|oracle|parts|test_rows' "$OUT/test_rows.log" | tr '\n' ';')"
         ;;
     tests-quick)
         # test_cuda and test_fail_closed only (the prefill route's GEMM and fail-closed checks)
