@@ -872,6 +872,109 @@ static TGT512 void gemm_panel_avx512(const float *Xp, uint64_t m, const float *p
 }
 static void pack_x12(const float *X, uint64_t ldx, uint64_t m, uint64_t K, float *Xp) { pack_x_mr(X, ldx, m, K, Xp, CPU_MR512); }
 
+/* The prefill's panels at 512 bits: a K-quant block column dequantized 16 elements at a time and
+ * transposed 16 x 16 (CPU_PANEL is one zmm of outputs), the same per-element arithmetic as
+ * dequant_q4k_avx2 / dequant_q6k_avx2 (an explicit FMS or multiply per weight), so the panels are
+ * AVX2's bits; the transpose only moves them. */
+static TGT512_INLINE __m512i load16_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)); }
+
+static TGT512 void dequant_q4k_block512(const uint8_t *blk, float *o)
+{
+    const __m512i m4 = _mm512_set1_epi32(0xF);
+    float ds[8], dm[8];
+    __m256 dsc, dmn;
+    q4k_scales_vec(blk, &dsc, &dmn);
+    _mm256_storeu_ps(ds, dsc);
+    _mm256_storeu_ps(dm, dmn);
+    const uint8_t *qs = blk + 16;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const __m512 dl = _mm512_set1_ps(ds[2 * j]), ml = _mm512_set1_ps(dm[2 * j]);
+        const __m512 dh = _mm512_set1_ps(ds[2 * j + 1]), mh = _mm512_set1_ps(dm[2 * j + 1]);
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; k++) {
+            const __m512i w = load16_u8(qs + 32 * j + 16 * k);
+            _mm512_storeu_ps(o + 64 * j + 16 * k, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(w, m4)), dl, ml));
+            _mm512_storeu_ps(o + 64 * j + 32 + 16 * k, _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4)), dh, mh));
+        }
+    }
+}
+
+static TGT512 void dequant_q6k_block512(const uint8_t *blk, float *o)
+{
+    const __m512i m4 = _mm512_set1_epi32(0xF), m3 = _mm512_set1_epi32(3), m30 = _mm512_set1_epi32(0x30),
+                  c32 = _mm512_set1_epi32(32);
+    const int8_t *sc = (const int8_t *)(blk + 192);
+    const float d = f16_at(blk + 208);
+    for (int n = 0; n < 2; n++) {
+        const uint8_t *QL = blk + 64 * n, *QH = blk + 128 + 32 * n;
+#pragma GCC unroll 2
+        for (int l = 0; l < 32; l += 16) {
+            const __m512i A = load16_u8(QL + l), B = load16_u8(QL + 32 + l), H = load16_u8(QH + l);
+            const __m512i q[4] = {
+                _mm512_or_si512(_mm512_and_si512(A, m4), _mm512_slli_epi32(_mm512_and_si512(H, m3), 4)),
+                _mm512_or_si512(_mm512_and_si512(B, m4), _mm512_and_si512(_mm512_slli_epi32(H, 2), m30)),
+                _mm512_or_si512(_mm512_srli_epi32(A, 4), _mm512_and_si512(H, m30)),
+                _mm512_or_si512(_mm512_srli_epi32(B, 4), _mm512_and_si512(_mm512_srli_epi32(H, 2), m30))};
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                const __m512 sv = _mm512_set1_ps(d * (float)sc[8 * n + l / 16 + 2 * t]);
+                _mm512_storeu_ps(o + 128 * n + 32 * t + l, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q[t], c32)), sv));
+            }
+        }
+    }
+}
+
+/* src rows 0..15 (lds apart), columns k0..k0+15 -> panel rows k0..k0+15 of 16 */
+static TGT512_INLINE void transpose16_avx512(const float *src, uint64_t lds, float *panel)
+{
+    __m512 r[16], t[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (uint64_t)i * lds);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) { /* per 128-bit lane: rows 2i, 2i+1 interleaved */
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) { /* r[4g + c]: per lane L, column 4L + c of rows 4g..4g+3 */
+        r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], 0x44);
+        r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g + 0], t[4 * g + 2], 0xEE);
+        r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) { /* column 4L + c: lane L of r[c], r[4 + c], r[8 + c], r[12 + c] */
+        const __m512 x0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), x1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+        const __m512 y0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44), y1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+        _mm512_storeu_ps(panel + (0 + c) * CPU_PANEL, _mm512_shuffle_f32x4(x0, y0, 0x88));
+        _mm512_storeu_ps(panel + (4 + c) * CPU_PANEL, _mm512_shuffle_f32x4(x0, y0, 0xDD));
+        _mm512_storeu_ps(panel + (8 + c) * CPU_PANEL, _mm512_shuffle_f32x4(x1, y1, 0x88));
+        _mm512_storeu_ps(panel + (12 + c) * CPU_PANEL, _mm512_shuffle_f32x4(x1, y1, 0xDD));
+    }
+}
+
+static TGT512 int unpack_panel_avx512(uint32_t type, const uint8_t *row0, uint64_t row_bytes, uint32_t nc, uint64_t K,
+                                      float *buf, float *panel)
+{
+    _Static_assert(CPU_PANEL == 16, "a panel row is one zmm");
+    const bool q4 = type == GGML_TYPE_Q4_K, q6 = type == GGML_TYPE_Q6_K;
+    if (!(q4 || q6) || K % QK_K || (uint64_t)CPU_PANEL * CPU_BLOCK_LDS > (uint64_t)CPU_PANEL * K)
+        return unpack_panel_avx2(type, row0, row_bytes, nc, K, buf, panel);
+    const uint64_t bb = q4 ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
+    memset(buf + (uint64_t)nc * CPU_BLOCK_LDS, 0, (uint64_t)(CPU_PANEL - nc) * CPU_BLOCK_LDS * sizeof(float));
+    for (uint64_t b = 0; b < K / QK_K; b++) {
+        for (uint32_t r = 0; r < nc; r++) {
+            const uint8_t *blk = row0 + r * row_bytes + b * bb;
+            if (q4) dequant_q4k_block512(blk, buf + (uint64_t)r * CPU_BLOCK_LDS);
+            else dequant_q6k_block512(blk, buf + (uint64_t)r * CPU_BLOCK_LDS);
+        }
+        for (uint64_t k = 0; k < QK_K; k += 16)
+            transpose16_avx512(buf + k, CPU_BLOCK_LDS, panel + (b * QK_K + k) * CPU_PANEL);
+    }
+    return MUSER_OK;
+}
+
 /* The decode dots at 512 bits, the same bits as AVX2's: every zmm is two of dot_q4k_multi's (or
  * dot_q6k_multi's) ymm side by side — the lo and hi nibbles of one 32-byte group, or two quarters
  * t of a Q6_K half — with the same operations per lane in the same order, and the final sums
@@ -1371,6 +1474,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         k->dot_rows = dot_rows_avx512;
         k->pack_x = pack_x12;
         k->gemm_panel = gemm_panel_avx512;
+        k->unpack_panel = unpack_panel_avx512;
         /* VNNI: the Q4_K and Q6_K decode dots on integer digits (MUSER_SIMD=avx512 keeps the f32 ones) */
         if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && !(env && !strcmp(env, "avx512"))) {
