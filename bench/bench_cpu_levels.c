@@ -2,13 +2,14 @@
  * present), on one thread, best of --reps, the levels interleaved --rounds times:
  *   gemm: the prefill micro-kernel (gemm_panel), GFLOP/s of a 128-row chunk against 8 panels of
  *         K 2048 (in L1/L2: the micro-kernel's own rate, no unpacking);
- *   dot:  the decode matvec (dot_rows) over 200 Q4_K / Q6_K rows of K 2048 kept in L2, against 1
- *         and 4 inputs: GB/s of weight bytes (the kernel's compute rate, no DRAM).
+ *   dot:  the decode matvec (dot_rows) over 200 Q4_K / Q6_K rows of K 2048 (--k) kept in L2, against
+ *         1 and 4 inputs: GB/s of weight bytes (the kernel's compute rate, no DRAM). At K 5632 (the
+ *         small preset's ffn_down) four inputs' x no longer fits L1 beside the rows.
  * The AVX-512 level computes the same bits as AVX2 (test_cpu_dots); this says what the width buys.
  * The AVX-512 VNNI level (Q4_K and Q6_K on integer digits of x; docs/cpu-engine.md) is within the contract,
  * not the same bits; its GEMM is AVX-512's.
  *
- *   bench_cpu_levels [--reps 20] [--rounds 3]
+ *   bench_cpu_levels [--reps 20] [--rounds 3] [--k 2048]
  */
 #include "cpu/kernels.h"
 #include "quant.h"
@@ -19,10 +20,10 @@
 #include <string.h>
 
 #define DOT_ROWS 200
-/* GB/s of weight bytes: DOT_ROWS rows of K 2048 of type (random weights) against m inputs */
-static double dot_rate(const cpu_kernels *k, uint32_t type, const float *x, uint32_t m, int reps)
+/* GB/s of weight bytes: DOT_ROWS rows of K of type (random weights) against m inputs */
+static double dot_rate(const cpu_kernels *k, uint32_t type, const float *x, uint64_t K, uint32_t m, int reps)
 {
-    const uint64_t K = 2048, rb = quant_row_bytes(type, K);
+    const uint64_t rb = quant_row_bytes(type, K);
     uint8_t *W = malloc(DOT_ROWS * rb);
     float *w = malloc(K * sizeof *w), out[4 * DOT_ROWS];
     cpu_xsums xs[4];
@@ -57,14 +58,19 @@ static double dot_rate(const cpu_kernels *k, uint32_t type, const float *x, uint
 
 int main(int argc, char **argv)
 {
-    int reps = 20, rounds = 3;
+    int reps = 20, rounds = 3, kd = 2048;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--k")) kd = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: bench_cpu_levels [--reps 20] [--rounds 3]\n");
+            fprintf(stderr, "usage: bench_cpu_levels [--reps 20] [--rounds 3] [--k 2048]\n");
             return 2;
         }
+    }
+    if (kd < 256 || kd % 256 || kd > 4 * 8192) {
+        fprintf(stderr, "bench_cpu_levels: --k %d: a multiple of 256 up to 32768\n", kd);
+        return 2;
     }
     enum { M = 128, K = 2048, PANELS = 8 };
     float *X = malloc((size_t)M * K * 4), *Xp = malloc((size_t)M * K * 4);
@@ -93,9 +99,9 @@ int main(int argc, char **argv)
             const uint32_t types[2] = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K};
             for (int ti = 0; ti < 2; ti++)
                 for (uint32_t m = 1; m <= 4; m += 3) {
-                    const double gbs = dot_rate(&k, types[ti], X, m, reps);
+                    const double gbs = dot_rate(&k, types[ti], X, (uint64_t)kd, m, reps);
                     printf("round %d  %-10s dot_rows %s, %u input%s, %d rows x K %d in L2: %6.2f GB/s of weights\n",
-                           round + 1, k.level, quant_info(types[ti])->name, m, m > 1 ? "s" : "", DOT_ROWS, K, gbs);
+                           round + 1, k.level, quant_info(types[ti])->name, m, m > 1 ? "s" : "", DOT_ROWS, kd, gbs);
                 }
         }
     unsetenv("MUSER_SIMD");
