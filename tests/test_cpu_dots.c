@@ -354,6 +354,51 @@ static void test_digit_edges(void)
     test_digit_edges_type(GGML_TYPE_Q6_K);
 }
 
+/* dot_tile (the tables that have one): 37 rows of K 5632 (three K-chunks, three row tiles) against
+ * 1..9 inputs, every output dot_rows's bits; a type without a state kernel (Q8_0) the same. */
+static void test_dot_tile(void)
+{
+    enum { N = 5632, M = 9, ROWS = 37 };
+    const uint32_t types[3] = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
+    float *x = malloc(M * N * 4), *w = malloc(N * 4), *t1 = malloc(M * ROWS * 4), *t2 = malloc(M * ROWS * 4);
+    for (uint64_t i = 0; i < (uint64_t)M * N; i++)
+        x[i] = check_rng_gauss();
+    for (int ti = 0; ti < 3; ti++) {
+        const uint32_t type = types[ti];
+        const uint64_t rb = quant_row_bytes(type, N);
+        uint8_t *W = malloc(ROWS * rb);
+        for (int r = 0; r < ROWS; r++) {
+            for (uint64_t i = 0; i < N; i++)
+                w[i] = 0.05f * check_rng_gauss();
+            CHECK(quant_quantize_row(type, w, W + r * rb, N) == 0);
+        }
+        for (int t = 0; t < n_tables; t++) {
+            const cpu_kernels *kn = &tables[t].kn;
+            if (!kn->dot_tile)
+                continue;
+            cpu_xsums xs[M];
+            for (int i = 0; i < M; i++)
+                xs[i] = xsums_new(kn, x + i * N, N);
+            for (uint32_t m = 1; m <= M; m += 2) {
+                for (int r = 0; r < ROWS; r++)
+                    kn->dot_rows(type, W + r * rb, x, N, xs, m, N, t1 + r, ROWS);
+                for (uint64_t i = 0; i < (uint64_t)M * ROWS; i++)
+                    t2[i] = NAN;
+                kn->dot_tile(type, W, rb, ROWS, x, N, xs, m, N, t2, ROWS);
+                CHECKF(!memcmp(t1, t2, (size_t)m * ROWS * 4), "%s %s dot_tile of %u inputs: not dot_rows's bits",
+                       tables[t].name, quant_info(type)->name, m);
+            }
+            for (int i = 0; i < M; i++)
+                xsums_free(&xs[i]);
+        }
+        free(W);
+    }
+    free(x);
+    free(w);
+    free(t1);
+    free(t2);
+}
+
 static bool cpu_has_avx2(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -414,5 +459,6 @@ int main(void)
     test_matrix();
     test_errors();
     test_digit_edges();
+    test_dot_tile();
     return check_report("test_cpu_dots");
 }

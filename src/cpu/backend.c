@@ -406,13 +406,21 @@ static void matvec_main(void *arg, uint32_t t, uint32_t nt)
     uint64_t lo, hi;
     while (cpu_pool_grab_guided(&j->next, j->start[j->n_mm], j->block, j->share, &lo, &hi)) {
         uint32_t a = 0;
-        for (uint64_t g = lo; g < hi; g++) {
+        for (uint64_t g = lo; g < hi;) {
             while (g >= j->start[a + 1])
                 a++;
             const muser_tensor *w = j->w[a];
             const uint64_t row = g - j->start[a];
+            if (kn->dot_tile && j->m > 1) { /* several inputs: the run of rows in this matrix, tiled */
+                const uint64_t end = hi < j->start[a + 1] ? hi : j->start[a + 1];
+                kn->dot_tile(w->type, muser_tensor_row(w, row), w->row_bytes, (uint32_t)(end - g), j->x, j->ldx,
+                             j->st->xs, j->m, j->cols, j->dst[a] + row, j->ldd[a]);
+                g = end;
+                continue;
+            }
             kn->dot_rows(w->type, muser_tensor_row(w, row), j->x, j->ldx, j->st->xs, j->m, j->cols,
                          j->dst[a] + row, j->ldd[a]);
+            g++;
         }
     }
 }

@@ -999,8 +999,49 @@ static TGT512_INLINE float hsum_halves(__m512 v) /* hsum256(lo + hi), AVX2's fin
     return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 
-static TGT512_INLINE void dot_q4k_multi512(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
-                                           uint64_t ldo)
+/* A multi-input dot's state between K-chunks (dot_tile): per input CPU_TILE_STATE floats, its
+ * accumulators as they stand after the chunk's last block. Storing and reloading them changes no
+ * bit: the next chunk continues the same sums in the same order. */
+#define CPU_TILE_STATE 48 /* two zmm and a ymm */
+typedef void (*dot_state_fn)(const uint8_t *, const cpu_xsums *, uint64_t, uint64_t, float *, int, int, float *, uint64_t);
+
+static TGT512_INLINE void state_in(const int R, const float *st, int first, __m512 acc[4], __m256 v[4])
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        acc[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(st + r * CPU_TILE_STATE);
+        v[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(st + r * CPU_TILE_STATE + 32);
+    }
+}
+static TGT512_INLINE void state_out(const int R, float *st, const __m512 acc[4], const __m256 v[4])
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(st + r * CPU_TILE_STATE, acc[r]);
+        _mm256_storeu_ps(st + r * CPU_TILE_STATE + 32, v[r]);
+    }
+}
+static TGT512_INLINE void state2_in(const int R, const float *st, int first, __m512 acc[4][2], __m256 v[4])
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(st + r * CPU_TILE_STATE);
+        acc[r][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(st + r * CPU_TILE_STATE + 16);
+        v[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(st + r * CPU_TILE_STATE + 32);
+    }
+}
+static TGT512_INLINE void state2_out(const int R, float *st, const __m512 acc[4][2], const __m256 v[4])
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(st + r * CPU_TILE_STATE, acc[r][0]);
+        _mm512_storeu_ps(st + r * CPU_TILE_STATE + 16, acc[r][1]);
+        _mm256_storeu_ps(st + r * CPU_TILE_STATE + 32, v[r]);
+    }
+}
+
+static TGT512_INLINE void dot_q4k_multi512(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t b0, uint64_t nb,
+                                           float *st, int first, int last, float *out, uint64_t ldo)
 {
     const __m512i m0 = _mm512_set1_epi32(0xF), m1 = _mm512_set1_epi32(0xF00), m2 = _mm512_set1_epi32(0xF0000),
                   m3 = _mm512_set1_epi32(0xF000000);
@@ -1008,12 +1049,8 @@ static TGT512_INLINE void dot_q4k_multi512(const uint8_t *row, const cpu_xsums *
     const __m512i dsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     __m512 acc[4];
     __m256 mins[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm512_setzero_ps();
-        mins[r] = _mm256_setzero_ps();
-    }
-    for (uint64_t b = 0; b < nb; b++) {
+    state_in(R, st, first, acc, mins);
+    for (uint64_t b = b0; b < nb; b++) {
         const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
         prefetch_ahead(blk, 3); /* a Q4_K block: 144 bytes */
         __m256 dsc, dmn;
@@ -1042,13 +1079,17 @@ static TGT512_INLINE void dot_q4k_multi512(const uint8_t *row, const cpu_xsums *
             }
         }
     }
+    if (!last) {
+        state_out(R, st, acc, mins);
+        return;
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
         out[r * ldo] = hsum_halves(acc[r]) - hsum256(mins[r]);
 }
 
-static TGT512_INLINE void dot_q6k_multi512(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
-                                           uint64_t ldo)
+static TGT512_INLINE void dot_q6k_multi512(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t b0, uint64_t nb,
+                                           float *st, int first, int last, float *out, uint64_t ldo)
 {
     const __m512i k0 = _mm512_set1_epi32(0x3F), k1 = _mm512_set1_epi32(0x3F00), k2 = _mm512_set1_epi32(0x3F0000),
                   k3 = _mm512_set1_epi32(0x3F000000);
@@ -1057,12 +1098,8 @@ static TGT512_INLINE void dot_q6k_multi512(const uint8_t *row, const cpu_xsums *
                             _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7)};
     __m512 acc[4][2];
     __m256 offs[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        offs[r] = _mm256_setzero_ps();
-    }
-    for (uint64_t b = 0; b < nb; b++) {
+    state2_in(R, st, first, acc, offs);
+    for (uint64_t b = b0; b < nb; b++) {
         const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
         __m256 ds[2];
         q6k_block_head(blk, b, xs, R, ds, offs);
@@ -1089,6 +1126,10 @@ static TGT512_INLINE void dot_q6k_multi512(const uint8_t *row, const cpu_xsums *
             }
         }
     }
+    if (!last) {
+        state2_out(R, st, acc, offs);
+        return;
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         const __m512 a01 = acc[r][0], a23 = acc[r][1];
@@ -1098,16 +1139,26 @@ static TGT512_INLINE void dot_q6k_multi512(const uint8_t *row, const cpu_xsums *
     }
 }
 
-static TGT512 void dot_q4k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 1, nb, o, ldo); }
-static TGT512 void dot_q4k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 2, nb, o, ldo); }
-static TGT512 void dot_q4k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 3, nb, o, ldo); }
-static TGT512 void dot_q4k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 4, nb, o, ldo); }
-static TGT512 void dot_q6k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 1, nb, o, ldo); }
-static TGT512 void dot_q6k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 2, nb, o, ldo); }
-static TGT512 void dot_q6k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 3, nb, o, ldo); }
-static TGT512 void dot_q6k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 4, nb, o, ldo); }
+static TGT512 void dot_q4k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 1, 0, nb, NULL, 1, 1, o, ldo); }
+static TGT512 void dot_q4k_zs1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 1, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q4k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 2, 0, nb, NULL, 1, 1, o, ldo); }
+static TGT512 void dot_q4k_zs2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 2, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q4k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 3, 0, nb, NULL, 1, 1, o, ldo); }
+static TGT512 void dot_q4k_zs3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 3, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q4k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 4, 0, nb, NULL, 1, 1, o, ldo); }
+static TGT512 void dot_q4k_zs4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 4, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q6k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 1, 0, nb, NULL, 1, 1, o, ldo); }
+static TGT512 void dot_q6k_zs1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 1, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q6k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 2, 0, nb, NULL, 1, 1, o, ldo); }
+static TGT512 void dot_q6k_zs2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 2, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q6k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 3, 0, nb, NULL, 1, 1, o, ldo); }
+static TGT512 void dot_q6k_zs3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 3, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q6k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 4, 0, nb, NULL, 1, 1, o, ldo); }
+static TGT512 void dot_q6k_zs4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 4, b0, b1, st, first, last, o, ldo); }
 static const dot_multi_fn dot_q4k_z[CPU_DOT_GROUP] = {dot_q4k_z1, dot_q4k_z2, dot_q4k_z3, dot_q4k_z4};
 static const dot_multi_fn dot_q6k_z[CPU_DOT_GROUP] = {dot_q6k_z1, dot_q6k_z2, dot_q6k_z3, dot_q6k_z4};
+static const dot_state_fn dot_q4k_zs[CPU_DOT_GROUP] = {dot_q4k_zs1, dot_q4k_zs2, dot_q4k_zs3, dot_q4k_zs4};
+static const dot_state_fn dot_q6k_zs[CPU_DOT_GROUP] = {dot_q6k_zs1, dot_q6k_zs2, dot_q6k_zs3, dot_q6k_zs4};
 
 static TGT512 float dot_row_avx512(uint32_t type, const void *row, const float *x, const cpu_xsums *xs, uint64_t n)
 {
@@ -1198,20 +1249,16 @@ static TGTVNNI_INLINE __m512 digits_fma(const __m512i Q[4], const uint8_t *D, __
     return acc;
 }
 
-static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
-                                             uint64_t ldo)
+static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t b0, uint64_t nb,
+                                             float *st, int first, int last, float *out, uint64_t ldo)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
     const __m512i pair = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     __m512 acc[4];
     __m256 mins[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm512_setzero_ps();
-        mins[r] = _mm256_setzero_ps();
-    }
-    for (uint64_t b = 0; b < nb; b++) {
+    state_in(R, st, first, acc, mins);
+    for (uint64_t b = b0; b < nb; b++) {
         const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
         prefetch_ahead(blk, 3); /* a Q4_K block: 144 bytes */
         __m256 dsc, dmn;
@@ -1232,6 +1279,10 @@ static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums
             acc[r] = digits_fma(Q, D, dz, acc[r]);
         }
     }
+    if (!last) {
+        state_out(R, st, acc, mins);
+        return;
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
         out[r * ldo] = hsum_halves(acc[r]) - hsum256(mins[r]);
@@ -1240,17 +1291,13 @@ static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums
 /* Q6_K on the same digits: q6k_quarters' four quarters of a half are x's order, two per zmm; the
  * quants 0..63 fit both byte operands, the -32 goes through the 16-sums as in the f32 dot. Lane l
  * of vector v (elements 64v + 4l ..) has sub-block 4v + l/4 and group 2v + l/8. */
-static TGTVNNI_INLINE void dot_q6k_multivnni(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t nb, float *out,
-                                             uint64_t ldo)
+static TGTVNNI_INLINE void dot_q6k_multivnni(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t b0, uint64_t nb,
+                                             float *st, int first, int last, float *out, uint64_t ldo)
 {
     __m512 acc[4];
     __m256 offs[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm512_setzero_ps();
-        offs[r] = _mm256_setzero_ps();
-    }
-    for (uint64_t b = 0; b < nb; b++) {
+    state_in(R, st, first, acc, offs);
+    for (uint64_t b = b0; b < nb; b++) {
         const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
         __m256 ds[2];
         q6k_block_head(blk, b, xs, R, ds, offs);
@@ -1270,22 +1317,36 @@ static TGTVNNI_INLINE void dot_q6k_multivnni(const uint8_t *row, const cpu_xsums
             acc[r] = digits_fma(Q, D, dz, acc[r]);
         }
     }
+    if (!last) {
+        state_out(R, st, acc, offs);
+        return;
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
         out[r * ldo] = hsum_halves(acc[r]) - 32.0f * hsum256(offs[r]);
 }
 
-static TGTVNNI void dot_q6k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 1, nb, o, ldo); }
-static TGTVNNI void dot_q6k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 2, nb, o, ldo); }
-static TGTVNNI void dot_q6k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 3, nb, o, ldo); }
-static TGTVNNI void dot_q6k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 4, nb, o, ldo); }
+static TGTVNNI void dot_q6k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 1, 0, nb, NULL, 1, 1, o, ldo); }
+static TGTVNNI void dot_q6k_vs1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 1, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q6k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 2, 0, nb, NULL, 1, 1, o, ldo); }
+static TGTVNNI void dot_q6k_vs2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 2, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q6k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 3, 0, nb, NULL, 1, 1, o, ldo); }
+static TGTVNNI void dot_q6k_vs3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 3, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q6k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 4, 0, nb, NULL, 1, 1, o, ldo); }
+static TGTVNNI void dot_q6k_vs4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 4, b0, b1, st, first, last, o, ldo); }
 static const dot_multi_fn dot_q6k_v[CPU_DOT_GROUP] = {dot_q6k_v1, dot_q6k_v2, dot_q6k_v3, dot_q6k_v4};
+static const dot_state_fn dot_q6k_vs[CPU_DOT_GROUP] = {dot_q6k_vs1, dot_q6k_vs2, dot_q6k_vs3, dot_q6k_vs4};
 
-static TGTVNNI void dot_q4k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 1, nb, o, ldo); }
-static TGTVNNI void dot_q4k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 2, nb, o, ldo); }
-static TGTVNNI void dot_q4k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 3, nb, o, ldo); }
-static TGTVNNI void dot_q4k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 4, nb, o, ldo); }
+static TGTVNNI void dot_q4k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 1, 0, nb, NULL, 1, 1, o, ldo); }
+static TGTVNNI void dot_q4k_vs1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 1, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q4k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 2, 0, nb, NULL, 1, 1, o, ldo); }
+static TGTVNNI void dot_q4k_vs2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 2, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q4k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 3, 0, nb, NULL, 1, 1, o, ldo); }
+static TGTVNNI void dot_q4k_vs3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 3, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q4k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 4, 0, nb, NULL, 1, 1, o, ldo); }
+static TGTVNNI void dot_q4k_vs4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 4, b0, b1, st, first, last, o, ldo); }
 static const dot_multi_fn dot_q4k_v[CPU_DOT_GROUP] = {dot_q4k_v1, dot_q4k_v2, dot_q4k_v3, dot_q4k_v4};
+static const dot_state_fn dot_q4k_vs[CPU_DOT_GROUP] = {dot_q4k_vs1, dot_q4k_vs2, dot_q4k_vs3, dot_q4k_vs4};
 
 static TGTVNNI float dot_row_vnni(uint32_t type, const void *row, const float *x, const cpu_xsums *xs, uint64_t n)
 {
@@ -1308,6 +1369,49 @@ static TGTVNNI void dot_rows_vnni(uint32_t type, const void *row, const float *x
         const uint32_t g = m - i < CPU_DOT_GROUP ? m - i : CPU_DOT_GROUP;
         f[g - 1](row, xs + i, n / QK_K, out + i * ldo, ldo);
     }
+}
+
+/* dot_tile: nr weight rows (row_bytes apart) against m inputs in tiles of CPU_TILE_ROWS rows, each
+ * tile K-chunk by K-chunk (CPU_TILE_BLOCKS blocks: a few inputs' x stays in L1 while the tile's rows
+ * pass through it) with each input's accumulators carried across the chunks: every output is
+ * dot_rows's bits. A type without a state kernel takes dot_rows row by row. */
+#define CPU_TILE_ROWS 16
+#define CPU_TILE_BLOCKS 8
+static void dot_tile_with(const dot_state_fn *f, void (*rows_fn)(uint32_t, const void *, const float *, uint64_t,
+                                                                  const cpu_xsums *, uint32_t, uint64_t, float *, uint64_t),
+                          uint32_t type, const uint8_t *rows, uint64_t row_bytes, uint32_t nr, const float *x, uint64_t ldx,
+                          const cpu_xsums *xs, uint32_t m, uint64_t n, float *out, uint64_t ldo)
+{
+    if (!f || n % QK_K) {
+        for (uint32_t r = 0; r < nr; r++) rows_fn(type, rows + r * row_bytes, x, ldx, xs, m, n, out + r, ldo);
+        return;
+    }
+    float st[CPU_TILE_ROWS * CPU_DOT_GROUP * CPU_TILE_STATE];
+    const uint64_t nb = n / QK_K;
+    for (uint32_t r0 = 0; r0 < nr; r0 += CPU_TILE_ROWS) {
+        const uint32_t tr = nr - r0 < CPU_TILE_ROWS ? nr - r0 : CPU_TILE_ROWS;
+        for (uint32_t i = 0; i < m; i += CPU_DOT_GROUP) {
+            const uint32_t g = m - i < CPU_DOT_GROUP ? m - i : CPU_DOT_GROUP;
+            for (uint64_t c0 = 0; c0 < nb; c0 += CPU_TILE_BLOCKS) {
+                const uint64_t c1 = nb - c0 < CPU_TILE_BLOCKS ? nb : c0 + CPU_TILE_BLOCKS;
+                for (uint32_t r = 0; r < tr; r++)
+                    f[g - 1](rows + (uint64_t)(r0 + r) * row_bytes, xs + i, c0, c1, st + r * CPU_DOT_GROUP * CPU_TILE_STATE,
+                             c0 == 0, c1 == nb, out + i * ldo + r0 + r, ldo);
+            }
+        }
+    }
+}
+static void dot_tile_avx512(uint32_t type, const uint8_t *rows, uint64_t row_bytes, uint32_t nr, const float *x, uint64_t ldx,
+                            const cpu_xsums *xs, uint32_t m, uint64_t n, float *out, uint64_t ldo)
+{
+    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_zs : type == GGML_TYPE_Q6_K ? dot_q6k_zs : NULL;
+    dot_tile_with(f, dot_rows_avx512, type, rows, row_bytes, nr, x, ldx, xs, m, n, out, ldo);
+}
+static void dot_tile_vnni(uint32_t type, const uint8_t *rows, uint64_t row_bytes, uint32_t nr, const float *x, uint64_t ldx,
+                          const cpu_xsums *xs, uint32_t m, uint64_t n, float *out, uint64_t ldo)
+{
+    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_vs : type == GGML_TYPE_Q6_K ? dot_q6k_vs : NULL;
+    dot_tile_with(f, dot_rows_vnni, type, rows, row_bytes, nr, x, ldx, xs, m, n, out, ldo);
 }
 
 static TGT void axpy_f16_avx2(float *o, float p, const uint16_t *v, uint32_t n)
@@ -1475,6 +1579,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         k->pack_x = pack_x12;
         k->gemm_panel = gemm_panel_avx512;
         k->unpack_panel = unpack_panel_avx512;
+        k->dot_tile = dot_tile_avx512;
         /* VNNI: the Q4_K and Q6_K decode dots on integer digits (MUSER_SIMD=avx512 keeps the f32 ones) */
         if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && !(env && !strcmp(env, "avx512"))) {
@@ -1482,6 +1587,7 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
             k->xsums = xsums_vnni;
             k->dot_row = dot_row_vnni;
             k->dot_rows = dot_rows_vnni;
+            k->dot_tile = dot_tile_vnni;
         }
     }
 #else

@@ -57,6 +57,11 @@ typedef struct cpu_kernels {
      * inputs). */
     void (*dot_rows)(uint32_t type, const void *row, const float *x, uint64_t ldx, const cpu_xsums *xs,
                      uint32_t m, uint64_t n, float *out, uint64_t ldo);
+    /* dot_rows over nr consecutive weight rows (row_bytes apart): out[i·ldo + r] for input i and
+     * row r, each dot_rows's bits; the rows taken in tiles, K-chunk by K-chunk, so several inputs'
+     * x stays in L1 (NULL where the level has none: dot_rows row by row) */
+    void (*dot_tile)(uint32_t type, const uint8_t *rows, uint64_t row_bytes, uint32_t nr, const float *x, uint64_t ldx,
+                     const cpu_xsums *xs, uint32_t m, uint64_t n, float *out, uint64_t ldo);
     /* Dequantize one row to f32 (n elements). Returns 0 or a muser_status. */
     int (*dequant_row)(uint32_t type, const void *row, float *dst, uint64_t n);
     /* Weight rows row0, row0 + row_bytes, ... (nc <= CPU_PANEL of them, K elements each) ->
