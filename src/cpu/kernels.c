@@ -1139,32 +1139,33 @@ static TGT512_INLINE void dot_q6k_multi512(const uint8_t *row, const cpu_xsums *
     }
 }
 
-static TGT512 void dot_q4k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 1, 0, nb, NULL, 1, 1, o, ldo); }
-static TGT512 void dot_q4k_zs1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 1, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q4k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 2, 0, nb, NULL, 1, 1, o, ldo); }
-static TGT512 void dot_q4k_zs2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 2, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q4k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 3, 0, nb, NULL, 1, 1, o, ldo); }
-static TGT512 void dot_q4k_zs3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 3, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q4k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 4, 0, nb, NULL, 1, 1, o, ldo); }
-static TGT512 void dot_q4k_zs4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 4, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q6k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 1, 0, nb, NULL, 1, 1, o, ldo); }
-static TGT512 void dot_q6k_zs1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 1, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q6k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 2, 0, nb, NULL, 1, 1, o, ldo); }
-static TGT512 void dot_q6k_zs2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 2, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q6k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 3, 0, nb, NULL, 1, 1, o, ldo); }
-static TGT512 void dot_q6k_zs3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 3, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q6k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 4, 0, nb, NULL, 1, 1, o, ldo); }
-static TGT512 void dot_q6k_zs4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 4, b0, b1, st, first, last, o, ldo); }
-static const dot_multi_fn dot_q4k_z[CPU_DOT_GROUP] = {dot_q4k_z1, dot_q4k_z2, dot_q4k_z3, dot_q4k_z4};
-static const dot_multi_fn dot_q6k_z[CPU_DOT_GROUP] = {dot_q6k_z1, dot_q6k_z2, dot_q6k_z3, dot_q6k_z4};
-static const dot_state_fn dot_q4k_zs[CPU_DOT_GROUP] = {dot_q4k_zs1, dot_q4k_zs2, dot_q4k_zs3, dot_q4k_zs4};
-static const dot_state_fn dot_q6k_zs[CPU_DOT_GROUP] = {dot_q6k_zs1, dot_q6k_zs2, dot_q6k_zs3, dot_q6k_zs4};
+static TGT512 void dot_q4k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 1, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q4k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 2, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q4k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 3, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q4k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 4, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q6k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 1, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q6k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 2, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q6k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 3, b0, b1, st, first, last, o, ldo); }
+static TGT512 void dot_q6k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 4, b0, b1, st, first, last, o, ldo); }
+static const dot_state_fn dot_q4k_z[CPU_DOT_GROUP] = {dot_q4k_z1, dot_q4k_z2, dot_q4k_z3, dot_q4k_z4};
+static const dot_state_fn dot_q6k_z[CPU_DOT_GROUP] = {dot_q6k_z1, dot_q6k_z2, dot_q6k_z3, dot_q6k_z4};
+
+/* dot_rows by a level's state kernels f (f[g - 1] takes g inputs), whole rows: groups of up to
+ * CPU_DOT_GROUP inputs, each over every block with no state carried */
+static void dot_state_rows(const dot_state_fn *f, const void *row, const cpu_xsums *xs, uint32_t m, uint64_t nb, float *out,
+                           uint64_t ldo)
+{
+    for (uint32_t i = 0; i < m; i += CPU_DOT_GROUP) {
+        const uint32_t g = m - i < CPU_DOT_GROUP ? m - i : CPU_DOT_GROUP;
+        f[g - 1](row, xs + i, 0, nb, NULL, 1, 1, out + i * ldo, ldo);
+    }
+}
 
 static TGT512 float dot_row_avx512(uint32_t type, const void *row, const float *x, const cpu_xsums *xs, uint64_t n)
 {
     if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
         float o;
-        (type == GGML_TYPE_Q4_K ? dot_q4k_z1 : dot_q6k_z1)(row, xs, n / QK_K, &o, 1);
+        dot_state_rows(type == GGML_TYPE_Q4_K ? dot_q4k_z : dot_q6k_z, row, xs, 1, n / QK_K, &o, 1);
         return o;
     }
     return dot_row_avx2(type, row, x, xs, n);
@@ -1173,15 +1174,9 @@ static TGT512 float dot_row_avx512(uint32_t type, const void *row, const float *
 static TGT512 void dot_rows_avx512(uint32_t type, const void *row, const float *x, uint64_t ldx, const cpu_xsums *xs,
                                    uint32_t m, uint64_t n, float *out, uint64_t ldo)
 {
-    const dot_multi_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_z : type == GGML_TYPE_Q6_K ? dot_q6k_z : NULL;
-    if (!f) {
-        dot_rows_avx2(type, row, x, ldx, xs, m, n, out, ldo);
-        return;
-    }
-    for (uint32_t i = 0; i < m; i += CPU_DOT_GROUP) {
-        const uint32_t g = m - i < CPU_DOT_GROUP ? m - i : CPU_DOT_GROUP;
-        f[g - 1](row, xs + i, n / QK_K, out + i * ldo, ldo);
-    }
+    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_z : type == GGML_TYPE_Q6_K ? dot_q6k_z : NULL;
+    if (f) dot_state_rows(f, row, xs, m, n / QK_K, out, ldo);
+    else dot_rows_avx2(type, row, x, ldx, xs, m, n, out, ldo);
 }
 
 /* ---- AVX-512 VNNI: the Q4_K and Q6_K decode dots on exact integer digits of x ----
@@ -1326,49 +1321,33 @@ static TGTVNNI_INLINE void dot_q6k_multivnni(const uint8_t *row, const cpu_xsums
         out[r * ldo] = hsum_halves(acc[r]) - 32.0f * hsum256(offs[r]);
 }
 
-static TGTVNNI void dot_q6k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 1, 0, nb, NULL, 1, 1, o, ldo); }
-static TGTVNNI void dot_q6k_vs1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 1, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q6k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 2, 0, nb, NULL, 1, 1, o, ldo); }
-static TGTVNNI void dot_q6k_vs2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 2, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q6k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 3, 0, nb, NULL, 1, 1, o, ldo); }
-static TGTVNNI void dot_q6k_vs3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 3, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q6k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 4, 0, nb, NULL, 1, 1, o, ldo); }
-static TGTVNNI void dot_q6k_vs4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 4, b0, b1, st, first, last, o, ldo); }
-static const dot_multi_fn dot_q6k_v[CPU_DOT_GROUP] = {dot_q6k_v1, dot_q6k_v2, dot_q6k_v3, dot_q6k_v4};
-static const dot_state_fn dot_q6k_vs[CPU_DOT_GROUP] = {dot_q6k_vs1, dot_q6k_vs2, dot_q6k_vs3, dot_q6k_vs4};
+static TGTVNNI void dot_q6k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 1, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q6k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 2, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q6k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 3, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q6k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 4, b0, b1, st, first, last, o, ldo); }
+static const dot_state_fn dot_q6k_v[CPU_DOT_GROUP] = {dot_q6k_v1, dot_q6k_v2, dot_q6k_v3, dot_q6k_v4};
 
-static TGTVNNI void dot_q4k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 1, 0, nb, NULL, 1, 1, o, ldo); }
-static TGTVNNI void dot_q4k_vs1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 1, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q4k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 2, 0, nb, NULL, 1, 1, o, ldo); }
-static TGTVNNI void dot_q4k_vs2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 2, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q4k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 3, 0, nb, NULL, 1, 1, o, ldo); }
-static TGTVNNI void dot_q4k_vs3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 3, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q4k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t nb, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 4, 0, nb, NULL, 1, 1, o, ldo); }
-static TGTVNNI void dot_q4k_vs4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 4, b0, b1, st, first, last, o, ldo); }
-static const dot_multi_fn dot_q4k_v[CPU_DOT_GROUP] = {dot_q4k_v1, dot_q4k_v2, dot_q4k_v3, dot_q4k_v4};
-static const dot_state_fn dot_q4k_vs[CPU_DOT_GROUP] = {dot_q4k_vs1, dot_q4k_vs2, dot_q4k_vs3, dot_q4k_vs4};
+static TGTVNNI void dot_q4k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 1, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q4k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 2, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q4k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 3, b0, b1, st, first, last, o, ldo); }
+static TGTVNNI void dot_q4k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 4, b0, b1, st, first, last, o, ldo); }
+static const dot_state_fn dot_q4k_v[CPU_DOT_GROUP] = {dot_q4k_v1, dot_q4k_v2, dot_q4k_v3, dot_q4k_v4};
 
 static TGTVNNI float dot_row_vnni(uint32_t type, const void *row, const float *x, const cpu_xsums *xs, uint64_t n)
 {
     if (type != GGML_TYPE_Q4_K && type != GGML_TYPE_Q6_K)
         return dot_row_avx512(type, row, x, xs, n);
     float o;
-    (type == GGML_TYPE_Q4_K ? dot_q4k_v1 : dot_q6k_v1)(row, xs, n / QK_K, &o, 1);
+    dot_state_rows(type == GGML_TYPE_Q4_K ? dot_q4k_v : dot_q6k_v, row, xs, 1, n / QK_K, &o, 1);
     return o;
 }
 
 static TGTVNNI void dot_rows_vnni(uint32_t type, const void *row, const float *x, uint64_t ldx, const cpu_xsums *xs,
                                   uint32_t m, uint64_t n, float *out, uint64_t ldo)
 {
-    const dot_multi_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_v : type == GGML_TYPE_Q6_K ? dot_q6k_v : NULL;
-    if (!f) {
-        dot_rows_avx512(type, row, x, ldx, xs, m, n, out, ldo);
-        return;
-    }
-    for (uint32_t i = 0; i < m; i += CPU_DOT_GROUP) {
-        const uint32_t g = m - i < CPU_DOT_GROUP ? m - i : CPU_DOT_GROUP;
-        f[g - 1](row, xs + i, n / QK_K, out + i * ldo, ldo);
-    }
+    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_v : type == GGML_TYPE_Q6_K ? dot_q6k_v : NULL;
+    if (f) dot_state_rows(f, row, xs, m, n / QK_K, out, ldo);
+    else dot_rows_avx512(type, row, x, ldx, xs, m, n, out, ldo);
 }
 
 /* dot_tile: nr weight rows (row_bytes apart) against m inputs in tiles of CPU_TILE_ROWS rows, each
@@ -1404,13 +1383,13 @@ static void dot_tile_with(const dot_state_fn *f, void (*rows_fn)(uint32_t, const
 static void dot_tile_avx512(uint32_t type, const uint8_t *rows, uint64_t row_bytes, uint32_t nr, const float *x, uint64_t ldx,
                             const cpu_xsums *xs, uint32_t m, uint64_t n, float *out, uint64_t ldo)
 {
-    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_zs : type == GGML_TYPE_Q6_K ? dot_q6k_zs : NULL;
+    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_z : type == GGML_TYPE_Q6_K ? dot_q6k_z : NULL;
     dot_tile_with(f, dot_rows_avx512, type, rows, row_bytes, nr, x, ldx, xs, m, n, out, ldo);
 }
 static void dot_tile_vnni(uint32_t type, const uint8_t *rows, uint64_t row_bytes, uint32_t nr, const float *x, uint64_t ldx,
                           const cpu_xsums *xs, uint32_t m, uint64_t n, float *out, uint64_t ldo)
 {
-    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_vs : type == GGML_TYPE_Q6_K ? dot_q6k_vs : NULL;
+    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_v : type == GGML_TYPE_Q6_K ? dot_q6k_v : NULL;
     dot_tile_with(f, dot_rows_vnni, type, rows, row_bytes, nr, x, ldx, xs, m, n, out, ldo);
 }
 
