@@ -25,6 +25,9 @@
 #endif
 
 #define MUSER_DRAW_BLOCK 64
+
+/* min-p's cut on x = (l − l_max) / T: a candidate keeps x ≥ logf(min_p); −inf without min-p */
+static inline float muser_min_p_cut(float min_p) { return min_p > 0.0f ? logf(min_p) : -INFINITY; }
 #define MUSER_W_LOG2E 1.44269504f
 #define MUSER_W_LN2_HI 0.693145751953125f
 #define MUSER_W_LN2_LO 1.428606765330187e-06f

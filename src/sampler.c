@@ -817,7 +817,7 @@ static void cands_all(muser_sampler *s, uint32_t *n_out, double *mass_out)
     float *x = s->b_val, *w = s->val;
     scale_row(s->row, max_of(s->row, V), p->temperature, x, V);
     weights(x, w, V);
-    const float cut = p->min_p > 0.0f ? logf(p->min_p) : -INFINITY;
+    const float cut = muser_min_p_cut(p->min_p);
     double ez[MUSER_DRAW_EXPS] = {0}, em[MUSER_DRAW_EXPS] = {0};
     if (p->top_p < 1.0f) { /* the sums per exponent: exact in any order (draw.h), so four tables
                             * (independent chains of adds) summed after give the same bits */

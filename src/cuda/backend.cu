@@ -21,6 +21,7 @@
 #include <string.h>
 
 extern "C" {
+#include "draw.h"
 #include "session.h"
 #include "quant.h"
 #include "util.h"
@@ -1169,7 +1170,7 @@ static bool draw_set(cu_ctx *c, const muser_draw *const *dr, uint32_t n)
         const muser_draw *w = dr && c->d_draw_scratch ? dr[i] : NULL;
         c->h_draw->temp[i] = w ? w->temperature : 0.0f;
         c->h_draw->top_p[i] = w ? w->top_p : 1.0f;
-        c->h_draw->cut[i] = w && w->min_p > 0.0f ? logf(w->min_p) : -INFINITY; /* the host sampler's cut */
+        c->h_draw->cut[i] = muser_min_p_cut(w ? w->min_p : 0.0f); /* the host sampler's cut */
         c->h_draw->u[i] = w ? w->u : 0.0;
         c->h_draw->id[i] = -1;
         any |= w != NULL;
@@ -2709,7 +2710,7 @@ extern "C" int muser_cuda_draw_check(const float *logits, uint32_t n, uint32_t r
     for (uint32_t r = 0; r < rows; r++) {
         hpar[r] = temp[r];
         hpar[CU_ROWS_MAX + r] = top_p[r];
-        hpar[2 * CU_ROWS_MAX + r] = min_p[r] > 0.0f ? logf(min_p[r]) : -INFINITY; /* as draw_set */
+        hpar[2 * CU_ROWS_MAX + r] = muser_min_p_cut(min_p[r]);
     }
     cudaError_t e = cudaMalloc((void **)&dl, (size_t)rows * n * sizeof(float));
     if (!e) e = cudaMalloc((void **)&pv, (size_t)rows * 256 * sizeof(float));
