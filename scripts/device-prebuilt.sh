@@ -42,7 +42,7 @@ if [ ! -d "$P/usr" ]; then
 fi
 export LD_LIBRARY_PATH="$P/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MUSER_SANITIZED=0
-D=.devbin
+D=${DEVBIN:-.devbin}   # DEVBIN=dir runs another staged set (e.g. a copy with another build as muser)
 T0=$(date +%s)
 S="$OUT/summary.txt"
 note() { echo "[$(($(date +%s) - T0))s] $*" | tee -a "$S"; }
