@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, topp, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, prefill-llama, tests-quick, pfcpu-start … pfcpu-end,
+#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, topp, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, prefill-llama, tests-quick, tp, pfcpu-start … pfcpu-end,
 #                                               # skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
@@ -19,7 +19,7 @@ if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     B=${MUSER_BUILD_DIR:-build-cuda}
     mkdir -p .devbin
     cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/tests/test_rows" "$B/tests/test_engine" \
-        "$B/tests/test_spec" "$B/tests/test_handoff" "$B/tests/test_dflash" "$B/bench/bench_serve" "$B/bench/bench_sampler" "$B/bench/kbench_matvec" \
+        "$B/tests/test_spec" "$B/tests/test_handoff" "$B/tests/test_dflash" "$B/tests/test_tp" "$B/bench/bench_serve" "$B/bench/bench_sampler" "$B/bench/kbench_matvec" \
         "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_mmh" "$B/bench/kbench_mmi" "$B/bench/kbench_mmi6" "$B/bench/kbench_pfgemm" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
         "$B/bench/kbench_persist" .devbin/
     # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
@@ -278,6 +278,23 @@ for step in $steps; do
                 --gen 8 --reps 1 >"$OUT/parallel_profile_$bin.log" 2>&1
             note "parallel profile [$bin] rc=$?"
         done
+        ;;
+    tp)
+        # tensor parallelism on CUDA ranks: test_tp cuda (a GPU each through NCCL where there are two,
+        # else both ranks on one GPU reducing through the host), again with the synthesized Glimmer's
+        # tensor-core shards (two ranks against one); with two GPUs `bench --tensor-parallel 2` (TP_BIN)
+        (cd "$W" && MUSER_BUILD_DIR="$W" timeout -k 5 120 "$OLDPWD/$D/test_tp" cuda) >"$OUT/test_tp.log" 2>&1
+        note "test_tp cuda rc=$? :: $(grep -E '^CUDA ranks|test_tp' "$OUT/test_tp.log" | tr '\n' ';')"
+        [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
+        (cd "$W" && MUSER_BUILD_DIR="$W" MUSER_TP_MODEL=/tmp/g.gguf timeout -k 5 300 "$OLDPWD/$D/test_tp" cuda) \
+            >"$OUT/test_tp_glimmer.log" 2>&1
+        note "test_tp cuda glimmer rc=$? :: $(grep -E 'g.gguf|test_tp' "$OUT/test_tp_glimmer.log" | tr '\n' ';')"
+        if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+            timeout -k 5 300 "$D/${TP_BIN:-muser}" bench --backend cuda -m /tmp/g.gguf --tensor-parallel 2 --prompt 512 \
+                --gen 64 --reps 2 >"$OUT/tp_bench.log" 2>&1
+            note "tp bench rc=$?"
+            grep -E '^tp|^model' "$OUT/tp_bench.log" | sed 's/^/    /' >>"$S"
+        fi
         ;;
     verify)
         # what a speculative verify pass of B rows costs against a decode step (one sequence)

@@ -79,8 +79,8 @@ int muser_device_new(muser_device **out, const muser_model *m, const muser_sessi
         return muser_errorf(err, MUSER_E_BACKEND, "backend '%s' is not available in this build",
                             muser_backend_name(opts.backend));
     }
-    if (opts.tp && opts.backend != MUSER_BACKEND_CPU) /* only the CPU backend reduces (tp.h) */
-        return muser_errorf(err, MUSER_E_UNSUPPORTED, "session: tensor-parallel ranks run on the cpu backend, not %s",
+    if (opts.tp && opts.backend == MUSER_BACKEND_ORACLE) /* the CPU and CUDA backends reduce (tp.h) */
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "session: tensor-parallel ranks run on cpu or cuda, not %s",
                             muser_backend_name(opts.backend));
     if (opts.n_ctx == 0)
         opts.n_ctx = m->hp.n_ctx_train;

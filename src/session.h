@@ -38,6 +38,10 @@ typedef struct muser_session_opts {
     int device;              /* CUDA device ordinal */
     struct muser_tp_comm *tp; /* tensor parallel (tp.h): the ranks' reduce, NULL: one rank */
     uint32_t tp_rank;         /* this device's rank (its model is that rank's shard) */
+    void *tp_nccl;            /* CUDA ranks on GPUs of their own: the rank's NCCL communicator (tp.c);
+                               * NULL: they reduce through tp on the host */
+    bool tp_share_gpu;        /* muser_tp_group_new: CUDA ranks may share opts.device when the host has
+                               * fewer GPUs than ranks (the host reduce: tests); else that is an error */
 } muser_session_opts;
 
 typedef struct muser_session muser_session;

@@ -1,11 +1,16 @@
-/* tp.c — tensor parallelism over threads of the CPU backend (tp.h). */
+/* tp.c — tensor parallelism over threads of ranks: CPU ranks, or CUDA ranks on GPUs of their own
+ * (NCCL) or sharing one (the host reduce) (tp.h). */
 #include "tp.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "quant.h"
+#ifdef MUSER_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 /* ---- the split ---------------------------------------------------------------------------------- */
 
@@ -165,6 +170,8 @@ int muser_tp_comm_new(muser_tp_comm **out, uint32_t n, size_t max_count, muser_e
     return MUSER_OK;
 }
 
+uint32_t muser_tp_comm_ranks(const muser_tp_comm *c) { return c ? c->n : 1; }
+
 void muser_tp_comm_free(muser_tp_comm *c)
 {
     if (!c)
@@ -220,6 +227,7 @@ struct muser_tp_group {
     muser_device *dev[MUSER_TP_MAX];
     muser_session *s[MUSER_TP_MAX];
     muser_tp_comm *comm;
+    void *nccl[MUSER_TP_MAX];  /* CUDA ranks on GPUs of their own: each rank's communicator */
     float *scratch; /* [n][V] each rank's logits */
     /* ranks 1..n−1 run on their own threads, started once, woken per call (rank 0: the caller's) */
     pthread_t th[MUSER_TP_MAX];
@@ -286,6 +294,9 @@ void muser_tp_group_free(muser_tp_group *g)
         muser_session_free(g->s[r]);
         muser_device_free(g->dev[r]);
         muser_tp_shard_free(&g->shard[r]);
+#ifdef MUSER_HAVE_CUDA
+        muser_cuda_tp_comm_free(g->nccl[r]);
+#endif
     }
     muser_tp_comm_free(g->comm);
     free(g->scratch);
@@ -304,8 +315,8 @@ int muser_tp_group_new(muser_tp_group **out, const muser_model *m, uint32_t n, c
         opts = *o;
     else
         memset(&opts, 0, sizeof opts);
-    if (opts.backend != MUSER_BACKEND_CPU)
-        return muser_errorf(err, MUSER_E_UNSUPPORTED, "tensor parallel: ranks run on the CPU backend here");
+    if (opts.backend == MUSER_BACKEND_ORACLE)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "tensor parallel: ranks run on the cpu or cuda backend");
     int rc = muser_tp_check(m, n, err);
     if (rc)
         return rc;
@@ -322,11 +333,30 @@ int muser_tp_group_new(muser_tp_group **out, const muser_model *m, uint32_t n, c
     rc = muser_tp_comm_new(&g->comm, n, (size_t)(rows > MUSER_STEP_MAX_ROWS ? rows : MUSER_STEP_MAX_ROWS) * m->hp.n_embd, err);
     if (!rc && !(g->scratch = malloc((size_t)n * m->hp.n_vocab * sizeof(float))))
         rc = muser_errorf(err, MUSER_E_NOMEM, "tensor parallel: out of memory for the logits");
+    /* CUDA: rank r on GPU r through NCCL where the host has n GPUs, else every rank on opts.device,
+     * reducing through the host (a test configuration: no graphs, a wait mid-pass) */
+    bool gpus = false;
+#ifdef MUSER_HAVE_CUDA
+    if (!rc && opts.backend == MUSER_BACKEND_CUDA && n > 1) {
+        const int have = muser_cuda_device_count();
+        gpus = have >= (int)n;
+        if (gpus)
+            rc = muser_cuda_tp_comms_new(n, g->nccl, err);
+        else if (!opts.tp_share_gpu)
+            rc = muser_errorf(err, MUSER_E_ARG, "tensor parallel: %u ranks need %u GPUs, this host has %d", n, n, have);
+        else
+            fprintf(stderr, "muser: tensor parallel: %u ranks share GPU %d (fewer GPUs than ranks): they reduce "
+                            "through the host, a test configuration, not a fast one\n", n, opts.device);
+    }
+#endif
     for (uint32_t r = 0; !rc && r < n; r++) {
         rc = muser_tp_shard(m, n, r, &g->shard[r], err);
         muser_session_opts ro = opts;
         ro.tp = g->comm;
         ro.tp_rank = r;
+        ro.tp_nccl = g->nccl[r];
+        if (gpus)
+            ro.device = (int)r;
         if (!rc)
             rc = muser_device_new(&g->dev[r], &g->shard[r], &ro, err);
         if (!rc)
@@ -350,6 +380,12 @@ int muser_tp_group_new(muser_tp_group **out, const muser_model *m, uint32_t n, c
 }
 
 muser_session *muser_tp_session(muser_tp_group *g, uint32_t r) { return r < g->n ? g->s[r] : NULL; }
+
+void muser_tp_reset(muser_tp_group *g)
+{
+    for (uint32_t r = 0; r < g->n; r++)
+        muser_session_reset(g->s[r]);
+}
 
 /* Every rank runs the same call (rank 0 on the caller's thread, the others woken on theirs); the
  * first failing rank's error is the call's. The ranks fail alike: they see the same positions and

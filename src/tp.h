@@ -40,6 +40,7 @@ void muser_tp_shard_free(muser_model *shard);
 typedef struct muser_tp_comm muser_tp_comm;
 int muser_tp_comm_new(muser_tp_comm **out, uint32_t n, size_t max_count, muser_error *err);
 void muser_tp_comm_free(muser_tp_comm *c);
+uint32_t muser_tp_comm_ranks(const muser_tp_comm *c);
 void muser_tp_reduce(muser_tp_comm *c, uint32_t rank, float *buf, size_t count);
 /* The LM head's gather: each of n threads passes its rows × per logits `mine` (its vocabulary
  * rows); each returns with full [rows][n·per] = every rank's in rank order. */
@@ -58,6 +59,8 @@ void muser_tp_group_free(muser_tp_group *g);
 int muser_tp_prefill(muser_tp_group *g, const int32_t *tokens, uint32_t n, float *logits, muser_error *err);
 /* One decode step of one row on every rank (the small-batch route): logits [V], may be NULL. */
 int muser_tp_step(muser_tp_group *g, int32_t token, float *logits, muser_error *err);
+/* Every rank's session back to position 0 (muser_session_reset). */
+void muser_tp_reset(muser_tp_group *g);
 /* Rank r's session (its cache holds its heads). */
 muser_session *muser_tp_session(muser_tp_group *g, uint32_t r);
 

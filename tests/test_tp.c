@@ -1,8 +1,14 @@
-/* test_tp.c — tensor parallelism over CPU ranks (src/tp.c): the split's refusals (ranks that do not
- * divide the KV heads, column pieces that are not whole blocks), one rank through the group giving
- * a plain session's bytes, two ranks meeting SPEC §4 against the oracle on muse, llama and qwen3
- * (a prompt past the sliding window, then decode steps), deterministic run to run, each rank's
- * cache holding its own heads and its LM head its vocabulary rows. */
+/* test_tp.c — tensor parallelism (src/tp.c): the split's refusals (ranks that do not divide the KV
+ * heads, column pieces that are not whole blocks), one rank through the group giving a plain
+ * session's bytes, two ranks meeting SPEC §4 against the oracle on muse, llama and qwen3 (a prompt
+ * past the sliding window, then decode steps), deterministic run to run, each rank's cache holding
+ * its own heads and its LM head its vocabulary rows.
+ *
+ * `test_tp` runs CPU ranks; `test_tp cuda` (ctest tp_cuda) the same on CUDA ranks: a GPU each
+ * through NCCL where the host has two, else both on one GPU reducing through the host (which still
+ * checks the shards on the GPU kernels, the reduce points and the gather); a visible SKIP without a
+ * GPU. MUSER_TP_MODEL=path adds a model of the caller's (the synthesized Glimmer on the device:
+ * its tensor-core shards), two ranks against one rank on the same backend. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,23 +16,30 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "gpu.h"
 #include "session.h"
 #include "synth_model.h"
 #include "tp.h"
+#ifdef MUSER_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 #define N_TOK 40 /* > the tiny preset's window of 16: every ring wraps */
 #define N_PRE 13 /* prefilled in chunks of 5 (max_batch), then decode steps */
 
 static muser_model *synth(int type, muser_arch arch) { return check_synth_model("test_tp", arch, type); }
 
+static muser_backend_kind g_backend = MUSER_BACKEND_CPU;
+
 static muser_session_opts cpu_opts(void)
 {
     muser_session_opts o;
     memset(&o, 0, sizeof o);
-    o.backend = MUSER_BACKEND_CPU;
+    o.backend = g_backend;
     o.n_ctx = 64;
     o.n_threads = 1;
     o.max_batch = 5;
+    o.tp_share_gpu = true; /* one GPU: the ranks share it */
     return o;
 }
 
@@ -83,6 +96,61 @@ static void refusals(void)
     muser_device *d = NULL;
     CHECK(muser_device_new(&d, m, &o, &err) == MUSER_E_UNSUPPORTED && d == NULL);
     CHECK(muser_tp_group_new(&g, m, 1, &o, &err) == MUSER_E_UNSUPPORTED);
+    muser_model_free(m);
+#ifdef MUSER_HAVE_CUDA
+    /* more CUDA ranks than GPUs, unless the caller lets them share one: an error at the start */
+    if (g_backend == MUSER_BACKEND_CUDA && muser_cuda_device_count() < 2) {
+        muser_model *q = synth(8 /* Q8_0 */, MUSER_ARCH_MUSE);
+        o = cpu_opts();
+        o.tp_share_gpu = false;
+        if (q) {
+            CHECK(muser_tp_group_new(&g, q, 2, &o, &err) == MUSER_E_ARG && g == NULL);
+            CHECKF(strstr(err.msg, "GPUs") != NULL, "2 ranks on one GPU: %s", err.msg);
+        }
+        muser_model_free(q);
+    }
+#endif
+}
+
+/* MUSER_TP_MODEL: two ranks against one on the backend, N_TOK positions (the oracle would take too
+ * long on a large model): within the contract's bound of each other, the same top-1, deterministic. */
+static void caller_model(const char *path)
+{
+    muser_model *m = NULL;
+    muser_error err = {0};
+    CHECK_OK(muser_model_load(&m, path, &err), &err);
+    if (!m)
+        return;
+    if (muser_tp_check(m, 2, &err)) {
+        printf("SKIP: %s does not split in 2: %s\n", path, err.msg);
+        muser_model_free(m);
+        return;
+    }
+    const uint32_t V = m->hp.n_vocab, NR = N_TOK - N_PRE + 1;
+    int32_t tok[N_TOK];
+    check_rng_seed(99);
+    for (uint32_t i = 0; i < N_TOK; i++)
+        tok[i] = (int32_t)(check_rng_u64() % V);
+    float *t1 = malloc((size_t)NR * V * sizeof(float)), *t2 = malloc((size_t)NR * V * sizeof(float));
+    float *t2b = malloc((size_t)NR * V * sizeof(float));
+    if (t1 && t2 && t2b && !run_group(m, 1, tok, t1) && !run_group(m, 2, tok, t2) && !run_group(m, 2, tok, t2b)) {
+        CHECKF(!memcmp(t2, t2b, (size_t)NR * V * sizeof(float)), "%s: two runs of two ranks differ", path);
+        double worst = 0;
+        int top_bad = 0;
+        for (uint32_t i = 0; i < NR; i++) {
+            bool ok = true;
+            const double d = check_lsm_diff(t2 + (size_t)i * V, t1 + (size_t)i * V, V, &ok);
+            worst = d > worst ? d : worst;
+            top_bad += !ok;
+        }
+        CHECKF(worst <= 1e-3 && top_bad == 0, "%s: two ranks against one: %.3g, %d top-1 mismatches", path, worst,
+               top_bad);
+        printf("%s: 2 ranks against 1 on %s: %u positions, max |dlogsoftmax| %.3g, top-1 mismatches %d; "
+               "deterministic\n", path, muser_backend_name(g_backend), NR, worst, top_bad);
+    }
+    free(t1);
+    free(t2);
+    free(t2b);
     muser_model_free(m);
 }
 
@@ -145,11 +213,31 @@ static void one_model(const char *name, int type, muser_arch arch)
     muser_model_free(m);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "cuda")) {
+        g_backend = MUSER_BACKEND_CUDA;
+        muser_model *m = synth(8, MUSER_ARCH_MUSE);
+        const bool gpu = m && gpu_present(m);
+        muser_model_free(m);
+        if (!gpu) {
+            printf("SKIP: test_tp cuda: no GPU, or built without CUDA\n");
+            return 77;
+        }
+#ifdef MUSER_HAVE_CUDA
+        printf("CUDA ranks: %s\n", muser_cuda_device_count() >= 2 ? "a GPU each, through NCCL"
+                                                                   : "both on one GPU, reducing through the host");
+#endif
+    } else if (argc > 1) {
+        fprintf(stderr, "usage: test_tp [cuda]\n");
+        return 2;
+    }
     refusals();
     one_model("tiny muse q8_0", 8 /* Q8_0 */, MUSER_ARCH_MUSE);
     one_model("tiny llama f16", 1 /* F16 */, MUSER_ARCH_LLAMA);
     one_model("tiny qwen3 q8_0", 8, MUSER_ARCH_QWEN3);
+    const char *path = getenv("MUSER_TP_MODEL");
+    if (path && *path)
+        caller_model(path);
     return check_report("test_tp");
 }

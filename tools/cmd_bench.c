@@ -776,12 +776,13 @@ static uint32_t bench_threads(const bench_opts *o)
     return n > 0 ? (uint32_t)n : 1;
 }
 
-/* --tensor-parallel N (CPU): a prefill of --prompt tokens, then --gen greedy decode steps, on N
- * ranks that each hold 1/N of every matrix and share the threads, beside one rank (tp.h). */
+/* --tensor-parallel N: a prefill of --prompt tokens, then --gen greedy decode steps, on N ranks that
+ * each hold 1/N of every matrix, beside one rank (tp.h): CPU ranks share the threads, CUDA ranks
+ * take a GPU each. */
 static int bench_tp_one(const bench_opts *o, const muser_model *m, uint32_t n, uint32_t threads, double *pf, double *dec)
 {
     const uint32_t V = m->hp.n_vocab;
-    muser_session_opts so = {.backend = MUSER_BACKEND_CPU,
+    muser_session_opts so = {.backend = o->backend,
                              .n_ctx = o->prompt + o->gen + 1,
                              .n_threads = threads / n ? threads / n : 1,
                              .max_batch = o->max_batch};
@@ -800,13 +801,12 @@ static int bench_tp_one(const bench_opts *o, const muser_model *m, uint32_t n, u
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         tok[i] = (int32_t)(x % V);
     }
+    if (muser_tp_group_new(&g, m, n, &so, &err)) {
+        fprintf(stderr, "muser bench: --tensor-parallel %u: %s\n", n, err.msg);
+        goto out;
+    }
     for (uint32_t r = 0; r <= o->reps; r++) { /* rep 0: untimed warm-up */
-        muser_tp_group_free(g);
-        g = NULL;
-        if (muser_tp_group_new(&g, m, n, &so, &err)) {
-            fprintf(stderr, "muser bench: --tensor-parallel %u: %s\n", n, err.msg);
-            goto out;
-        }
+        muser_tp_reset(g);
         const double t0 = muser_now_s();
         if (muser_tp_prefill(g, tok, o->prompt, logits, &err)) {
             fprintf(stderr, "muser bench: prompt: %s\n", err.msg);
@@ -832,9 +832,8 @@ out:
 
 static int bench_tp(const bench_opts *o, const muser_model *m)
 {
-    if (o->backend != MUSER_BACKEND_CPU) {
-        fprintf(stderr, "muser bench: --tensor-parallel runs on the cpu backend only for now; across GPUs it is not "
-                        "built (docs/tp.md)\n");
+    if (o->backend != MUSER_BACKEND_CPU && o->backend != MUSER_BACKEND_CUDA) {
+        fprintf(stderr, "muser bench: --tensor-parallel runs on the cpu or cuda backend\n");
         return 1;
     }
     muser_error err = {0};
@@ -843,18 +842,22 @@ static int bench_tp(const bench_opts *o, const muser_model *m)
         return 1;
     }
     const uint32_t threads = bench_threads(o);
-    printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights; backend cpu, %u threads\n", o->model,
+    const bool gpu = o->backend == MUSER_BACKEND_CUDA;
+    printf("model   %s: %s, %u layers, E %u, F %u, V %u, %.1f MB of weights; backend %s", o->model,
            muser_arch_name(m->hp.arch), m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, m->hp.n_vocab, m->weight_bytes / 1e6,
-           threads);
+           gpu ? "cuda, a GPU a rank" : "cpu");
+    if (!gpu) printf(", %u threads", threads);
+    printf("\n");
     double pf1 = 0, dec1 = 0;
     const uint32_t ns[2] = {1, o->tp};
     for (uint32_t k = 0; k < (o->tp > 1 ? 2u : 1u); k++) {
         double pf, dec;
         if (bench_tp_one(o, m, ns[k], threads, &pf, &dec)) return 1;
         if (k == 0) pf1 = pf, dec1 = dec;
-        printf("tp %-2u   prefill %5u tok: %9.2f tok/s (%.2fx one rank) | decode %4u tok: %8.2f tok/s (%.2fx) | "
-               "%u threads a rank | median of %u\n",
-               ns[k], o->prompt, pf, pf / pf1, o->gen, dec, dec / dec1, threads / ns[k] ? threads / ns[k] : 1, o->reps);
+        printf("tp %-2u   prefill %5u tok: %9.2f tok/s (%.2fx one rank) | decode %4u tok: %8.2f tok/s (%.2fx) | ",
+               ns[k], o->prompt, pf, pf / pf1, o->gen, dec, dec / dec1);
+        if (!gpu) printf("%u threads a rank | ", threads / ns[k] ? threads / ns[k] : 1);
+        printf("median of %u\n", o->reps);
     }
     return 0;
 }
@@ -881,8 +884,8 @@ int cmd_bench(int argc, char **argv)
                "sequence (checkpoint, one muser_step of B rows, rollback) beside a decode step,\n"
                "after each --ctx of context (B <= 16).\n"
                "--tensor-parallel N: prefill (--prompt) and decode (--gen) with the model split\n"
-               "across N ranks (heads and FFN rows; CPU threads share the cores), beside one rank\n"
-               "(docs/tp.md; the GPU version is not built).\n"
+               "across N ranks (heads and FFN rows), beside one rank: CPU ranks share the\n"
+               "cores; with --backend cuda a GPU a rank, reducing through NCCL (docs/tp.md).\n"
                "-p TEXT with a drafter (below): greedy speculative decoding of --gen tokens after\n"
                "TEXT against plain greedy decoding, in turns, --reps rounds after a warm-up; the\n"
                "medians, the speedup, the acceptance; the texts must be the same.\n");

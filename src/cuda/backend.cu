@@ -24,12 +24,14 @@ extern "C" {
 #include "draw.h"
 #include "session.h"
 #include "quant.h"
+#include "tp.h"
 #include "util.h"
 }
 #include "cuda/cuda_backend.h"
 #include "cuda/ops.cuh"
 #include "cuda/prefill.cuh"
 #include "cuda/pfattn.cuh"
+#include "cuda/tpcomm.cuh"
 
 #define CU_TRY(call, what)                                                                          \
     do {                                                                                            \
@@ -137,6 +139,16 @@ typedef struct cu_ctx {
                                 * logits are then meaningless), a mask of 1 << SK_* */
     double upload_s;
     cu_pf *pf;                 /* the prefill route's workspace, made at the first prefill (pf_ws) */
+    /* tensor parallel (tp.h): rank tp_rank of tp_n, its matrices that rank's shard; the partial sums
+     * of o_proj and ffn_down are all-reduced and the LM head's vocabulary rows gathered, through
+     * NCCL (nccl: ranks on GPUs of their own, recorded in the graphs) or through the host (tp: ranks
+     * sharing one GPU, a test configuration; the pass then waits on the host mid-way: eager) */
+    uint32_t tp_n, tp_rank;
+    muser_tp_comm *tp;
+    void *nccl;
+    float *h_tp;               /* pinned staging of the host reduce, h_tp_cap floats */
+    size_t h_tp_cap;
+    bool eager;                /* no graphs: each pass enqueued as it runs (the host reduce) */
 } cu_ctx;
 
 /* A session on the device: its KV planes, their host metadata, its per-token device state and
@@ -431,6 +443,63 @@ static void seg_set(mv_launch *L, const mv_mat *a, float *out, uint32_t op, uint
     s->os = os;
     s->warp_begin = L->n_warps;
     L->n_warps += (a->rows + R - 1) / R;
+}
+
+/* The calling thread's current device is c's (a rank's thread, or a caller that made contexts on
+ * several GPUs). */
+static void bind_dev(const cu_ctx *c)
+{
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != c->device) cudaSetDevice(c->device);
+}
+
+/* The host reduce's staging: at least n floats (grown only between passes of the eager mode). */
+static cudaError_t tp_host(cu_ctx *c, size_t n)
+{
+    if (c->h_tp_cap >= n) return cudaSuccess;
+    cudaError_t e = cudaStreamSynchronize(c->st);
+    if (!e && c->h_tp) e = cudaFreeHost(c->h_tp);
+    c->h_tp = NULL;
+    c->h_tp_cap = 0;
+    if (!e) e = cudaMallocHost((void **)&c->h_tp, n * sizeof(float));
+    if (!e) c->h_tp_cap = n;
+    return e;
+}
+
+/* Tensor parallel: buf[0..count) = its sum over the ranks (o_proj's and ffn_down's partial sums).
+ * The host reduce joins the other ranks even when its copy failed, so that none waits forever. */
+static cudaError_t tp_reduce(cu_ctx *c, cudaStream_t st, float *buf, size_t count)
+{
+    if (c->tp_n < 2) return cudaSuccess;
+    if (c->nccl) return cu_tp_all_reduce(c->nccl, buf, count, st);
+    cudaError_t e = tp_host(c, count);
+    if (!e) e = cudaMemcpyAsync(c->h_tp, buf, count * sizeof(float), cudaMemcpyDeviceToHost, st);
+    if (!e) e = cudaStreamSynchronize(st);
+    /* (after a failed copy the sum is garbage, and the pass fails on this rank's error) */
+    const bool room = c->h_tp_cap >= count;
+    muser_tp_reduce(c->tp, c->tp_rank, room ? c->h_tp : NULL, room ? count : 0);
+    if (!e) e = cudaMemcpyAsync(buf, c->h_tp, count * sizeof(float), cudaMemcpyHostToDevice, st);
+    return e;
+}
+
+/* Tensor parallel: the LM head's rows rows of full (row i at full + i·stride), of which this rank
+ * wrote its per logits at tp_rank·per, become whole on every rank. */
+static cudaError_t tp_gather(cu_ctx *c, cudaStream_t st, float *full, uint32_t rows, size_t per, size_t stride)
+{
+    if (c->tp_n < 2) return cudaSuccess;
+    if (c->nccl) return cu_tp_all_gather_rows(c->nccl, full, rows, per, stride, c->tp_rank, st);
+    const size_t part = (size_t)rows * per, whole = part * c->tp_n;
+    cudaError_t e = tp_host(c, part + whole);
+    float *h_part = c->h_tp, *h_full = c->h_tp + part;
+    if (!e)
+        e = cudaMemcpy2DAsync(h_part, per * sizeof(float), full + (size_t)c->tp_rank * per, stride * sizeof(float),
+                              per * sizeof(float), rows, cudaMemcpyDeviceToHost, st);
+    if (!e) e = cudaStreamSynchronize(st);
+    muser_tp_gather(c->tp, c->tp_rank, h_part, e ? 0 : rows, per, h_full); /* [rows][tp_n·per] */
+    if (!e)
+        e = cudaMemcpy2DAsync(full, stride * sizeof(float), h_full, per * c->tp_n * sizeof(float),
+                              per * c->tp_n * sizeof(float), rows, cudaMemcpyHostToDevice, st);
+    return e;
 }
 
 /* The tensor-core digit layouts of the current matvec input that its producer already wrote. */
@@ -767,6 +836,7 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, 
         const mv_mat *om[1] = {&L->o};
         float *oo[1] = {c->y};
         if (!SKIP(c, SK_OPROJ)) mv_group(c, st, om, oo, 1, c->attn_o, digits_ready(od), E, QD);
+        tp_reduce(c, st, c->y, (size_t)n * E);
         pf_mark(pf, st, PF_TAIL);
         /* this tail writes gate·up's digits, in the layouts gate and up read */
         set_site(c, XS_GU);
@@ -793,6 +863,7 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, 
         const mv_mat *dm[1] = {&L->ffn_down};
         float *dout[1] = {c->y};
         if (!SKIP(c, SK_DOWN)) mv_group(c, st, dm, dout, 1, c->ffn, 0, E, F);
+        tp_reduce(c, st, c->y, (size_t)n * E);
         pf_mark(pf, st, PF_TAIL);
         const bool last = l + 1 == hp->n_layer;
         set_site(c, XS_STACK);
@@ -807,10 +878,13 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, 
     pf_mark(pf, st, PF_HEAD);
     mv_launch hl;
     memset(&hl, 0, sizeof hl);
-    seg_set(&hl, &c->out, c->logits, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(c->out.type), V);
+    /* a rank's head is its vocabulary rows: its part of each row, gathered into whole rows */
+    seg_set(&hl, &c->out, c->logits + (size_t)c->tp_rank * c->out.rows, MV_OP_SOFTCAP,
+            (uint32_t)mv_rows_per_warp(c->out.type), V);
     hl.seg[0].scale = hp->logit_scale;
     hl.seg[0].cap = hp->final_softcap;
     if (!SKIP(c, SK_HEAD)) mv_go(c, st, &hl, c->a, digits_ready(dg), E); /* dg: the last tail's, qkvg_digits(n_layer) */
+    tp_gather(c, st, c->logits, n, c->out.rows, V);
     cu_argmax(st, c->logits, V, c->am_v, c->am_i, c->d_token, c->d_nonfinite, c->d_best, n);
     if (!sq) /* the staged K/V into the planes, unless a row's logits are non-finite */
         cu_stage_commit(st, dstep, R.step_stride, rows_kp(c, 0), rows_vp(c, 0), c->stage_k, c->stage_v, c->d_nonfinite, n,
@@ -827,6 +901,8 @@ static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, b
                           muser_error *err)
 {
     cudaGraph_t g;
+    *out = NULL;
+    if (c->eager) return MUSER_OK; /* enqueued at each pass instead (pass_launch) */
     CU_TRY(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal), "graph capture begin");
     const int rc = route_enqueue_n(c, sq, n, bench_token, tapped, NULL);
     c->rn = 1;
@@ -841,6 +917,15 @@ static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, b
     cudaGraphDestroy(g);
     CU_TRY(e, "graph instantiate");
     return MUSER_OK;
+}
+
+/* A pass of n rows (sq: one session's row; NULL: the multi-row pass): its graph g, or in the eager
+ * mode the route enqueued now. */
+static cudaError_t pass_launch(cu_ctx *c, cu_seq *sq, uint32_t n, bool tapped, cudaGraphExec_t g)
+{
+    if (!c->eager) return cudaGraphLaunch(g, c->st);
+    if (route_enqueue_n(c, sq, n, false, tapped, NULL)) return cudaErrorNotSupported;
+    return cudaGetLastError();
 }
 
 static int record_graph(cu_ctx *c, cu_seq *sq, bool bench_token, cudaGraphExec_t *out, muser_error *err)
@@ -866,6 +951,8 @@ static int name_mask(const char *s, const char *const *names, int n, uint32_t *m
 static void ctx_free(cu_ctx *c)
 {
     if (!c) return;
+    bind_dev(c);
+    if (c->h_tp) cudaFreeHost(c->h_tp);
     void *dev[] = {c->weights, c->h, c->part_ml, c->part_acc, c->xm_site[0], c->rope_inv, c->d_rows, c->stage_k};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     for (uint32_t n = 0; n <= CU_ROWS_MAX; n++) {
@@ -1325,7 +1412,7 @@ static int rows_pass(cu_ctx *c, cu_seq *const *sqs, const int32_t *tok, const ui
     cudaGraphExec_t g;
     const int rg = graph_for(c, NULL, n, tap, c->g_rows[n], &c->g_rows_tap[n], &c->g_rows_tap_gen[n], &g, err);
     if (rg) return rg;
-    cudaError_t e = cudaGraphLaunch(g, c->st);
+    cudaError_t e = pass_launch(c, NULL, n, tap != NULL, g);
     if (!e) e = pass_finish(c, n, want, top, tap != NULL, drawing);
     if (e) return muser_errorf(err, MUSER_E_BACKEND, "cuda: a pass of %u rows: %s", n, cudaGetErrorString(e));
     for (uint32_t i = 0; i < n; i++)
@@ -1372,7 +1459,7 @@ static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, co
         memcpy(sq->kv.planes, saved_meta, nl * sizeof(kv_plane));
         return rg;
     }
-    cudaError_t e = cudaGraphLaunch(g, c->st);
+    cudaError_t e = pass_launch(c, sq, 1, tap != NULL, g);
     const bool want = logits && !draws(c, 0);
     if (!e) e = pass_finish(c, 1, want, top, tap != NULL, drawing);
     if (e) {
@@ -1727,6 +1814,7 @@ static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_ten
     cu_pf *pf = c->pf;
     const uint32_t V = c->m->hp.n_vocab, E = c->m->hp.n_embd;
     const mv_mat *head = pf_mat(c, w);
+    const size_t part = (size_t)c->tp_rank * head->rows; /* a rank's vocabulary rows (tensor parallel) */
     cudaMemsetAsync(pf->d_bad, 0, sizeof(int32_t), c->st);
     const float *y;
     uint64_t ny = V;
@@ -1735,7 +1823,8 @@ static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_ten
             CU_TRY(cudaMalloc((void **)&pf->logits, (size_t)pf->rows * V * sizeof(float)), "prefill logits");
         int have = -1;
         pf_split_for(c, head, pf->buf[src], E, r->n, &have);
-        pf_matmul(c, head, r->n, pf->logits, V, MV_OP_SOFTCAP, scale, cap);
+        pf_matmul(c, head, r->n, pf->logits + part, V, MV_OP_SOFTCAP, scale, cap);
+        CU_TRY(tp_gather(c, c->st, pf->logits, r->n, head->rows, V), "tensor parallel: the logits' gather");
         y = pf->logits;
         ny = (uint64_t)r->n * V;
     } else {
@@ -1751,12 +1840,13 @@ static int pfo_lm_head(void *be, const fwd_rows *r, fwd_buf src, const muser_ten
             set_site(c, XS_STACK);
             mv_launch hl;
             memset(&hl, 0, sizeof hl);
-            seg_set(&hl, head, out + (size_t)g * V, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(head->type));
+            seg_set(&hl, head, out + (size_t)g * V + part, MV_OP_SOFTCAP, (uint32_t)mv_rows_per_warp(head->type));
             hl.seg[0].scale = scale;
             hl.seg[0].cap = cap;
             const size_t last = pf->seg[g].row0 + pf->seg[g].n - 1;
             PF_T(pf, PFP_HEAD, mv_go(c, c->st, &hl, pf->buf[src] + last * E, 0));
         }
+        CU_TRY(tp_gather(c, c->st, out, pf->n_seg, head->rows, V), "tensor parallel: the logits' gather");
         y = out;
     }
     pf_count_nonfinite(c->st, y, ny, pf->d_bad);
@@ -1799,6 +1889,13 @@ static int pfo_kv_append_staged(void *be, const fwd_rows *r, muser_error *err)
     return MUSER_OK;
 }
 
+/* Tensor parallel: buf's rows = their sum over the ranks (one rank: nothing) */
+static void pfo_reduce(void *be, const fwd_rows *r, fwd_buf buf)
+{
+    cu_ctx *c = (cu_ctx *)be;
+    tp_reduce(c, c->st, c->pf->buf[buf], (size_t)r->n * c->pf->width[buf]);
+}
+
 /* r->tap->out[i][slot] = FWD_H row i */
 static void pfo_tap(void *be, const fwd_rows *r, uint32_t slot)
 {
@@ -1809,8 +1906,7 @@ static void pfo_tap(void *be, const fwd_rows *r, uint32_t slot)
 }
 
 static const fwd_ops pf_ops = {pfo_embed, pfo_rmsnorm,  pfo_matmul, pfo_attn_stage, pfo_attention, pfo_gate,
-                               pfo_swiglu, pfo_tail, pfo_lm_head, pfo_kv_append_staged, pfo_tap,
-                               NULL /* reduce: one rank */};
+                               pfo_swiglu, pfo_tail, pfo_lm_head, pfo_kv_append_staged, pfo_tap, pfo_reduce};
 
 /* Whether the prefill route takes this model: every matrix's columns a whole number of GEMM steps. */
 static bool pf_model_ok(const cu_ctx *c)
@@ -1904,9 +2000,17 @@ static int be_dev_init(muser_device *d, muser_error *err)
     int rc = ctx_new(&c, d->model, d->opts.n_ctx, d->opts.device, err);
     if (rc) return rc;
     d->be_state = c;
+    if (d->opts.tp) { /* a rank of a split (tp.c): its reduce; the host's makes the passes eager */
+        c->tp = d->opts.tp;
+        c->tp_n = muser_tp_comm_ranks(d->opts.tp);
+        c->tp_rank = d->opts.tp_rank;
+        c->nccl = d->opts.tp_nccl;
+        c->eager = c->tp_n > 1 && !c->nccl;
+    }
     d->max_rows = MUSER_STEP_MAX_ROWS;
     d->prefill_rows = pf_model_ok(c) ? PF_TM : 0; /* below one GEMM tile a call costs as much as a tile */
-    d->part_rows = pf_model_ok(c) ? pf_chunk_rows(d->opts.max_batch) : 0; /* chunks in parts: the prefill route's */
+    /* chunks in parts: the prefill route's (a tensor-parallel rank runs its chunks whole, tp.c) */
+    d->part_rows = pf_model_ok(c) && c->tp_n < 2 ? pf_chunk_rows(d->opts.max_batch) : 0;
     /* a verify block of n rows in decode steps: one multi-row pass, as measured on the synthesized
      * Glimmer (H200, `muser bench --verify`: 1.54 / 1.76 / 2.91 / 5.39 at 2 / 4 / 8 / 16 rows),
      * linear between those points */
@@ -1933,6 +2037,7 @@ static void be_dev_free(muser_device *d)
 
 static int be_init(muser_session *s, muser_error *err)
 {
+    bind_dev((cu_ctx *)s->dev->be_state);
     cu_seq *sq = NULL;
     int rc = seq_new(&sq, (cu_ctx *)s->dev->be_state, s->opts.n_ctx, err);
     if (rc) return rc;
@@ -1942,6 +2047,7 @@ static int be_init(muser_session *s, muser_error *err)
 
 static void be_free(muser_session *s)
 {
+    if (s->be_state) bind_dev(((const cu_seq *)s->be_state)->c);
     seq_free((cu_seq *)s->be_state);
     s->be_state = NULL;
 }
@@ -1999,6 +2105,7 @@ static int seq_restore(cu_seq *sq, bool wraps, muser_error *err)
 static int be_forward_tap(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
                           const muser_tap *tap, muser_error *err)
 {
+    bind_dev(((const cu_seq *)s->be_state)->c);
     cu_seq *sq = (cu_seq *)s->be_state;
     const uint64_t V = s->model->hp.n_vocab;
     /* A call is all or nothing: if row i fails, rows 0..i-1 must not stay appended either, or
@@ -2046,6 +2153,7 @@ static int be_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
 static int be_forward_part(muser_device *d, const muser_step_rows *rows, uint32_t l0, uint32_t l1, float *logits,
                            muser_error *err)
 {
+    bind_dev((cu_ctx *)d->be_state);
     cu_ctx *c = (cu_ctx *)d->be_state;
     int rc = l0 == 0 ? pf_ws(c, pf_chunk_rows(d->opts.max_batch), err) : MUSER_OK;
     if (rc) return rc;
@@ -2106,6 +2214,7 @@ static int step_flush(cu_ctx *c, cu_seq *const *ps, const int32_t *pt, const uin
  * one pass (it writes them only on success), else through step_logits. */
 static int be_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
 {
+    bind_dev((cu_ctx *)d->be_state);
     const uint64_t V = d->model->hp.n_vocab;
     const muser_tap *tap = rows->tap; /* its rows go straight out (the engine stages them) */
     cu_ctx *c = (cu_ctx *)d->be_state;
@@ -2204,6 +2313,7 @@ static void ring_rows_copy(cudaStream_t st, cu_copy_list *L, uint16_t *plane, ui
  * KV_MAX_SPEC_ROWS) into its save buffers, in one launch; stream-ordered before the block. */
 static int be_checkpoint(muser_session *s, muser_error *err)
 {
+    bind_dev(((const cu_seq *)s->be_state)->c);
     cu_seq *sq = (cu_seq *)s->be_state;
     cu_ctx *c = sq->c;
     const size_t re = (size_t)s->model->hp.n_head_kv * s->model->hp.head_dim;
@@ -2226,6 +2336,7 @@ static int be_checkpoint(muser_session *s, muser_error *err)
  * over ring rows back from the save buffers, in one launch. */
 static int be_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
 {
+    bind_dev(((const cu_seq *)s->be_state)->c);
     cu_seq *sq = (cu_seq *)s->be_state;
     cu_ctx *c = sq->c;
     if (!sq->kv.has_checkpoint) return muser_errorf(err, MUSER_E_ARG, "KV rollback without a checkpoint");
@@ -2258,6 +2369,7 @@ static void be_commit(muser_session *s)
 
 static void be_reset(muser_session *s)
 {
+    bind_dev(((const cu_seq *)s->be_state)->c);
     cu_seq *sq = (cu_seq *)s->be_state;
     kv_reset(&sq->kv);
     cudaMemsetAsync(sq->kv_mem, 0, sq->kv_bytes, sq->c->st);
@@ -2266,6 +2378,7 @@ static void be_reset(muser_session *s)
 
 static int be_kv_export(const muser_session *s, uint32_t l, kv_plane *meta, uint16_t *k, uint16_t *v, muser_error *err)
 {
+    bind_dev(((const cu_seq *)s->be_state)->c);
     const cu_seq *sq = (const cu_seq *)s->be_state;
     const kv_plane *pl = &sq->kv.planes[l];
     *meta = *pl;
@@ -2277,6 +2390,7 @@ static int be_kv_export(const muser_session *s, uint32_t l, kv_plane *meta, uint
 
 static int be_kv_copy(muser_session *dst, const muser_session *src, muser_error *err)
 {
+    bind_dev(((cu_seq *)dst->be_state)->c);
     cu_seq *d = (cu_seq *)dst->be_state;
     const cu_seq *s = (const cu_seq *)src->be_state;
     if (d->kv_bytes != s->kv_bytes) return muser_errorf(err, MUSER_E_ARG, "cuda: KV copy between caches of two sizes");
@@ -2317,6 +2431,7 @@ static cudaError_t plane_rows_copy(const cu_seq *sq, const kv_plane *pl, uint16_
 static int be_kv_rows(const muser_session *s, uint32_t l, uint64_t pos0, uint32_t n, uint16_t *k, uint16_t *v,
                       muser_error *err)
 {
+    bind_dev(((const cu_seq *)s->be_state)->c);
     const cu_seq *sq = (const cu_seq *)s->be_state;
     const kv_plane *pl = &sq->kv.planes[l];
     CU_TRY(plane_rows_copy(sq, pl, sq->pl[l].kp, k, pos0, n, false), "KV rows");
@@ -2327,6 +2442,7 @@ static int be_kv_rows(const muser_session *s, uint32_t l, uint64_t pos0, uint32_
 static int be_kv_import(muser_session *s, uint32_t l, const kv_plane *meta, uint64_t pos0, uint32_t n,
                         const uint16_t *k, const uint16_t *v, muser_error *err)
 {
+    bind_dev(((const cu_seq *)s->be_state)->c);
     cu_seq *sq = (cu_seq *)s->be_state;
     kv_plane *pl = &sq->kv.planes[l];
     *pl = *meta; /* host metadata; the device planes are sq->pl */
