@@ -7,6 +7,7 @@
  * refused or failed call leaves every session as it was. */
 #include "session.h"
 #include "sampler.h"
+#include "tp.h"
 
 #include <math.h>
 #include <openssl/evp.h>
@@ -72,6 +73,13 @@ int muser_device_new(muser_device **out, const muser_model *m, const muser_sessi
     if ((int)opts.backend < 0 || opts.backend > MUSER_BACKEND_CUDA)
         return muser_errorf(err, MUSER_E_ARG, "session: unknown backend %d", (int)opts.backend);
     const muser_backend *be = backend_for(opts.backend);
+    if (be && opts.tp_ranks > 1) { /* a split device over ranks of that backend (tp.h) */
+        if (opts.backend == MUSER_BACKEND_ORACLE)
+            return muser_errorf(err, MUSER_E_UNSUPPORTED, "tensor parallel: ranks run on cpu or cuda, not oracle");
+        if (opts.tp)
+            return muser_errorf(err, MUSER_E_ARG, "tensor parallel: a rank is not split again");
+        be = muser_backend_split();
+    }
     if (!be) {
         if (opts.backend == MUSER_BACKEND_CUDA)
             return muser_errorf(err, MUSER_E_BACKEND,

@@ -36,11 +36,13 @@ typedef struct muser_session_opts {
     uint32_t n_threads;      /* CPU; 0 = all cores */
     uint32_t max_batch;      /* rows per prefill-route call; 0 = 512 */
     int device;              /* CUDA device ordinal */
-    struct muser_tp_comm *tp; /* tensor parallel (tp.h): the ranks' reduce, NULL: one rank */
+    uint32_t tp_ranks;        /* > 1: the model split across that many ranks of `backend` (tp.h's split
+                               * device); 0 or 1: one */
+    struct muser_tp_comm *tp; /* a rank of a split device (tp.c sets these): the ranks' reduce, NULL: one rank */
     uint32_t tp_rank;         /* this device's rank (its model is that rank's shard) */
     void *tp_nccl;            /* CUDA ranks on GPUs of their own: the rank's NCCL communicator (tp.c);
                                * NULL: they reduce through tp on the host */
-    bool tp_share_gpu;        /* muser_tp_group_new: CUDA ranks may share opts.device when the host has
+    bool tp_share_gpu;        /* a split device's CUDA ranks may share opts.device when the host has
                                * fewer GPUs than ranks (the host reduce: tests); else that is an error */
 } muser_session_opts;
 

@@ -212,219 +212,445 @@ void muser_tp_gather(muser_tp_comm *c, uint32_t rank, const float *mine, uint32_
         pthread_barrier_wait(&c->bar); /* nobody reads a slot after this */
 }
 
-/* ---- a group of CPU ranks ----------------------------------------------------------------------- */
+/* ---- the split device: a device whose ranks hold the shards ------------------------------------- */
 
-/* One call, as every rank runs it. */
-typedef struct tp_call {
-    const int32_t *tokens;
-    uint32_t n;
-    bool step;
-} tp_call;
+/* One call as every rank runs it (ranks 1..n−1 on threads started with the device, rank 0 on the
+ * caller's): the prefill route or a step, the ops whose passes meet in the reduce. */
+typedef enum { TP_FORWARD, TP_STEP } tp_op;
 
-struct muser_tp_group {
+typedef struct tp_dev {
     uint32_t n;
     muser_model shard[MUSER_TP_MAX];
     muser_device *dev[MUSER_TP_MAX];
-    muser_session *s[MUSER_TP_MAX];
     muser_tp_comm *comm;
-    void *nccl[MUSER_TP_MAX];  /* CUDA ranks on GPUs of their own: each rank's communicator */
-    float *scratch; /* [n][V] each rank's logits */
-    /* ranks 1..n−1 run on their own threads, started once, woken per call (rank 0: the caller's) */
+    void *nccl[MUSER_TP_MAX]; /* CUDA ranks on GPUs of their own: each rank's communicator */
     pthread_t th[MUSER_TP_MAX];
-    uint32_t started;           /* threads running */
+    uint32_t started;         /* threads running (rank 0 counts: the caller's) */
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    uint64_t gen;               /* calls posted */
-    uint32_t finished;          /* ranks done with the current call */
+    uint64_t gen;             /* calls posted */
+    uint32_t finished;        /* ranks done with the current call */
     bool quit;
-    tp_call call;
+    struct {                  /* the call in flight */
+        tp_op op;
+        /* TP_FORWARD */
+        muser_session *s;
+        const int32_t *tokens;
+        uint32_t n;
+        float *logits;
+        bool all_logits;
+        const muser_tap *tap;
+        /* TP_STEP */
+        const muser_step_rows *rows;
+        float *const *out;
+    } call;
     int rc[MUSER_TP_MAX];
     muser_error err[MUSER_TP_MAX];
+    muser_session *rseq[MUSER_TP_MAX][MUSER_STEP_MAX_ROWS]; /* a step's rows' sessions, per rank */
     struct tp_rank {
-        muser_tp_group *g;
+        struct tp_dev *t;
         uint32_t r;
-    } rank[MUSER_TP_MAX]; /* each thread's argument */
-};
+    } rank[MUSER_TP_MAX];     /* each thread's argument */
+} tp_dev;
 
-static void tp_rank_run(muser_tp_group *g, uint32_t r)
+/* A session of the split device: a session on each rank. Their n_past follow the split session's
+ * (set before each call: session.c keeps the one that counts). */
+typedef struct tp_seq {
+    muser_session *s[MUSER_TP_MAX];
+} tp_seq;
+
+static muser_session *rank_seq(const muser_session *s, uint32_t r) { return ((tp_seq *)s->be_state)->s[r]; }
+
+static void sync_past(const muser_session *s, uint32_t n)
 {
-    muser_session *s = g->s[r];
-    float *logits = g->scratch + (size_t)r * g->shard[0].hp.n_vocab;
-    memset(&g->err[r], 0, sizeof g->err[r]);
-    if (g->call.step)
-        g->rc[r] = muser_step(g->dev[r], &s, g->call.tokens, 1, logits, NULL, NULL, &g->err[r]);
-    else
-        g->rc[r] = muser_session_prefill(s, g->call.tokens, g->call.n, logits, &g->err[r]);
+    for (uint32_t r = 0; r < n; r++)
+        rank_seq(s, r)->n_past = s->n_past;
 }
 
-static void *tp_rank_main(void *arg)
+/* Rank r's part of the call: rank 0 writes what the caller asked for, the others only their caches. */
+static void rank_run(tp_dev *t, uint32_t r)
 {
-    muser_tp_group *g = ((struct tp_rank *)arg)->g;
+    muser_error *err = &t->err[r];
+    memset(err, 0, sizeof *err);
+    const bool lead = r == 0;
+    if (t->call.op == TP_FORWARD) {
+        muser_session *s = rank_seq(t->call.s, r);
+        const muser_tap *tap = lead ? t->call.tap : NULL;
+        float *logits = lead ? t->call.logits : NULL;
+        t->rc[r] = t->call.all_logits
+                       ? muser_session_forward(s, t->call.tokens, t->call.n, logits, true, err)
+                       : muser_session_prefill_tap(s, t->call.tokens, t->call.n, logits, tap, err);
+        return;
+    }
+    const muser_step_rows *rows = t->call.rows;
+    t->rc[r] = muser_step_out(t->dev[r], t->rseq[r], rows->tokens, rows->n, lead ? t->call.out : NULL,
+                              lead ? rows->draw : NULL, lead ? rows->top : NULL, lead ? rows->tap : NULL, err);
+}
+
+static void *rank_main(void *arg)
+{
+    tp_dev *t = ((struct tp_rank *)arg)->t;
     const uint32_t r = ((struct tp_rank *)arg)->r;
     uint64_t seen = 0;
     for (;;) {
-        pthread_mutex_lock(&g->mu);
-        while (!g->quit && g->gen == seen)
-            pthread_cond_wait(&g->go, &g->mu);
-        if (g->quit) {
-            pthread_mutex_unlock(&g->mu);
+        pthread_mutex_lock(&t->mu);
+        while (!t->quit && t->gen == seen)
+            pthread_cond_wait(&t->go, &t->mu);
+        if (t->quit) {
+            pthread_mutex_unlock(&t->mu);
             return NULL;
         }
-        seen = g->gen;
-        pthread_mutex_unlock(&g->mu);
-        tp_rank_run(g, r);
-        pthread_mutex_lock(&g->mu);
-        g->finished++;
-        pthread_cond_signal(&g->done);
-        pthread_mutex_unlock(&g->mu);
+        seen = t->gen;
+        pthread_mutex_unlock(&t->mu);
+        rank_run(t, r);
+        pthread_mutex_lock(&t->mu);
+        t->finished++;
+        pthread_cond_signal(&t->done);
+        pthread_mutex_unlock(&t->mu);
     }
 }
 
-void muser_tp_group_free(muser_tp_group *g)
+/* The call in t->call on every rank at once; the first failing rank's error is the call's (the ranks
+ * fail alike: they see the same rows and hold the same residual and logits). */
+static int run_all(tp_dev *t, muser_error *err)
 {
-    if (!g)
+    pthread_mutex_lock(&t->mu);
+    t->finished = 0;
+    t->gen++;
+    pthread_cond_broadcast(&t->go);
+    pthread_mutex_unlock(&t->mu);
+    rank_run(t, 0);
+    pthread_mutex_lock(&t->mu);
+    while (t->finished < t->n - 1)
+        pthread_cond_wait(&t->done, &t->mu);
+    pthread_mutex_unlock(&t->mu);
+    for (uint32_t r = 0; r < t->n; r++)
+        if (t->rc[r]) {
+            if (err)
+                *err = t->err[r];
+            return t->rc[r];
+        }
+    return MUSER_OK;
+}
+
+static void tp_dev_free(muser_device *d)
+{
+    tp_dev *t = d->be_state;
+    if (!t)
         return;
-    pthread_mutex_lock(&g->mu);
-    g->quit = true;
-    pthread_cond_broadcast(&g->go);
-    pthread_mutex_unlock(&g->mu);
-    for (uint32_t r = 1; r < g->started; r++)
-        pthread_join(g->th[r], NULL);
-    for (uint32_t r = 0; r < g->n; r++) {
-        muser_session_free(g->s[r]);
-        muser_device_free(g->dev[r]);
-        muser_tp_shard_free(&g->shard[r]);
+    pthread_mutex_lock(&t->mu);
+    t->quit = true;
+    pthread_cond_broadcast(&t->go);
+    pthread_mutex_unlock(&t->mu);
+    for (uint32_t r = 1; r < t->started; r++)
+        pthread_join(t->th[r], NULL);
+    for (uint32_t r = 0; r < t->n; r++) {
+        muser_device_free(t->dev[r]);
+        muser_tp_shard_free(&t->shard[r]);
 #ifdef MUSER_HAVE_CUDA
-        muser_cuda_tp_comm_free(g->nccl[r]);
+        muser_cuda_tp_comm_free(t->nccl[r]);
 #endif
     }
-    muser_tp_comm_free(g->comm);
-    free(g->scratch);
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->go);
-    pthread_cond_destroy(&g->done);
-    free(g);
+    muser_tp_comm_free(t->comm);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->go);
+    pthread_cond_destroy(&t->done);
+    free(t);
+    d->be_state = NULL;
 }
 
-int muser_tp_group_new(muser_tp_group **out, const muser_model *m, uint32_t n, const muser_session_opts *o,
-                       muser_error *err)
+static int tp_dev_init(muser_device *d, muser_error *err)
 {
-    *out = NULL;
-    muser_session_opts opts;
-    if (o)
-        opts = *o;
-    else
-        memset(&opts, 0, sizeof opts);
-    if (opts.backend == MUSER_BACKEND_ORACLE)
-        return muser_errorf(err, MUSER_E_UNSUPPORTED, "tensor parallel: ranks run on the cpu or cuda backend");
+    const muser_model *m = d->model;
+    const uint32_t n = d->opts.tp_ranks;
     int rc = muser_tp_check(m, n, err);
     if (rc)
         return rc;
-    muser_tp_group *g = calloc(1, sizeof *g);
-    if (!g)
+    tp_dev *t = calloc(1, sizeof *t);
+    if (!t)
         return muser_errorf(err, MUSER_E_NOMEM, "tensor parallel: out of memory");
-    g->n = n;
-    g->started = 1;
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->go, NULL);
-    pthread_cond_init(&g->done, NULL);
-    const uint32_t rows = opts.max_batch ? opts.max_batch : 512;
+    t->n = n;
+    t->started = 1;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->go, NULL);
+    pthread_cond_init(&t->done, NULL);
+    d->be_state = t;
     /* a reduce carries FWD_SUB: a pass's rows × E (a pass holds at most a chunk or a step) */
-    rc = muser_tp_comm_new(&g->comm, n, (size_t)(rows > MUSER_STEP_MAX_ROWS ? rows : MUSER_STEP_MAX_ROWS) * m->hp.n_embd, err);
-    if (!rc && !(g->scratch = malloc((size_t)n * m->hp.n_vocab * sizeof(float))))
-        rc = muser_errorf(err, MUSER_E_NOMEM, "tensor parallel: out of memory for the logits");
-    /* CUDA: rank r on GPU r through NCCL where the host has n GPUs, else every rank on opts.device,
-     * reducing through the host (a test configuration: no graphs, a wait mid-pass) */
+    const uint32_t rows = d->opts.max_batch > MUSER_STEP_MAX_ROWS ? d->opts.max_batch : MUSER_STEP_MAX_ROWS;
+    rc = muser_tp_comm_new(&t->comm, n, (size_t)rows * m->hp.n_embd, err);
+    /* CUDA: rank r on GPU r through NCCL where the host has n GPUs, else (when the caller lets
+     * them) every rank on opts.device, reducing through the host: a test configuration */
     bool gpus = false;
 #ifdef MUSER_HAVE_CUDA
-    if (!rc && opts.backend == MUSER_BACKEND_CUDA && n > 1) {
+    if (!rc && d->opts.backend == MUSER_BACKEND_CUDA) {
         const int have = muser_cuda_device_count();
         gpus = have >= (int)n;
         if (gpus)
-            rc = muser_cuda_tp_comms_new(n, g->nccl, err);
-        else if (!opts.tp_share_gpu)
+            rc = muser_cuda_tp_comms_new(n, t->nccl, err);
+        else if (!d->opts.tp_share_gpu)
             rc = muser_errorf(err, MUSER_E_ARG, "tensor parallel: %u ranks need %u GPUs, this host has %d", n, n, have);
         else
             fprintf(stderr, "muser: tensor parallel: %u ranks share GPU %d (fewer GPUs than ranks): they reduce "
-                            "through the host, a test configuration, not a fast one\n", n, opts.device);
+                            "through the host, a test configuration, not a fast one\n", n, d->opts.device);
     }
 #endif
     for (uint32_t r = 0; !rc && r < n; r++) {
-        rc = muser_tp_shard(m, n, r, &g->shard[r], err);
-        muser_session_opts ro = opts;
-        ro.tp = g->comm;
+        rc = muser_tp_shard(m, n, r, &t->shard[r], err);
+        muser_session_opts ro = d->opts;
+        ro.tp_ranks = 0;
+        ro.tp = t->comm;
         ro.tp_rank = r;
-        ro.tp_nccl = g->nccl[r];
+        ro.tp_nccl = t->nccl[r];
         if (gpus)
             ro.device = (int)r;
         if (!rc)
-            rc = muser_device_new(&g->dev[r], &g->shard[r], &ro, err);
-        if (!rc)
-            rc = muser_session_open(&g->s[r], g->dev[r], 0, err);
+            rc = muser_device_new(&t->dev[r], &t->shard[r], &ro, err);
     }
     for (uint32_t r = 1; !rc && r < n; r++) {
-        g->rank[r].g = g;
-        g->rank[r].r = r;
-        if (pthread_create(&g->th[r], NULL, tp_rank_main, &g->rank[r])) {
+        t->rank[r].t = t;
+        t->rank[r].r = r;
+        if (pthread_create(&t->th[r], NULL, rank_main, &t->rank[r])) {
             rc = muser_errorf(err, MUSER_E_BACKEND, "tensor parallel: cannot start rank %u's thread", r);
             break;
         }
-        g->started = r + 1;
+        t->started = r + 1;
     }
     if (rc) {
-        muser_tp_group_free(g);
+        tp_dev_free(d);
         return rc;
     }
-    *out = g;
+    /* what the engine plans with: rank 0's figures (the ranks are alike), a rank's chunks whole */
+    d->max_rows = t->dev[0]->max_rows;
+    d->prefill_rows = t->dev[0]->prefill_rows;
+    d->part_rows = 0;
+    memcpy(d->pass_cost, t->dev[0]->pass_cost, sizeof d->pass_cost);
     return MUSER_OK;
 }
 
-muser_session *muser_tp_session(muser_tp_group *g, uint32_t r) { return r < g->n ? g->s[r] : NULL; }
-
-void muser_tp_reset(muser_tp_group *g)
+static void tp_free(muser_session *s)
 {
-    for (uint32_t r = 0; r < g->n; r++)
-        muser_session_reset(g->s[r]);
+    tp_seq *q = s->be_state;
+    if (!q)
+        return;
+    const tp_dev *t = s->dev->be_state;
+    for (uint32_t r = 0; r < t->n; r++)
+        muser_session_free(q->s[r]);
+    free(q);
+    s->be_state = NULL;
 }
 
-/* Every rank runs the same call (rank 0 on the caller's thread, the others woken on theirs); the
- * first failing rank's error is the call's. The ranks fail alike: they see the same positions and
- * tokens, and hold the same residual and logits. */
-static int tp_run(muser_tp_group *g, const int32_t *tokens, uint32_t n, bool step, float *logits, muser_error *err)
+static int tp_init(muser_session *s, muser_error *err)
 {
-    pthread_mutex_lock(&g->mu);
-    g->call = (tp_call){tokens, n, step};
-    g->finished = 0;
-    g->gen++;
-    pthread_cond_broadcast(&g->go);
-    pthread_mutex_unlock(&g->mu);
-    tp_rank_run(g, 0);
-    pthread_mutex_lock(&g->mu);
-    while (g->finished < g->n - 1)
-        pthread_cond_wait(&g->done, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-    for (uint32_t r = 0; r < g->n; r++)
-        if (g->rc[r]) {
-            if (err)
-                *err = g->err[r];
-            return g->rc[r];
+    const tp_dev *t = s->dev->be_state;
+    tp_seq *q = calloc(1, sizeof *q);
+    if (!q)
+        return muser_errorf(err, MUSER_E_NOMEM, "tensor parallel: out of memory");
+    s->be_state = q;
+    for (uint32_t r = 0; r < t->n; r++) {
+        const int rc = muser_session_open(&q->s[r], t->dev[r], s->opts.n_ctx, err);
+        if (rc) {
+            tp_free(s);
+            return rc;
         }
-    /* every rank holds the same residual, so the same logits: anything else is a broken split */
-    const size_t V = g->shard[0].hp.n_vocab;
-    for (uint32_t r = 1; r < g->n; r++)
-        if (memcmp(g->scratch + r * V, g->scratch, V * sizeof(float)))
-            return muser_errorf(err, MUSER_E_NUMERIC, "tensor parallel: rank %u's logits differ from rank 0's", r);
-    if (logits)
-        memcpy(logits, g->scratch, V * sizeof(float));
+    }
     return MUSER_OK;
 }
 
-int muser_tp_prefill(muser_tp_group *g, const int32_t *tokens, uint32_t n, float *logits, muser_error *err)
+static int tp_forward_tap(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
+                          const muser_tap *tap, muser_error *err)
 {
-    return tp_run(g, tokens, n, false, logits, err);
+    tp_dev *t = s->dev->be_state;
+    sync_past(s, t->n);
+    t->call.op = TP_FORWARD;
+    t->call.s = s;
+    t->call.tokens = tokens;
+    t->call.n = n;
+    t->call.logits = logits;
+    t->call.all_logits = all_logits;
+    t->call.tap = tap;
+    return run_all(t, err);
 }
 
-int muser_tp_step(muser_tp_group *g, int32_t token, float *logits, muser_error *err)
+static int tp_forward(muser_session *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
+                      muser_error *err)
 {
-    return tp_run(g, &token, 1, true, logits, err);
+    return tp_forward_tap(s, tokens, n, logits, all_logits, NULL, err);
+}
+
+static int tp_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
+{
+    tp_dev *t = d->be_state;
+    float *out[MUSER_STEP_MAX_ROWS];
+    for (uint32_t i = 0; i < rows->n; i++) {
+        out[i] = muser_row_dst(rows, logits, i, d->model->hp.n_vocab);
+        sync_past(rows->seq[i], t->n);
+        for (uint32_t r = 0; r < t->n; r++)
+            t->rseq[r][i] = rank_seq(rows->seq[i], r);
+    }
+    t->call.op = TP_STEP;
+    t->call.rows = rows;
+    t->call.out = out;
+    return run_all(t, err);
+}
+
+/* The calls without a pass run rank by rank on the caller's thread. */
+static int tp_checkpoint(muser_session *s, muser_error *err)
+{
+    const tp_dev *t = s->dev->be_state;
+    sync_past(s, t->n);
+    int rc = MUSER_OK;
+    for (uint32_t r = 0; r < t->n && !rc; r++)
+        rc = muser_session_checkpoint(rank_seq(s, r), err);
+    return rc;
+}
+
+static int tp_rollback(muser_session *s, uint64_t n_keep, muser_error *err)
+{
+    const tp_dev *t = s->dev->be_state;
+    sync_past(s, t->n);
+    int rc = MUSER_OK;
+    for (uint32_t r = 0; r < t->n && !rc; r++)
+        rc = muser_session_rollback(rank_seq(s, r), n_keep, err);
+    return rc;
+}
+
+static void tp_commit(muser_session *s)
+{
+    const tp_dev *t = s->dev->be_state;
+    for (uint32_t r = 0; r < t->n; r++)
+        muser_session_commit(rank_seq(s, r));
+}
+
+static void tp_reset(muser_session *s)
+{
+    const tp_dev *t = s->dev->be_state;
+    for (uint32_t r = 0; r < t->n; r++)
+        muser_session_reset(rank_seq(s, r));
+}
+
+static int tp_kv_copy(muser_session *dst, const muser_session *src, muser_error *err)
+{
+    const tp_dev *t = dst->dev->be_state;
+    sync_past(src, t->n);
+    int rc = MUSER_OK;
+    for (uint32_t r = 0; r < t->n && !rc; r++)
+        rc = muser_session_copy(rank_seq(dst, r), rank_seq(src, r), err);
+    return rc;
+}
+
+/* Whole K/V rows [n][HKV·D] and rank r's [n][w = HKV/N·D]: its heads are the r-th slice of a row. */
+static void rows_put(uint16_t *whole, const uint16_t *part, uint64_t n, size_t w, uint32_t r, uint32_t ranks)
+{
+    for (uint64_t i = 0; i < n; i++)
+        memcpy(whole + (i * ranks + r) * w, part + i * w, w * sizeof(uint16_t));
+}
+
+static void rows_take(uint16_t *part, const uint16_t *whole, uint64_t n, size_t w, uint32_t r, uint32_t ranks)
+{
+    for (uint64_t i = 0; i < n; i++)
+        memcpy(part + i * w, whole + (i * ranks + r) * w, w * sizeof(uint16_t));
+}
+
+static int tp_kv_rows(const muser_session *s, uint32_t l, uint64_t pos0, uint32_t n, uint16_t *k, uint16_t *v,
+                      muser_error *err)
+{
+    const tp_dev *t = s->dev->be_state;
+    sync_past(s, t->n);
+    const size_t w = (size_t)t->shard[0].hp.n_head_kv * t->shard[0].hp.head_dim;
+    uint16_t *pk = malloc((size_t)n * w * sizeof(uint16_t)), *pv = malloc((size_t)n * w * sizeof(uint16_t));
+    int rc = pk && pv ? MUSER_OK : muser_errorf(err, MUSER_E_NOMEM, "tensor parallel: out of memory for KV rows");
+    for (uint32_t r = 0; r < t->n && !rc; r++) {
+        rc = muser_session_kv_rows(rank_seq(s, r), l, pos0, n, pk, pv, err);
+        if (!rc) {
+            rows_put(k, pk, n, w, r, t->n);
+            rows_put(v, pv, n, w, r, t->n);
+        }
+    }
+    free(pk);
+    free(pv);
+    return rc;
+}
+
+static int tp_kv_import(muser_session *s, uint32_t l, const kv_plane *meta, uint64_t pos0, uint32_t n,
+                        const uint16_t *k, const uint16_t *v, muser_error *err)
+{
+    const tp_dev *t = s->dev->be_state;
+    const size_t w = (size_t)t->shard[0].hp.n_head_kv * t->shard[0].hp.head_dim;
+    uint16_t *pk = n ? malloc((size_t)n * w * sizeof(uint16_t)) : NULL;
+    uint16_t *pv = n ? malloc((size_t)n * w * sizeof(uint16_t)) : NULL;
+    int rc = !n || (pk && pv) ? MUSER_OK : muser_errorf(err, MUSER_E_NOMEM, "tensor parallel: out of memory for KV rows");
+    for (uint32_t r = 0; r < t->n && !rc; r++) {
+        muser_session *rs = rank_seq(s, r);
+        kv_plane rm; /* the rank's shape of the same positions */
+        kv_plane_shape(&rm, &t->shard[r].hp, l, rs->opts.n_ctx);
+        kv_plane_meta_after(&rm, meta->next_pos);
+        if (n) {
+            rows_take(pk, k, n, w, r, t->n);
+            rows_take(pv, v, n, w, r, t->n);
+        }
+        rc = rs->be->kv_import(rs, l, &rm, pos0, n, pk, pv, err);
+    }
+    free(pk);
+    free(pv);
+    return rc;
+}
+
+/* Layer l's plane as one device's: a ring's rows [capacity][HKV·D] joined from the ranks' slices, a
+ * FULL plane's heads [HKV][capacity][D] the ranks' heads one after another. */
+static int tp_kv_export(const muser_session *s, uint32_t l, kv_plane *meta, uint16_t *k, uint16_t *v, muser_error *err)
+{
+    const tp_dev *t = s->dev->be_state;
+    const muser_hparams *hp = &t->shard[0].hp;
+    const muser_session *r0 = rank_seq(s, 0);
+    const uint64_t most = hp->swa_window > r0->opts.n_ctx ? hp->swa_window : r0->opts.n_ctx;
+    const size_t w = (size_t)hp->n_head_kv * hp->head_dim, part = most * w;
+    uint16_t *pk = malloc(part * sizeof(uint16_t)), *pv = malloc(part * sizeof(uint16_t));
+    int rc = pk && pv ? MUSER_OK : muser_errorf(err, MUSER_E_NOMEM, "tensor parallel: out of memory for a plane");
+    for (uint32_t r = 0; r < t->n && !rc; r++) {
+        const muser_session *rs = rank_seq(s, r);
+        rc = rs->be->kv_export(rs, l, meta, pk, pv, err);
+        if (rc)
+            break;
+        if (meta->ring) {
+            rows_put(k, pk, meta->capacity, w, r, t->n);
+            rows_put(v, pv, meta->capacity, w, r, t->n);
+        } else {
+            memcpy(k + (size_t)r * meta->capacity * w, pk, meta->capacity * w * sizeof(uint16_t));
+            memcpy(v + (size_t)r * meta->capacity * w, pv, meta->capacity * w * sizeof(uint16_t));
+        }
+    }
+    meta->n_head_kv = hp->n_head_kv * t->n;
+    free(pk);
+    free(pv);
+    return rc;
+}
+
+static const muser_backend split_backend = {
+    .name = "split",
+    .dev_init = tp_dev_init,
+    .dev_free = tp_dev_free,
+    .init = tp_init,
+    .free = tp_free,
+    .forward = tp_forward,
+    .step = tp_step,
+    .checkpoint = tp_checkpoint,
+    .rollback = tp_rollback,
+    .commit = tp_commit,
+    .reset = tp_reset,
+    .kv_export = tp_kv_export,
+    .kv_copy = tp_kv_copy,
+    .kv_rows = tp_kv_rows,
+    .kv_import = tp_kv_import,
+    .forward_tap = tp_forward_tap,
+    .forward_part = NULL,
+};
+
+const muser_backend *muser_backend_split(void) { return &split_backend; }
+
+muser_session *muser_tp_rank_session(const muser_session *s, uint32_t r)
+{
+    if (!s || s->be != &split_backend)
+        return NULL;
+    const tp_dev *t = s->dev->be_state;
+    return r < t->n ? rank_seq(s, r) : NULL;
 }

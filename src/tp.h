@@ -14,9 +14,9 @@
  * rank ends with the same bytes; it is not bit-identical to one rank (the dot products of
  * attn_output and ffn_down are summed in N pieces), and meets SPEC §4's contract instead.
  *
- * Here the ranks are threads over the CPU backend, each with its shard (muser_tp_shard) and its own
- * device (muser_session_opts.tp, .tp_rank), reducing through muser_tp_comm; a GPU backend would
- * reduce through NCCL behind the same op. */
+ * The ranks are devices of a split device (below), each with its shard (muser_tp_shard) and its
+ * own device (muser_session_opts.tp, .tp_rank): CPU ranks reduce through muser_tp_comm, CUDA ranks
+ * through NCCL (src/cuda/tpcomm.cu) or, sharing one GPU, through muser_tp_comm on the host. */
 #ifndef MUSER_TP_H
 #define MUSER_TP_H
 
@@ -46,22 +46,16 @@ void muser_tp_reduce(muser_tp_comm *c, uint32_t rank, float *buf, size_t count);
  * rows); each returns with full [rows][n·per] = every rank's in rank order. */
 void muser_tp_gather(muser_tp_comm *c, uint32_t rank, const float *mine, uint32_t rows, size_t per, float *full);
 
-/* A model split over n CPU ranks (a thread each during a call), one session per rank. */
-typedef struct muser_tp_group muser_tp_group;
-int muser_tp_group_new(muser_tp_group **out, const muser_model *m, uint32_t n, const muser_session_opts *o,
-                       muser_error *err);
-void muser_tp_group_free(muser_tp_group *g);
-/* The prefill route on every rank (muser_session_prefill): tokens[0..n) at the group's position;
- * logits [V] of the last row (rank 0's; every rank has the same), may be NULL. An error any rank
- * meets before its pass (a full context) every rank meets, and nothing changes; ranks whose
- * logits differ (a broken split, never expected) are MUSER_E_NUMERIC after the pass, and the
- * group is then not to be used again. */
-int muser_tp_prefill(muser_tp_group *g, const int32_t *tokens, uint32_t n, float *logits, muser_error *err);
-/* One decode step of one row on every rank (the small-batch route): logits [V], may be NULL. */
-int muser_tp_step(muser_tp_group *g, int32_t token, float *logits, muser_error *err);
-/* Every rank's session back to position 0 (muser_session_reset). */
-void muser_tp_reset(muser_tp_group *g);
-/* Rank r's session (its cache holds its heads). */
-muser_session *muser_tp_session(muser_tp_group *g, uint32_t r);
+/* The split device (muser_session_opts.tp_ranks = n > 1; session.c picks this backend): a device
+ * whose n ranks each hold their shard on a device of their own (the backend opts.backend names:
+ * cpu, or cuda with rank r on GPU r through NCCL, or every rank on one GPU through the host when
+ * opts.tp_share_gpu allows it), each of its sessions a session on every rank. A pass (the prefill
+ * route, a step) runs on all ranks at once, ranks 1..n−1 on threads started with the device; rank 0
+ * writes what the caller asked for (logits, best logits, draws, the tap), the others only their
+ * caches. The calls without a pass (checkpoint, rollback, copy, KV rows) run rank by rank. So the
+ * engine, the server and every command run on it unchanged. */
+const muser_backend *muser_backend_split(void);
+/* Rank r's session of a session on a split device (its cache holds its heads); NULL otherwise. */
+muser_session *muser_tp_rank_session(const muser_session *s, uint32_t r);
 
 #endif

@@ -144,5 +144,22 @@ else
     echo "SKIP: the terminal bar (no script(1))"
 fi
 
+# --- --tensor-parallel: the model split across CPU ranks (docs/tp.md) ---
+expect_rc 2 "--tensor-parallel 0" -- "$BIN" run -p hi --tensor-parallel 0
+expect_rc 1 "a split the tiny model's blocks refuse" -- "$BIN" run $T -m "$M" -p hi -n 2 --tensor-parallel 2
+grep -q "blocks" "$TMP/err" || fail "--tensor-parallel 2 on tiny: the refusal does not say why: $(cat "$TMP/err")"
+D="${MUSER_SOURCE_DIR:-.}/models/default.gguf"
+if [ -f "$D" ]; then
+    for k in 1 2; do
+        "$BIN" run -m "$D" -p "Once upon a time" -n 24 --seed 7 --tensor-parallel 2 >"$TMP/tp$k" 2>"$TMP/tp$k.err" ||
+            fail "--tensor-parallel 2 exited $?: $(tail -1 "$TMP/tp$k.err")"
+    done
+    grep -q "cpu backend split across 2 ranks" "$TMP/tp1.err" || fail "--tensor-parallel 2: no split named: $(cat "$TMP/tp1.err")"
+    [ -s "$TMP/tp1" ] || fail "--tensor-parallel 2 generated nothing"
+    cmp -s "$TMP/tp1" "$TMP/tp2" || fail "--tensor-parallel 2 with one seed: two runs differ"
+else
+    echo "SKIP: --tensor-parallel on the default model ($D is missing)"
+fi
+
 if [ "$fails" -ne 0 ]; then echo "cli_run: $fails failures"; exit 1; fi
 echo "cli_run: all checks passed"

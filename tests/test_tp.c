@@ -1,8 +1,8 @@
 /* test_tp.c — tensor parallelism (src/tp.c): the split's refusals (ranks that do not divide the KV
- * heads, column pieces that are not whole blocks), one rank through the group giving a plain
- * session's bytes, two ranks meeting SPEC §4 against the oracle on muse, llama and qwen3 (a prompt
- * past the sliding window, then decode steps), deterministic run to run, each rank's cache holding
- * its own heads and its LM head its vocabulary rows.
+ * heads, column pieces that are not whole blocks), two ranks of a split device meeting SPEC §4
+ * against the oracle on muse, llama and qwen3 (a prompt past the sliding window, then decode steps),
+ * deterministic run to run, each rank's cache holding its own heads and its LM head its vocabulary
+ * rows; the split device under the engine's calls (split_api).
  *
  * `test_tp` runs CPU ranks; `test_tp cuda` (ctest tp_cuda) the same on CUDA ranks: a GPU each
  * through NCCL where the host has two, else both on one GPU reducing through the host (which still
@@ -43,32 +43,133 @@ static muser_session_opts cpu_opts(void)
     return o;
 }
 
-/* logits [N_TOK − N_PRE + 1][V] of positions N_PRE − 1 .. N_TOK − 1 through n ranks: a prefill of
- * N_PRE tokens, then one decode step a token */
+/* logits [N_TOK − N_PRE + 1][V] of positions N_PRE − 1 .. N_TOK − 1 through n ranks (a split device;
+ * n = 1: a plain session): a prefill of N_PRE tokens, then one decode step a token */
 static int run_group(const muser_model *m, uint32_t n, const int32_t *tok, float *out)
 {
     const uint32_t V = m->hp.n_vocab;
-    const muser_session_opts o = cpu_opts();
-    muser_tp_group *g = NULL;
+    muser_session_opts o = cpu_opts();
+    o.tp_ranks = n;
+    muser_session *s = NULL;
     muser_error err = {0};
-    int rc = muser_tp_group_new(&g, m, n, &o, &err);
+    int rc = muser_session_new(&s, m, &o, &err);
     CHECK_OK(rc, &err);
     if (rc)
         return rc;
     /* each rank's cache holds its own heads; its LM head, its vocabulary rows */
-    for (uint32_t r = 0; r < n; r++) {
-        const muser_model *sm = muser_tp_session(g, r)->model;
+    for (uint32_t r = 0; n > 1 && r < n; r++) {
+        const muser_session *rs = muser_tp_rank_session(s, r);
+        CHECK(rs != NULL);
+        if (!rs)
+            break;
+        const muser_model *sm = rs->model;
         CHECK(sm->hp.n_head_kv == m->hp.n_head_kv / n && sm->hp.n_head == m->hp.n_head / n);
         CHECK(sm->output.rows == m->hp.n_vocab / n && sm->hp.n_vocab == m->hp.n_vocab);
     }
-    rc = muser_tp_prefill(g, tok, N_PRE, out, &err);
+    rc = muser_session_prefill(s, tok, N_PRE, out, &err);
     CHECK_OK(rc, &err);
     for (uint32_t i = N_PRE; !rc && i < N_TOK; i++) {
-        rc = muser_tp_step(g, tok[i], out + (size_t)(i - N_PRE + 1) * V, &err);
+        rc = muser_step(s->dev, &s, &tok[i], 1, out + (size_t)(i - N_PRE + 1) * V, NULL, NULL, &err);
         CHECK_OK(rc, &err);
     }
-    muser_tp_group_free(g);
+    muser_session_free(s);
     return rc;
+}
+
+/* The split device under the calls the engine and the server make: two sessions packed in one step
+ * give the bytes of each stepped alone (row invariance holds on every rank, so on the split); a
+ * checkpoint and rollback, a session copy; KV rows out of one split session into another (every
+ * layer, then sealed) give the same cache digest; layer 0's K/V rows (whole dot products on every
+ * rank, before any reduce) are a plain session's bytes. */
+static void split_api(const char *name, const muser_model *m)
+{
+    const uint32_t V = m->hp.n_vocab, L = m->hp.n_layer, KD = m->hp.n_head_kv * m->hp.head_dim;
+    muser_session_opts o = cpu_opts();
+    o.tp_ranks = 2;
+    muser_device *d = NULL;
+    muser_error err = {0};
+    CHECK_OK(muser_device_new(&d, m, &o, &err), &err);
+    if (!d)
+        return;
+    muser_session *a = NULL, *b = NULL, *c = NULL, *e = NULL;
+    CHECK_OK(muser_session_open(&a, d, 0, &err), &err);
+    CHECK_OK(muser_session_open(&b, d, 0, &err), &err);
+    CHECK_OK(muser_session_open(&c, d, 0, &err), &err);
+    CHECK_OK(muser_session_open(&e, d, 0, &err), &err);
+    int32_t ta[N_PRE], tb[N_PRE];
+    for (uint32_t i = 0; i < N_PRE; i++)
+        ta[i] = (int32_t)(check_rng_u64() % V), tb[i] = (int32_t)(check_rng_u64() % V);
+    float *packed = malloc(2 * (size_t)V * sizeof(float)), *alone = malloc(2 * (size_t)V * sizeof(float));
+    uint16_t *k = malloc(N_TOK * (size_t)KD * 2), *v = malloc(N_TOK * (size_t)KD * 2);
+    uint16_t *k1 = malloc(N_TOK * (size_t)KD * 2), *v1 = malloc(N_TOK * (size_t)KD * 2);
+    if (a && b && c && e && packed && alone && k && v && k1 && v1) {
+        CHECK_OK(muser_session_prefill(a, ta, N_PRE, NULL, &err), &err);
+        CHECK_OK(muser_session_prefill(b, tb, N_PRE, NULL, &err), &err);
+        CHECK_OK(muser_session_copy(c, a, &err), &err);
+        CHECK_OK(muser_session_copy(e, b, &err), &err);
+        muser_session *const ab[2] = {a, b};
+        const int32_t next[2] = {7 % (int32_t)V, 11 % (int32_t)V};
+        CHECK_OK(muser_step(d, ab, next, 2, packed, NULL, NULL, &err), &err);
+        CHECK_OK(muser_step(d, &c, &next[0], 1, alone, NULL, NULL, &err), &err);
+        CHECK_OK(muser_step(d, &e, &next[1], 1, alone + V, NULL, NULL, &err), &err);
+        CHECKF(!memcmp(packed, alone, 2 * (size_t)V * sizeof(float)), "%s: a packed step of two split sessions "
+               "differs from each alone", name);
+        /* a verify-shaped block and its rollback leave the cache as it was */
+        char before[65], after[65];
+        CHECK_OK(muser_session_kv_sha256(a, before, &err), &err);
+        CHECK_OK(muser_session_checkpoint(a, &err), &err);
+        muser_session *const aa[3] = {a, a, a};
+        const int32_t blk[3] = {1, 2, 3};
+        CHECK_OK(muser_step(d, aa, blk, 3, NULL, NULL, NULL, &err), &err);
+        CHECK_OK(muser_session_rollback(a, N_PRE + 1, &err), &err);
+        muser_session_commit(a);
+        CHECK_OK(muser_session_kv_sha256(a, after, &err), &err);
+        CHECKF(!strcmp(before, after), "%s: a rolled-back block changed the split cache", name);
+        /* every layer's rows out of a into the detached c, sealed: the same digest */
+        muser_session_reset(c);
+        for (uint32_t l = 0; l < L; l++) {
+            kv_plane meta;
+            kv_plane_shape(&meta, &m->hp, l, a->opts.n_ctx);
+            kv_plane_meta_after(&meta, a->n_past);
+            const uint64_t first = kv_plane_first_pos(&meta), n = a->n_past - first;
+            CHECK_OK(muser_session_kv_rows(a, l, first, (uint32_t)n, k, v, &err), &err);
+            CHECK_OK(muser_session_kv_import(c, l, a->n_past, first, (uint32_t)n, k, v, &err), &err);
+        }
+        CHECK_OK(muser_session_kv_seal(c, a->n_past, &err), &err);
+        char moved[65];
+        CHECK_OK(muser_session_kv_sha256(c, moved, &err), &err);
+        CHECKF(!strcmp(before, moved), "%s: KV rows moved between split sessions change the digest", name);
+        /* layer 0 against a plain session of the same tokens */
+        muser_session_opts po = cpu_opts();
+        muser_session *p = NULL;
+        CHECK_OK(muser_session_new(&p, m, &po, &err), &err);
+        if (p) {
+            CHECK_OK(muser_session_prefill(p, ta, N_PRE, NULL, &err), &err);
+            CHECK_OK(muser_step(p->dev, &p, &next[0], 1, NULL, NULL, NULL, &err), &err);
+            kv_plane meta;
+            kv_plane_shape(&meta, &m->hp, 0, a->opts.n_ctx);
+            kv_plane_meta_after(&meta, a->n_past);
+            const uint64_t first = kv_plane_first_pos(&meta), n = a->n_past - first;
+            CHECK_OK(muser_session_kv_rows(a, 0, first, (uint32_t)n, k, v, &err), &err);
+            CHECK_OK(muser_session_kv_rows(p, 0, first, (uint32_t)n, k1, v1, &err), &err);
+            CHECKF(!memcmp(k, k1, n * KD * 2) && !memcmp(v, v1, n * KD * 2),
+                   "%s: layer 0's K/V rows of two ranks differ from one rank's", name);
+        }
+        muser_session_free(p);
+        printf("%-18s split device: packed step = each alone; rollback, copy, KV rows moved (same digest); "
+               "layer 0's K/V = a plain session's\n", name);
+    }
+    free(packed);
+    free(alone);
+    free(k);
+    free(v);
+    free(k1);
+    free(v1);
+    muser_session_free(a);
+    muser_session_free(b);
+    muser_session_free(c);
+    muser_session_free(e);
+    muser_device_free(d);
 }
 
 static void refusals(void)
@@ -85,17 +186,20 @@ static void refusals(void)
     /* attn_output's 256 columns in 2 pieces of 128: not whole Q4_K blocks */
     CHECK(muser_tp_check(m, 2, &err) == MUSER_E_ARG);
     CHECKF(strstr(err.msg, "blocks") != NULL, "2 ranks on Q4_K: %s", err.msg);
-    muser_tp_group *g = NULL;
-    CHECK(muser_tp_group_new(&g, m, 2, NULL, &err) == MUSER_E_ARG && g == NULL);
+    muser_session_opts so = cpu_opts();
+    so.tp_ranks = 2;
+    muser_device *d = NULL;
+    CHECK(muser_device_new(&d, m, &so, &err) == MUSER_E_ARG && d == NULL);
     muser_model shard;
     CHECK(muser_tp_shard(m, 1, 1, &shard, &err) == MUSER_E_ARG);
     /* a rank on a backend without the reduce is refused, not run unsplit */
     muser_session_opts o = cpu_opts();
     o.backend = MUSER_BACKEND_ORACLE;
     o.tp = (muser_tp_comm *)&shard; /* never read: refused first */
-    muser_device *d = NULL;
     CHECK(muser_device_new(&d, m, &o, &err) == MUSER_E_UNSUPPORTED && d == NULL);
-    CHECK(muser_tp_group_new(&g, m, 1, &o, &err) == MUSER_E_UNSUPPORTED);
+    o.tp = NULL;
+    o.tp_ranks = 2;
+    CHECK(muser_device_new(&d, m, &o, &err) == MUSER_E_UNSUPPORTED && d == NULL);
     muser_model_free(m);
 #ifdef MUSER_HAVE_CUDA
     /* more CUDA ranks than GPUs, unless the caller lets them share one: an error at the start */
@@ -103,8 +207,9 @@ static void refusals(void)
         muser_model *q = synth(8 /* Q8_0 */, MUSER_ARCH_MUSE);
         o = cpu_opts();
         o.tp_share_gpu = false;
+        o.tp_ranks = 2;
         if (q) {
-            CHECK(muser_tp_group_new(&g, q, 2, &o, &err) == MUSER_E_ARG && g == NULL);
+            CHECK(muser_device_new(&d, q, &o, &err) == MUSER_E_ARG && d == NULL);
             CHECKF(strstr(err.msg, "GPUs") != NULL, "2 ranks on one GPU: %s", err.msg);
         }
         muser_model_free(q);
@@ -164,7 +269,7 @@ static void one_model(const char *name, int type, muser_arch arch)
     check_rng_seed(1234 + (uint64_t)arch);
     for (uint32_t i = 0; i < N_TOK; i++)
         tok[i] = (int32_t)(check_rng_u64() % V);
-    float *ref = malloc((size_t)N_TOK * V * sizeof(float)), *plain = malloc((size_t)NR * V * sizeof(float));
+    float *ref = malloc((size_t)N_TOK * V * sizeof(float));
     float *t1 = malloc((size_t)NR * V * sizeof(float)), *t2 = malloc((size_t)NR * V * sizeof(float));
     float *t2b = malloc((size_t)NR * V * sizeof(float));
     muser_error err = {0};
@@ -176,18 +281,7 @@ static void one_model(const char *name, int type, muser_arch arch)
     if (s)
         CHECK_OK(muser_session_forward(s, tok, N_TOK, ref, true, &err), &err);
     muser_session_free(s);
-    /* one plain CPU session, the same calls as a group makes */
-    const muser_session_opts co = cpu_opts();
-    s = NULL;
-    CHECK_OK(muser_session_new(&s, m, &co, &err), &err);
-    if (s) {
-        CHECK_OK(muser_session_prefill(s, tok, N_PRE, plain, &err), &err);
-        for (uint32_t i = N_PRE; i < N_TOK; i++)
-            CHECK_OK(muser_step(s->dev, &s, &tok[i], 1, plain + (size_t)(i - N_PRE + 1) * V, NULL, NULL, &err), &err);
-    }
-    muser_session_free(s);
     if (!run_group(m, 1, tok, t1) && !run_group(m, 2, tok, t2) && !run_group(m, 2, tok, t2b)) {
-        CHECKF(!memcmp(t1, plain, (size_t)NR * V * sizeof(float)), "%s: one rank differs from a plain session", name);
         CHECKF(!memcmp(t2, t2b, (size_t)NR * V * sizeof(float)), "%s: two runs of two ranks differ", name);
         double worst = 0, vs1 = 0;
         int top_bad = 0;
@@ -202,14 +296,14 @@ static void one_model(const char *name, int type, muser_arch arch)
         CHECKF(worst <= 1e-3 && top_bad == 0, "%s: two ranks against the oracle: %.3g, %d top-1 mismatches", name,
                worst, top_bad);
         printf("%-18s 2 ranks: %u positions (prefill %u in chunks of 5, then steps), max |dlogsoftmax| %.3g vs "
-               "the oracle, %.3g vs one rank; top-1 mismatches %d; deterministic; 1 rank = a plain session\n",
+               "the oracle, %.3g vs one rank; top-1 mismatches %d; deterministic\n",
                name, NR, N_PRE, worst, vs1, top_bad);
     }
     free(ref);
-    free(plain);
     free(t1);
     free(t2);
     free(t2b);
+    split_api(name, m);
     muser_model_free(m);
 }
 

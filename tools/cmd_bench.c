@@ -783,10 +783,11 @@ static int bench_tp_one(const bench_opts *o, const muser_model *m, uint32_t n, u
 {
     const uint32_t V = m->hp.n_vocab;
     muser_session_opts so = {.backend = o->backend,
+                             .tp_ranks = n,
                              .n_ctx = o->prompt + o->gen + 1,
                              .n_threads = threads / n ? threads / n : 1,
                              .max_batch = o->max_batch};
-    muser_tp_group *g = NULL;
+    muser_session *s = NULL;
     muser_error err = {0};
     float *logits = malloc((size_t)V * sizeof(float));
     int32_t *tok = malloc((size_t)o->prompt * sizeof(int32_t));
@@ -801,20 +802,23 @@ static int bench_tp_one(const bench_opts *o, const muser_model *m, uint32_t n, u
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         tok[i] = (int32_t)(x % V);
     }
-    if (muser_tp_group_new(&g, m, n, &so, &err)) {
+    if (muser_session_new(&s, m, &so, &err)) {
         fprintf(stderr, "muser bench: --tensor-parallel %u: %s\n", n, err.msg);
         goto out;
     }
     for (uint32_t r = 0; r <= o->reps; r++) { /* rep 0: untimed warm-up */
-        muser_tp_reset(g);
+        muser_session_reset(s);
         const double t0 = muser_now_s();
-        if (muser_tp_prefill(g, tok, o->prompt, logits, &err)) {
+        if (muser_session_prefill(s, tok, o->prompt, logits, &err)) {
             fprintf(stderr, "muser bench: prompt: %s\n", err.msg);
             goto out;
         }
         const double t1 = muser_now_s();
+        /* greedy: each step hands back its best token only (no logit row copied) */
+        int32_t t = muser_argmax(logits, V);
+        const muser_top best = {.k = 1, .v = NULL, .id = &t};
         for (uint32_t k = 0; k < o->gen; k++)
-            if (muser_tp_step(g, muser_argmax(logits, V), logits, &err)) {
+            if (muser_step(s->dev, &s, &t, 1, NULL, &best, NULL, &err)) {
                 fprintf(stderr, "muser bench: step: %s\n", err.msg);
                 goto out;
             }
@@ -824,7 +828,7 @@ static int bench_tp_one(const bench_opts *o, const muser_model *m, uint32_t n, u
     *dec = median(tdec, o->reps);
     rc = 0;
 out:
-    muser_tp_group_free(g);
+    muser_session_free(s);
     free(logits);
     free(tok);
     return rc;

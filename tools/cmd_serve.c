@@ -1178,6 +1178,7 @@ static void serve_help(FILE *f)
                "  --draft-fixed           always ask for K drafts\n"
                "  --backend NAME          cpu (default) or cuda\n"
                "  -t, --threads N         CPU threads\n"
+               "  --tensor-parallel N     split the model across N ranks (cuda: a GPU each; docs/tp.md)\n"
                "  -m, --model PATH        GGUF model (default: $MUSER_MODEL or models/default.gguf)\n"
                "  -h, --help              this help\n");
     cli_remote_help(f);

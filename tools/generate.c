@@ -3,6 +3,7 @@
  * print -> forward loop. See generate.h for the pending-token invariant. */
 #include "generate.h"
 #include "kv.h"
+#include "tp.h"
 
 #include "util.h"
 
@@ -56,7 +57,9 @@ void gen_print_option_help(FILE *f)
             "  --seed S                RNG seed (default: random, printed on stderr)\n"
             "  --backend NAME          cpu | cuda | oracle (default cpu)\n"
             "  -t, --threads N         CPU threads; 0 = all cores (default 0)\n"
-            "  --ctx N                 context limit in tokens (default: see docs/cli.md)\n",
+            "  --ctx N                 context limit in tokens (default: see docs/cli.md)\n"
+            "  --tensor-parallel N     split the model across N ranks: with cuda a GPU each (NCCL),\n"
+            "                          on the cpu threads sharing the cores (docs/tp.md; default 1)\n",
             cli_default_model());
 }
 
@@ -135,6 +138,11 @@ int gen_parse_option(const char *cmd, int argc, char **argv, int *i, gen_opts *o
     } else if (!strcmp(a, "--ctx")) {
         rc = parse_u32(cmd, a, v, &u);
         o->sess.n_ctx = u;
+    } else if (!strcmp(a, "--tensor-parallel")) {
+        rc = parse_u32(cmd, a, v, &u);
+        if (rc == 1 && (u < 1 || u > MUSER_TP_MAX))
+            return cli_usage_error(cmd, "--tensor-parallel needs 1 .. %u ranks, got %u", MUSER_TP_MAX, u), -1;
+        o->sess.tp_ranks = u;
     } else {
         return 0;
     }
@@ -255,8 +263,10 @@ int gen_start_session(gen_ctx *g, gen_opts *o, uint64_t n_ctx)
     g->n_ctx = n_ctx;
     const muser_device *d = muser_engine_device(g->eng);
     g->max_batch = d->opts.max_batch;
-    fprintf(stderr, "muser %s: %s backend, context %llu tokens (KV cache %.1f MB), ready in %.2f s\n", g->cmd,
-            d->be && d->be->name ? d->be->name : muser_backend_name(o->sess.backend), (unsigned long long)n_ctx,
+    char split[48] = "";
+    if (d->opts.tp_ranks > 1) snprintf(split, sizeof split, " split across %u ranks", d->opts.tp_ranks);
+    fprintf(stderr, "muser %s: %s backend%s, context %llu tokens (KV cache %.1f MB), ready in %.2f s\n", g->cmd,
+            muser_backend_name(d->opts.backend), split, (unsigned long long)n_ctx,
             kv_cache_bytes(&g->model->hp, n_ctx) / 1e6, muser_now_s() - t0);
     return 0;
 }
