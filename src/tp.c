@@ -267,7 +267,9 @@ static void sync_past(const muser_session *s, uint32_t n)
         rank_seq(s, r)->n_past = s->n_past;
 }
 
-/* Rank r's part of the call: rank 0 writes what the caller asked for, the others only their caches. */
+/* Rank r's part of the call: rank 0 writes what the caller asked for, the others only their caches.
+ * Whatever rank 0's calls check beyond the others' (the draws, the top, the tap) session.c checked
+ * on the split call already, so no rank refuses alone and leaves the others waiting in a reduce. */
 static void rank_run(tp_dev *t, uint32_t r)
 {
     muser_error *err = &t->err[r];
@@ -460,6 +462,10 @@ static int tp_forward_tap(muser_session *s, const int32_t *tokens, uint32_t n, f
                           const muser_tap *tap, muser_error *err)
 {
     tp_dev *t = s->dev->be_state;
+    /* refused here, not on rank 0 alone: the others would wait in the reduce for it */
+    if (tap && !t->dev[0]->be->forward_tap)
+        return muser_errorf(err, MUSER_E_UNSUPPORTED, "the %s backend has no hidden-state tap on the prefill route",
+                            t->dev[0]->be->name);
     sync_past(s, t->n);
     t->call.op = TP_FORWARD;
     t->call.s = s;
