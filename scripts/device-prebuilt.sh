@@ -21,7 +21,7 @@ if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/tests/test_rows" "$B/tests/test_engine" \
         "$B/tests/test_spec" "$B/tests/test_handoff" "$B/tests/test_dflash" "$B/tests/test_tp" "$B/bench/bench_serve" "$B/bench/bench_sampler" "$B/bench/kbench_matvec" \
         "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_mmh" "$B/bench/kbench_mmi" "$B/bench/kbench_mmi6" "$B/bench/kbench_pfgemm" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
-        "$B/bench/kbench_persist" .devbin/
+        "$B/bench/kbench_persist" "$B/bench/kbench_allreduce" .devbin/
     # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
     TL=${MUSER_TL_BUILD_DIR:-build-cuda-tl}
     if [ -x "$TL/muser" ]; then cp "$TL/muser" .devbin/muser-tl; else rm -f .devbin/muser-tl; fi
@@ -290,6 +290,13 @@ for step in $steps; do
             >"$OUT/test_tp_glimmer.log" 2>&1
         note "test_tp cuda glimmer rc=$? :: $(grep -E 'g.gguf|test_tp' "$OUT/test_tp_glimmer.log" | tr '\n' ';')"
         if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+            # the all-reduce a token pays 104 times, per NCCL protocol (bench/kernels/allreduce.cu)
+            for proto in default LL LL128 Simple; do
+                if [ $proto = default ]; then env -u NCCL_PROTO timeout -k 5 120 "$D/kbench_allreduce"
+                else NCCL_PROTO=$proto timeout -k 5 120 "$D/kbench_allreduce"; fi >"$OUT/allreduce_$proto.log" 2>&1
+                note "allreduce NCCL_PROTO=$proto rc=$?"
+                grep -E '^[0-9]' "$OUT/allreduce_$proto.log" | sed 's/^/    /' >>"$S"
+            done
             timeout -k 5 300 "$D/${TP_BIN:-muser}" bench --backend cuda -m /tmp/g.gguf --tensor-parallel 2 --prompt 512 \
                 --gen 64 --reps 2 >"$OUT/tp_bench.log" 2>&1
             note "tp bench rc=$?"
