@@ -35,12 +35,13 @@ test-asan:
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && MUSER_SANITIZED=1 ctest --output-on-failure -j $(JOBS) --timeout 3600
 
-# ThreadSanitizer build of the concurrent tests (CUDA off): the engine, and tensor-parallel ranks.
+# ThreadSanitizer build of the concurrent tests (CUDA off): the engine, tensor-parallel ranks, and the
+# server (its HTTP threads, slots and shutdown; split across two ranks too).
 test-tsan:
 	@$(MAKE) --no-print-directory deps
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMUSER_TSAN=ON -DMUSER_CUDA=OFF
-	cmake --build build-tsan -j $(JOBS) --target test_engine test_tp
-	cd build-tsan && MUSER_SANITIZED=1 TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R '^(engine|tp)$$' --timeout 1800
+	cmake --build build-tsan -j $(JOBS) --target test_engine test_tp muser
+	cd build-tsan && MUSER_SANITIZED=1 TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R '^(engine|tp|cli_serve)$$' --timeout 1800
 
 # A long libFuzzer run of the GGUF reader (clang); the short one is part of `make test`.
 fuzz:

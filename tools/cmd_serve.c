@@ -28,6 +28,7 @@
 #include <openssl/crypto.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -66,7 +67,7 @@ typedef struct server {
     const char *api_key;
     const char *model_name;
     const char *backend;
-    volatile int ready;
+    atomic_bool ready;          /* the model is loaded: set once by the main thread, read by the HTTP threads */
     pthread_mutex_t mu;
     pthread_cond_t slot_free;
     uint32_t running, waiting;
@@ -84,11 +85,11 @@ typedef struct server {
 enum { OUT_STOP, OUT_LENGTH, OUT_ERROR, OUT_CANCELLED, OUT_REFUSED };
 static const char *const outcome_name[] = {"stop", "length", "error", "cancelled", "refused"};
 
-static volatile sig_atomic_t g_stop;
+static atomic_int g_stop; /* lock-free: set by the signal handler, read by every thread */
 static void on_signal(int sig)
 {
     (void)sig;
-    g_stop = 1;
+    atomic_store(&g_stop, 1);
 }
 
 static void histo_add(histo *h, double v)
@@ -296,14 +297,13 @@ static size_t stop_found(const job *j, size_t from)
     return first;
 }
 
+/* With sv->mu held. */
 static void take_slot(job *j)
 {
     server *sv = j->sv;
-    pthread_mutex_lock(&sv->mu);
     sv->waiting--;
     sv->running++;
     j->slot_held = true;
-    pthread_mutex_unlock(&sv->mu);
 }
 
 static void job_finish_metrics(job *j)
@@ -473,14 +473,15 @@ static int job_start(job *j, serve_err *e)
     pthread_mutex_lock(&sv->mu);
     if (sv->running >= sv->slots && sv->waiting >= sv->max_waiting) {
         sv->outcome[OUT_REFUSED]++;
+        const uint32_t running = sv->running, waiting = sv->waiting;
         pthread_mutex_unlock(&sv->mu);
         return serve_err_set(e, 429, "rate_limit_error", "too_many_requests", NULL,
-                             "%u requests are running and %u waiting; try again later", sv->running, sv->waiting);
+                             "%u requests are running and %u waiting; try again later", running, waiting);
     }
     sv->waiting++;
-    while (sv->running >= sv->slots && !g_stop) pthread_cond_wait(&sv->slot_free, &sv->mu);
+    while (sv->running >= sv->slots && !atomic_load(&g_stop)) pthread_cond_wait(&sv->slot_free, &sv->mu);
+    take_slot(j); /* in the same hold of the lock as the wait: no other request takes the slot between */
     pthread_mutex_unlock(&sv->mu);
-    take_slot(j);
     j->t_start = muser_now_s();
     j->started = true;
     pthread_mutex_lock(&sv->mu);
@@ -782,7 +783,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
     while (j->sse_off == j->sse_len) {
         j->sse_off = j->sse_len = 0;
         if (j->sse_done) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (g_stop && !j->done) { /* shutting down past the drain: end the stream as cut */
+        if (atomic_load(&g_stop) && !j->done) { /* shutting down past the drain: end the stream as cut */
             j->done = true;
             j->outcome = OUT_CANCELLED;
         }
@@ -883,7 +884,7 @@ static enum MHD_Result do_generate(server *sv, struct MHD_Connection *c, serve_k
         return rc;
     }
     while (!j->done) {
-        if (g_stop) {
+        if (atomic_load(&g_stop)) {
             j->outcome = OUT_CANCELLED;
             break;
         }
@@ -1096,10 +1097,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (!strcmp(url, "/health")) {
         if (!get) return simple_error(c, 405, "invalid_request_error", "method_not_allowed", "use GET");
-        return sv->ready ? reply(c, 200, "application/json", strdup("{\"status\":\"ok\"}"))
+        return atomic_load(&sv->ready) ? reply(c, 200, "application/json", strdup("{\"status\":\"ok\"}"))
                          : reply(c, 503, "application/json", strdup("{\"status\":\"loading\"}"));
     }
-    if (!sv->ready) return simple_error(c, 503, "server_error", "loading", "the model is loading");
+    if (!atomic_load(&sv->ready)) return simple_error(c, 503, "server_error", "loading", "the model is loading");
     if (!authorized(sv, c)) return simple_error(c, 401, "authentication_error", "invalid_api_key", "a valid 'Authorization: Bearer KEY' header is required");
     if (k->too_big)
         return simple_error(c, 413, "invalid_request_error", "request_too_large", "the body is larger than 1 MiB");
@@ -1308,12 +1309,12 @@ int cmd_serve(int argc, char **argv)
             sv.model_name, sv.backend, sv.slots, (unsigned long long)sv.n_ctx, sv.n_cache,
             kv_mb * (sv.slots + sv.n_cache) / sv.slots, sv.tpl->name, remote.addr ? ", prompts prefilled by " : "",
             remote.addr ? remote.addr : "");
-    sv.ready = 1;
-    while (!g_stop) usleep(100 * 1000);
+    atomic_store(&sv.ready, true);
+    while (!atomic_load(&g_stop)) usleep(100 * 1000);
     fprintf(stderr, "muser serve: stopping; draining running requests (up to %llu s)\n", (unsigned long long)drain);
     MHD_quiesce_daemon(d);
     const double until = muser_now_s() + (double)drain;
-    g_stop = 0; /* running requests go on while they drain */
+    atomic_store(&g_stop, 0); /* running requests go on while they drain */
     for (;;) {
         pthread_mutex_lock(&sv.mu);
         const uint32_t busy = sv.running + sv.waiting;
@@ -1321,7 +1322,7 @@ int cmd_serve(int argc, char **argv)
         if (!busy || muser_now_s() >= until) break;
         usleep(50 * 1000);
     }
-    g_stop = 1; /* the rest end now */
+    atomic_store(&g_stop, 1); /* the rest end now */
     pthread_mutex_lock(&sv.mu);
     pthread_cond_broadcast(&sv.slot_free);
     pthread_mutex_unlock(&sv.mu);
