@@ -11,28 +11,15 @@
  * are its low-latency ones): run once per value. Needs two or more GPUs; prints SKIP otherwise.
  *
  *   NCCL_PROTO=LL build-cuda/bench/kbench_allreduce */
-#include <cuda_runtime.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <algorithm>
-#include <vector>
 
+#include "kbench.cuh"
 extern "C" {
+#include "tp.h"
 #include "util.h"
 }
 #include "cuda/cuda_backend.h"
 #include "cuda/tpcomm.cuh"
-
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
 
 enum { E = 6656, TOKEN_REDUCES = 104, EAGER = 200, REPLAYS = 20, ROUNDS = 5 };
 
@@ -63,7 +50,7 @@ static void *rank_main(void *p)
         CK(cudaGraphInstantiate(&ge, g, 0));
         CK(cudaGraphDestroy(g));
     }
-    std::vector<double> t;
+    std::vector<float> t;
     for (int round = -1; round < ROUNDS; round++) { /* round −1: warm-up */
         pthread_barrier_wait(a->bar);
         const double t0 = muser_now_s();
@@ -74,10 +61,9 @@ static void *rank_main(void *p)
         }
         CK(cudaStreamSynchronize(st));
         const double per = a->graph ? (double)REPLAYS * TOKEN_REDUCES : (double)EAGER;
-        if (round >= 0) t.push_back((muser_now_s() - t0) / per * 1e6);
+        if (round >= 0) t.push_back((float)((muser_now_s() - t0) / per * 1e6));
     }
-    std::sort(t.begin(), t.end());
-    a->us = t[t.size() / 2];
+    a->us = kb_median(t);
     if (ge) cudaGraphExecDestroy(ge);
     cudaStreamDestroy(st);
     cudaFree(buf);
@@ -91,8 +77,8 @@ int main(void)
         printf("SKIP: kbench_allreduce needs two or more GPUs (%d here)\n", n);
         return 0;
     }
-    void *comm[MUSER_CUDA_TP_MAX];
-    const uint32_t ranks = n > (int)MUSER_CUDA_TP_MAX ? MUSER_CUDA_TP_MAX : (uint32_t)n;
+    void *comm[MUSER_TP_MAX];
+    const uint32_t ranks = n > (int)MUSER_TP_MAX ? MUSER_TP_MAX : (uint32_t)n;
     muser_error err;
     memset(&err, 0, sizeof err);
     if (muser_cuda_tp_comms_new(ranks, comm, &err)) {
@@ -109,8 +95,8 @@ int main(void)
         for (int graph = 0; graph < 2; graph++) {
             pthread_barrier_t bar;
             pthread_barrier_init(&bar, NULL, ranks);
-            rank_arg a[MUSER_CUDA_TP_MAX];
-            pthread_t th[MUSER_CUDA_TP_MAX];
+            rank_arg a[MUSER_TP_MAX];
+            pthread_t th[MUSER_TP_MAX];
             for (uint32_t r = 0; r < ranks; r++) {
                 a[r] = rank_arg{(int)r, (int)ranks, comm[r], (size_t)rows[k] * E, graph == 1, &bar, 0};
                 pthread_create(&th[r], NULL, rank_main, &a[r]);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 extern "C" {
+#include "tp.h"
 #include "util.h"
 }
 #include "cuda/cuda_backend.h"
@@ -84,9 +85,9 @@ extern "C" int muser_cuda_tp_comms_new(uint32_t n, void **comms, muser_error *er
     /* a fixed reduction order for more than two ranks; NVLink multicast stays off (docs/tp.md) */
     setenv("NCCL_ALGO", "Ring", 0);
     setenv("NCCL_NVLS_ENABLE", "0", 0);
-    int dev[MUSER_CUDA_TP_MAX];
+    int dev[MUSER_TP_MAX];
     for (uint32_t r = 0; r < n; r++) dev[r] = (int)r;
-    ncclComm_t c[MUSER_CUDA_TP_MAX];
+    ncclComm_t c[MUSER_TP_MAX];
     const ncclResult_t e = nc.init_all(c, (int)n, dev);
     if (e != ncclSuccess)
         return muser_errorf(err, MUSER_E_BACKEND, "tensor parallel: NCCL communicators on GPUs 0..%u: %s", n - 1,
