@@ -17,7 +17,9 @@
  *     when the CPU has AVX2, FMA and F16C; with AVX-512F its GEMM too (MUSER_SIMD=avx2 keeps
  *     AVX2's), whose outputs must be AVX2's bits; with AVX-512 VNNI the Q4_K and Q6_K decode dots on integer
  *     digits of x (MUSER_SIMD=avx512 keeps the f32 ones): within the bound, not AVX2's bits, and
- *     every other output still AVX2's bits;
+ *     every other output still AVX2's bits; with AVX-VNNI (MUSER_SIMD=avxvnni on an AVX-512 CPU)
+ *     the same digit dots at 256 bits on the AVX2 table: avx512vnni's digits and outputs, bit
+ *     for bit, where the CPU has both, and AVX2's bits for everything else;
  *   - the digits' edges at that level: a group whose largest element rounds up to 2^23 (the
  *     largest float under a power of two), groups of zeros and of denormals beside normal ones,
  *     a NaN or an infinity in x making the dots that read it NaN; and dot_rows over 1..9 inputs
@@ -38,7 +40,7 @@ typedef struct table {
     cpu_kernels kn;
 } table;
 
-static table tables[4];
+static table tables[5];
 static int n_tables;
 
 static const uint32_t all_types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16,
@@ -117,19 +119,29 @@ static void check_row(const char *what, uint32_t type, const uint8_t *row, const
 {
     const char *nm = quant_info(type)->name;
     const double ref = quant_dot_f64(type, row, x, n);
-    float avx2 = 0;
+    const bool digits = type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+    float avx2 = 0, vnni512 = 0;
+    bool have512 = false;
     for (int t = 0; t < n_tables; t++) {
+        const char *tn = tables[t].name;
         const float v = dot_row(&tables[t].kn, type, row, x, n);
         CHECKF(near_oracle(v, type, row, x, n), "%s %s n=%llu %s %.9g ref %.9g", what, nm,
-               (unsigned long long)n, tables[t].name, v, ref);
-        if (!strcmp(tables[t].name, "avx2"))
+               (unsigned long long)n, tn, v, ref);
+        if (!strcmp(tn, "avx2"))
             avx2 = v;
-        /* the 512-bit dots are AVX2's lanes side by side: the same bits (and the VNNI level's
-         * for every type but Q4_K and Q6_K, which it takes on integer digits) */
-        if (!strcmp(tables[t].name, "avx512") || (!strcmp(tables[t].name, "avx512vnni") && type != GGML_TYPE_Q4_K &&
-                                                  type != GGML_TYPE_Q6_K))
+        if (!strcmp(tn, "avx512vnni")) {
+            vnni512 = v;
+            have512 = true;
+        }
+        /* the 512-bit dots are AVX2's lanes side by side: the same bits (and the VNNI levels'
+         * for every type but Q4_K and Q6_K, which they take on integer digits) */
+        if (!strcmp(tn, "avx512") || (!digits && (!strcmp(tn, "avx512vnni") || !strcmp(tn, "avxvnni"))))
             CHECKF(!memcmp(&v, &avx2, sizeof v), "%s %s n=%llu: %s %.9g, avx2 %.9g", what, nm,
-                   (unsigned long long)n, tables[t].name, v, avx2);
+                   (unsigned long long)n, tn, v, avx2);
+        /* the 256-bit digit dots are the 512-bit ones' halves side by side (avxvnni comes last) */
+        if (digits && have512 && !strcmp(tn, "avxvnni"))
+            CHECKF(!memcmp(&v, &vnni512, sizeof v), "%s %s n=%llu: avxvnni %.9g, avx512vnni %.9g", what, nm,
+                   (unsigned long long)n, v, vnni512);
     }
 }
 
@@ -258,7 +270,7 @@ static void test_matrix(void)
             /* the wider GEMM is the same sums: AVX-512's outputs are AVX2's bits */
             if (!strcmp(tn, "avx2"))
                 memcpy(C2, C, (size_t)M * LDC * 4);
-            if (!strcmp(tn, "avx512") || !strcmp(tn, "avx512vnni"))
+            if (!strcmp(tn, "avx512") || !strcmp(tn, "avx512vnni") || !strcmp(tn, "avxvnni"))
                 CHECKF(!memcmp(C2, C, (size_t)M * LDC * 4), "%s panels: %s differs from avx2", nm, tn);
         }
         free(W);
@@ -315,6 +327,9 @@ static void test_digit_edges_type(uint32_t type)
         default: for (int i = 0; i < 32; i++) xg[i] = 1e-40f * (float)(i - 16); break;
         }
     }
+    uint8_t *xd512 = malloc((size_t)M * CPU_XD_BYTES(N));
+    float out512[M];
+    bool have512 = false;
     for (int t = 0; t < n_tables; t++) {
         const cpu_kernels *kn = &tables[t].kn;
         const char *tn = tables[t].name;
@@ -324,6 +339,22 @@ static void test_digit_edges_type(uint32_t type)
         cpu_xsums xs[M];
         for (int i = 0; i < M; i++)
             xs[i] = xsums_new(kn, x + i * N, N);
+        /* both VNNI levels write the same digits and give the same bits (avxvnni comes last) */
+        const size_t xdb = (size_t)N / 256 * CPU_XD_BLOCK;
+        if (!strcmp(tn, "avx512vnni")) {
+            for (int i = 0; i < M; i++)
+                memcpy(xd512 + i * xdb, xs[i].xd, xdb);
+            kn->dot_rows(type, row, x, N, xs, M, N, out512, 1);
+            have512 = true;
+        }
+        if (have512 && !strcmp(tn, "avxvnni")) {
+            int xd_same = 0;
+            for (int i = 0; i < M; i++)
+                xd_same += !memcmp(xd512 + i * xdb, xs[i].xd, xdb);
+            CHECKF(xd_same == M, "%s: avxvnni's digits are avx512vnni's for %d of %d inputs", nm, xd_same, M);
+            kn->dot_rows(type, row, x, N, xs, M, N, out, 1);
+            CHECKF(!memcmp(out, out512, sizeof out), "%s digit edges: avxvnni's dot_rows not avx512vnni's bits", nm);
+        }
         for (uint32_t m = 1; m <= M; m++) {
             kn->dot_rows(type, row, x, N, xs, m, N, out, 1);
             int same = 0;
@@ -343,6 +374,7 @@ static void test_digit_edges_type(uint32_t type)
         CHECKF(!isfinite(vi), "%s: an infinity in x, %s dot %.9g", tn, nm, vi);
         x[300] = keep;
     }
+    free(xd512);
     free(x);
     free(w);
     free(row);
@@ -442,6 +474,15 @@ static void init_tables(void)
         } else if (!strcmp(k.level, "avx512")) {
             tables[n_tables++] = (table){"avx512", k};
         }
+        /* AVX-VNNI: the default where the CPU has no AVX-512, else MUSER_SIMD=avxvnni */
+        cpu_kernels av;
+        setenv("MUSER_SIMD", "avxvnni", 1);
+        cpu_kernels_init(&av, false);
+        unsetenv("MUSER_SIMD");
+        if (!strcmp(av.level, "avxvnni"))
+            tables[n_tables++] = (table){"avxvnni", av};
+        else
+            CHECK(strcmp(k.level, "avxvnni") != 0);
     }
     printf("  kernel tables:");
     for (int t = 0; t < n_tables; t++)

@@ -729,11 +729,11 @@ static int cpu_dev_init(muser_device *d, muser_error *err)
      * up to 4 rows, so rows go in groups of 4. At the AVX-512 level a group costs ~2 decode steps
      * (`muser bench --verify 2,3,4,5,8,12,16`, the default model and the small preset, 2 threads:
      * 1.35 / 1.65 / 1.88 / 2.59 / 4.0 / 6.3 / 8.0) and a later group's first row ~0.7; at AVX2 a
-     * group ~2.5. At the VNNI level the integer dot's work is per input, not shared, so a group of
+     * group ~2.5. At the VNNI levels (avx512vnni, avxvnni) the integer dot's work is per input, not shared, so a group of
      * 4 costs ~3 (Zen 4, small preset: 2.89 / 6.37 / 12.99 steps for 4 / 8 / 16 rows). Rows inside a
      * group in between, linearly. */
     const double g4 = !st->kn.simd                            ? 4.0
-                      : !strcmp(st->kn.level, "avx512vnni") ? 3.0
+                      : strstr(st->kn.level, "vnni")        ? 3.0
                       : !strcmp(st->kn.level, "avx512")     ? 2.0
                                                             : 2.5;
     for (uint32_t n = 1; n <= KV_MAX_SPEC_ROWS; n++) {

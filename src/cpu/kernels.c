@@ -1139,16 +1139,22 @@ static TGT512_INLINE void dot_q6k_multi512(const uint8_t *row, const cpu_xsums *
     }
 }
 
-static TGT512 void dot_q4k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 1, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q4k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 2, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q4k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 3, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q4k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multi512(w, xs, 4, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q6k_z1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 1, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q6k_z2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 2, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q6k_z3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 3, b0, b1, st, first, last, o, ldo); }
-static TGT512 void dot_q6k_z4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multi512(w, xs, 4, b0, b1, st, first, last, o, ldo); }
-static const dot_state_fn dot_q4k_z[CPU_DOT_GROUP] = {dot_q4k_z1, dot_q4k_z2, dot_q4k_z3, dot_q4k_z4};
-static const dot_state_fn dot_q6k_z[CPU_DOT_GROUP] = {dot_q6k_z1, dot_q6k_z2, dot_q6k_z3, dot_q6k_z4};
+/* A level's multi-input state kernel impl as tab[g - 1], the kernel for g inputs. */
+#define STATE_KERNEL(ATTR, name, impl, R)                                                                          \
+    static ATTR void name(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first,  \
+                          int last, float *o, uint64_t ldo)                                                         \
+    {                                                                                                               \
+        impl(w, xs, R, b0, b1, st, first, last, o, ldo);                                                            \
+    }
+#define STATE_KERNELS(ATTR, tab, impl)                                                                              \
+    STATE_KERNEL(ATTR, tab##1, impl, 1)                                                                             \
+    STATE_KERNEL(ATTR, tab##2, impl, 2)                                                                             \
+    STATE_KERNEL(ATTR, tab##3, impl, 3)                                                                             \
+    STATE_KERNEL(ATTR, tab##4, impl, 4)                                                                             \
+    static const dot_state_fn tab[CPU_DOT_GROUP] = {tab##1, tab##2, tab##3, tab##4};
+
+STATE_KERNELS(TGT512, dot_q4k_z, dot_q4k_multi512)
+STATE_KERNELS(TGT512, dot_q6k_z, dot_q6k_multi512)
 
 /* dot_rows by a level's state kernels f (f[g - 1] takes g inputs), whole rows: groups of up to
  * CPU_DOT_GROUP inputs, each over every block with no state carried */
@@ -1161,23 +1167,26 @@ static void dot_state_rows(const dot_state_fn *f, const void *row, const cpu_xsu
     }
 }
 
-static TGT512 float dot_row_avx512(uint32_t type, const void *row, const float *x, const cpu_xsums *xs, uint64_t n)
-{
-    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) {
-        float o;
-        dot_state_rows(type == GGML_TYPE_Q4_K ? dot_q4k_z : dot_q6k_z, row, xs, 1, n / QK_K, &o, 1);
-        return o;
+/* A level's dot_row and dot_rows: Q4_K and Q6_K on its state kernels q4 / q6, the other types
+ * on the fallback level fb's. */
+#define LEVEL_DOTS(ATTR, lvl, q4, q6, fb)                                                                          \
+    static ATTR float dot_row_##lvl(uint32_t type, const void *row, const float *x, const cpu_xsums *xs, uint64_t n) \
+    {                                                                                                               \
+        if (type != GGML_TYPE_Q4_K && type != GGML_TYPE_Q6_K)                                                       \
+            return dot_row_##fb(type, row, x, xs, n);                                                               \
+        float o;                                                                                                    \
+        dot_state_rows(type == GGML_TYPE_Q4_K ? q4 : q6, row, xs, 1, n / QK_K, &o, 1);                              \
+        return o;                                                                                                   \
+    }                                                                                                               \
+    static ATTR void dot_rows_##lvl(uint32_t type, const void *row, const float *x, uint64_t ldx,                 \
+                                    const cpu_xsums *xs, uint32_t m, uint64_t n, float *out, uint64_t ldo)          \
+    {                                                                                                               \
+        const dot_state_fn *f = type == GGML_TYPE_Q4_K ? q4 : type == GGML_TYPE_Q6_K ? q6 : NULL;                   \
+        if (f) dot_state_rows(f, row, xs, m, n / QK_K, out, ldo);                                                   \
+        else dot_rows_##fb(type, row, x, ldx, xs, m, n, out, ldo);                                                  \
     }
-    return dot_row_avx2(type, row, x, xs, n);
-}
 
-static TGT512 void dot_rows_avx512(uint32_t type, const void *row, const float *x, uint64_t ldx, const cpu_xsums *xs,
-                                   uint32_t m, uint64_t n, float *out, uint64_t ldo)
-{
-    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_z : type == GGML_TYPE_Q6_K ? dot_q6k_z : NULL;
-    if (f) dot_state_rows(f, row, xs, m, n / QK_K, out, ldo);
-    else dot_rows_avx2(type, row, x, ldx, xs, m, n, out, ldo);
-}
+LEVEL_DOTS(TGT512, avx512, dot_q4k_z, dot_q6k_z, avx2)
 
 /* ---- AVX-512 VNNI: the Q4_K and Q6_K decode dots on exact integer digits of x ----
  *
@@ -1321,34 +1330,9 @@ static TGTVNNI_INLINE void dot_q6k_multivnni(const uint8_t *row, const cpu_xsums
         out[r * ldo] = hsum_halves(acc[r]) - 32.0f * hsum256(offs[r]);
 }
 
-static TGTVNNI void dot_q6k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 1, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q6k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 2, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q6k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 3, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q6k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q6k_multivnni(w, xs, 4, b0, b1, st, first, last, o, ldo); }
-static const dot_state_fn dot_q6k_v[CPU_DOT_GROUP] = {dot_q6k_v1, dot_q6k_v2, dot_q6k_v3, dot_q6k_v4};
-
-static TGTVNNI void dot_q4k_v1(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 1, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q4k_v2(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 2, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q4k_v3(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 3, b0, b1, st, first, last, o, ldo); }
-static TGTVNNI void dot_q4k_v4(const uint8_t *w, const cpu_xsums *xs, uint64_t b0, uint64_t b1, float *st, int first, int last, float *o, uint64_t ldo) { dot_q4k_multivnni(w, xs, 4, b0, b1, st, first, last, o, ldo); }
-static const dot_state_fn dot_q4k_v[CPU_DOT_GROUP] = {dot_q4k_v1, dot_q4k_v2, dot_q4k_v3, dot_q4k_v4};
-
-static TGTVNNI float dot_row_vnni(uint32_t type, const void *row, const float *x, const cpu_xsums *xs, uint64_t n)
-{
-    if (type != GGML_TYPE_Q4_K && type != GGML_TYPE_Q6_K)
-        return dot_row_avx512(type, row, x, xs, n);
-    float o;
-    dot_state_rows(type == GGML_TYPE_Q4_K ? dot_q4k_v : dot_q6k_v, row, xs, 1, n / QK_K, &o, 1);
-    return o;
-}
-
-static TGTVNNI void dot_rows_vnni(uint32_t type, const void *row, const float *x, uint64_t ldx, const cpu_xsums *xs,
-                                  uint32_t m, uint64_t n, float *out, uint64_t ldo)
-{
-    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_v : type == GGML_TYPE_Q6_K ? dot_q6k_v : NULL;
-    if (f) dot_state_rows(f, row, xs, m, n / QK_K, out, ldo);
-    else dot_rows_avx512(type, row, x, ldx, xs, m, n, out, ldo);
-}
+STATE_KERNELS(TGTVNNI, dot_q6k_v, dot_q6k_multivnni)
+STATE_KERNELS(TGTVNNI, dot_q4k_v, dot_q4k_multivnni)
+LEVEL_DOTS(TGTVNNI, vnni, dot_q4k_v, dot_q6k_v, avx512)
 
 /* dot_tile: nr weight rows (row_bytes apart) against m inputs in tiles of CPU_TILE_ROWS rows, each
  * tile K-chunk by K-chunk (CPU_TILE_BLOCKS blocks: a few inputs' x stays in L1 while the tile's rows
@@ -1380,18 +1364,194 @@ static void dot_tile_with(const dot_state_fn *f, void (*rows_fn)(uint32_t, const
         }
     }
 }
-static void dot_tile_avx512(uint32_t type, const uint8_t *rows, uint64_t row_bytes, uint32_t nr, const float *x, uint64_t ldx,
-                            const cpu_xsums *xs, uint32_t m, uint64_t n, float *out, uint64_t ldo)
+/* a level's dot_tile on its state kernels (the other types row by row through its dot_rows) */
+#define LEVEL_TILE(lvl, q4, q6)                                                                                     \
+    static void dot_tile_##lvl(uint32_t type, const uint8_t *rows, uint64_t row_bytes, uint32_t nr, const float *x, \
+                               uint64_t ldx, const cpu_xsums *xs, uint32_t m, uint64_t n, float *out, uint64_t ldo)  \
+    {                                                                                                               \
+        const dot_state_fn *f = type == GGML_TYPE_Q4_K ? q4 : type == GGML_TYPE_Q6_K ? q6 : NULL;                   \
+        dot_tile_with(f, dot_rows_##lvl, type, rows, row_bytes, nr, x, ldx, xs, m, n, out, ldo);                    \
+    }
+LEVEL_TILE(avx512, dot_q4k_z, dot_q6k_z)
+LEVEL_TILE(vnni, dot_q4k_v, dot_q6k_v)
+
+/* ---- AVX-VNNI: the VNNI level's digit dots at 256 bits (CPUs with VEX vpdpbusd, no AVX-512) ----
+ *
+ * The same digits of x, in the same bytes (xsums_avxvnni writes xsums_vnni's xd with AVX2
+ * instructions), and each zmm of the 512-bit dots taken as its two ymm halves side by side: lane
+ * by lane the same exact integers, conversions and FMAs in the same order, and the final sums in
+ * hsum_halves' order. So this level's outputs are avx512vnni's bits (test_cpu_dots checks it where
+ * a CPU has both), on the AVX2 table otherwise (its GEMM, its other types). */
+#define TGTAV __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define TGTAV_INLINE __attribute__((target("avx2,fma,f16c,avxvnni"), always_inline)) inline
+
+/* the low byte of each int32 lane of a (8) then b (8) -> 16 bytes, as _mm512_cvtepi32_epi8 */
+static TGTAV_INLINE __m128i low_bytes16(__m256i a, __m256i b)
 {
-    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_z : type == GGML_TYPE_Q6_K ? dot_q6k_z : NULL;
-    dot_tile_with(f, dot_rows_avx512, type, rows, row_bytes, nr, x, ldx, xs, m, n, out, ldo);
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i two = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+    const __m256i A = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(a, pick), two);
+    const __m256i B = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(b, pick), two);
+    return _mm_unpacklo_epi64(_mm256_castsi256_si128(A), _mm256_castsi256_si128(B));
 }
-static void dot_tile_vnni(uint32_t type, const uint8_t *rows, uint64_t row_bytes, uint32_t nr, const float *x, uint64_t ldx,
-                          const cpu_xsums *xs, uint32_t m, uint64_t n, float *out, uint64_t ldo)
+
+/* 2^e as a float, e in [-126, 127] */
+static TGTAV_INLINE __m256 pow2_ps(int e) { return _mm256_castsi256_ps(_mm256_set1_epi32((e + 127) << 23)); }
+
+static TGTAV void xsums_avxvnni(const float *x, uint64_t n, cpu_xsums *out)
 {
-    const dot_state_fn *f = type == GGML_TYPE_Q4_K ? dot_q4k_v : type == GGML_TYPE_Q6_K ? dot_q6k_v : NULL;
-    dot_tile_with(f, dot_rows_vnni, type, rows, row_bytes, nr, x, ldx, xs, m, n, out, ldo);
+    xsums_sums_avx2(x, n, out); /* no xp: only the f32 K-quant dots read it */
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF);
+    const __m256i top = _mm256_set1_epi32((1 << 23) - 1);
+    for (uint64_t b = 0; b + QK_K <= n; b += QK_K) {
+        uint8_t *o = out->xd + (b / QK_K) * CPU_XD_BLOCK;
+        float sg[16];
+        for (int g = 0; g < 16; g++) {
+            const __m256 v0 = _mm256_loadu_ps(x + b + 16 * g), v1 = _mm256_loadu_ps(x + b + 16 * g + 8);
+            __m256i m = _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(v0), absm),
+                                         _mm256_and_si256(_mm256_castps_si256(v1), absm));
+            __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+            h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4E));
+            h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xB1));
+            const int E = (int)((uint32_t)_mm_cvtsi128_si32(h) >> 23);
+            sg[g] = E == 255 ? NAN : ldexpf(1.0f, E - 149);
+            /* x 2^k exactly, as scalef: in two power-of-two steps, each a normal float; a step
+             * that underflows leaves a value that rounds to 0 either way */
+            const int k = E == 255 ? 0 : 149 - E, k1 = k / 2;
+            const __m256 f1 = pow2_ps(k1), f2 = pow2_ps(k - k1);
+            const __m256i X0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v0, f1), f2)), top);
+            const __m256i X1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v1, f1), f2)), top);
+            uint8_t *dv = o + (g >> 2) * 192 + 16 * (g & 3);
+            _mm_storeu_si128((__m128i *)(void *)dv, low_bytes16(X0, X1));
+            _mm_storeu_si128((__m128i *)(void *)(dv + 64), low_bytes16(_mm256_srai_epi32(X0, 8), _mm256_srai_epi32(X1, 8)));
+            _mm_storeu_si128((__m128i *)(void *)(dv + 128), low_bytes16(_mm256_srai_epi32(X0, 16), _mm256_srai_epi32(X1, 16)));
+        }
+        memcpy(o + 768, sg, sizeof sg);
+    }
 }
+
+/* digits_fma at 256 bits: vector w of a block is Q[w][0] | Q[w][1] (lanes 0..7 | 8..15 of the
+ * zmm); dz[0] | dz[1] the 16 groups' d sc s; acc[0] | acc[1] the zmm accumulator's halves. */
+static TGTAV_INLINE void digits_fma256(const __m256i Q[4][2], const uint8_t *D, const __m256 dz[2], __m256 acc[2])
+{
+    const __m256i quad = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+#pragma GCC unroll 4
+    for (int w = 0; w < 4; w++) {
+        const uint8_t *Dw = D + 192 * w;
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *Dh = Dw + 32 * h;
+            __m256i t = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), Q[w][h],
+                                                _mm256_loadu_si256((const __m256i *)(const void *)(Dh + 128)));
+            t = _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(t, 8), _mm256_loadu_si256((const __m256i *)(const void *)(Dh + 64)),
+                                        Q[w][h]);
+            t = _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(t, 8), _mm256_loadu_si256((const __m256i *)(const void *)Dh), Q[w][h]);
+            /* zmm lane 8h + l of vector w has group 4w + 2h + l/4: dz[w / 2], entry 4(w & 1) + 2h + l/4 */
+            const __m256 sc = _mm256_permutevar8x32_ps(dz[w >> 1], _mm256_add_epi32(quad, _mm256_set1_epi32(4 * (w & 1) + 2 * h)));
+            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, acc[h]);
+        }
+    }
+}
+
+/* dot_tile's state as the 512-bit dots keep it: the zmm's halves at 0 and 8, the ymm at 32 */
+static TGTAV_INLINE void state_in256(const int R, const float *st, int first, __m256 acc[4][2], __m256 v[4])
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(st + r * CPU_TILE_STATE);
+        acc[r][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(st + r * CPU_TILE_STATE + 8);
+        v[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(st + r * CPU_TILE_STATE + 32);
+    }
+}
+static TGTAV_INLINE void state_out256(const int R, float *st, const __m256 acc[4][2], const __m256 v[4])
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(st + r * CPU_TILE_STATE, acc[r][0]);
+        _mm256_storeu_ps(st + r * CPU_TILE_STATE + 8, acc[r][1]);
+        _mm256_storeu_ps(st + r * CPU_TILE_STATE + 32, v[r]);
+    }
+}
+
+static TGTAV_INLINE void dot_q4k_multiav(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t b0, uint64_t nb,
+                                         float *st, int first, int last, float *out, uint64_t ldo)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i pair0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), pair1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    __m256 acc[4][2], mins[4];
+    state_in256(R, st, first, acc, mins);
+    for (uint64_t b = b0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q4_K_BLOCK_BYTES;
+        prefetch_ahead(blk, 3); /* a Q4_K block: 144 bytes */
+        __m256 dsc, dmn;
+        q4k_scales_vec(blk, &dsc, &dmn);
+        __m256i Q[4][2]; /* 32-byte group j: low nibbles (sub-block 2j) | high nibbles (2j + 1) */
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16 + 32 * j));
+            Q[j][0] = _mm256_and_si256(v, m4);
+            Q[j][1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), m4);
+        }
+        const __m256 dsc0 = _mm256_permutevar8x32_ps(dsc, pair0), dsc1 = _mm256_permutevar8x32_ps(dsc, pair1);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *D = xs[r].xd + b * CPU_XD_BLOCK;
+            mins[r] = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xs[r].s32 + b * 8), mins[r]);
+            const float *sg = (const float *)(const void *)(D + 768);
+            const __m256 dz[2] = {_mm256_mul_ps(dsc0, _mm256_loadu_ps(sg)), _mm256_mul_ps(dsc1, _mm256_loadu_ps(sg + 8))};
+            digits_fma256(Q, D, dz, acc[r]);
+        }
+    }
+    if (!last) {
+        state_out256(R, st, acc, mins);
+        return;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        out[r * ldo] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1])) - hsum256(mins[r]);
+}
+
+static TGTAV_INLINE void dot_q6k_multiav(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t b0, uint64_t nb,
+                                         float *st, int first, int last, float *out, uint64_t ldo)
+{
+    __m256 acc[4][2], offs[4];
+    state_in256(R, st, first, acc, offs);
+    for (uint64_t b = b0; b < nb; b++) {
+        const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
+        __m256 ds[2];
+        q6k_block_head(blk, b, xs, R, ds, offs);
+        __m256i Q[4][2];
+#pragma GCC unroll 2
+        for (int n = 0; n < 2; n++) {
+            __m256i q[4];
+            q6k_quarters(blk, n, q);
+            Q[2 * n][0] = q[0];
+            Q[2 * n][1] = q[1];
+            Q[2 * n + 1][0] = q[2];
+            Q[2 * n + 1][1] = q[3];
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *D = xs[r].xd + b * CPU_XD_BLOCK;
+            const float *sg = (const float *)(const void *)(D + 768);
+            const __m256 dz[2] = {_mm256_mul_ps(ds[0], _mm256_loadu_ps(sg)), _mm256_mul_ps(ds[1], _mm256_loadu_ps(sg + 8))};
+            digits_fma256(Q, D, dz, acc[r]);
+        }
+    }
+    if (!last) {
+        state_out256(R, st, acc, offs);
+        return;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        out[r * ldo] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1])) - 32.0f * hsum256(offs[r]);
+}
+
+STATE_KERNELS(TGTAV, dot_q6k_a, dot_q6k_multiav)
+STATE_KERNELS(TGTAV, dot_q4k_a, dot_q4k_multiav)
+LEVEL_DOTS(TGTAV, avxvnni, dot_q4k_a, dot_q6k_a, avx2)
+LEVEL_TILE(avxvnni, dot_q4k_a, dot_q6k_a)
 
 static TGT void axpy_f16_avx2(float *o, float p, const uint16_t *v, uint32_t n)
 {
@@ -1549,8 +1709,20 @@ void cpu_kernels_init(cpu_kernels *k, bool force_scalar)
         .sigmoid_gate = sigmoid_gate_avx2,
         .logit_finish = logit_finish_avx2,
     };
+    const bool keep_avx2 = env && !strcmp(env, "avx2"), keep_avxvnni = env && !strcmp(env, "avxvnni");
+    /* AVX-VNNI (VEX, 256 bits): the digit dots on the AVX2 table, avx512vnni's bits (on an
+     * AVX-512 CPU only where MUSER_SIMD=avxvnni asks for it) */
+    if (__builtin_cpu_supports("avxvnni") && !keep_avx2 &&
+        (keep_avxvnni || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq"))) {
+        k->level = "avxvnni";
+        k->xsums = xsums_avxvnni;
+        k->dot_row = dot_row_avxvnni;
+        k->dot_rows = dot_rows_avxvnni;
+        k->dot_tile = dot_tile_avxvnni;
+        return;
+    }
     /* AVX-512F widens the GEMM (MUSER_SIMD=avx2 keeps the AVX2 table, for tests) */
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && !(env && !strcmp(env, "avx2"))) {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && !keep_avx2 && !keep_avxvnni) {
         k->level = "avx512";
         k->xsums = xsums_avx512;
         k->dot_row = dot_row_avx512;

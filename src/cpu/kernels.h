@@ -44,7 +44,8 @@ typedef struct cpu_xsums {
 typedef struct cpu_kernels {
     bool simd;         /* AVX2+FMA+F16C */
     const char *level; /* "scalar", "avx2", "avx512" (the AVX2 table with AVX-512's GEMM and K-quant dots),
-                        * or "avx512vnni" (avx512 with the Q4_K / Q6_K decode dots on integer digits of x) */
+                        * "avx512vnni" (avx512 with the Q4_K / Q6_K decode dots on integer digits of x), or
+                        * "avxvnni" (the AVX2 table with those digit dots at 256 bits: avx512vnni's bits) */
     /* sums and lane order of x (n a multiple of 32, or else only whole groups are filled) */
     void (*xsums)(const float *x, uint64_t n, cpu_xsums *out);
     /* Dot of one weight row (type, n elements) with f32 x; xs are x's sums (Q4_K / Q6_K use
@@ -99,7 +100,8 @@ typedef struct cpu_kernels {
  * force_scalar; with AVX-512F+DQ also its GEMM micro-kernel and Q4_K / Q6_K decode dots (the same
  * bits at twice the width; their xsums keep xp in a 512-bit order) unless MUSER_SIMD is "avx2";
  * with AVX-512 VNNI also the Q4_K and Q6_K decode dots on integer digits of x unless MUSER_SIMD is
- * "avx512". */
+ * "avx512". With AVX-VNNI and no AVX-512F+DQ (or MUSER_SIMD "avxvnni") the AVX2 table with those
+ * digit dots at 256 bits. */
 void cpu_kernels_init(cpu_kernels *k, bool force_scalar);
 
 /* dst = x / sqrt(mean(x^2) + eps) * w (w NULL: weightless), the sum of squares in f64: the CPU
