@@ -143,6 +143,7 @@ struct muser_tp_comm {
     pthread_barrier_t bar;
     bool bar_ok;               /* bar was initialised */
     float *slot[MUSER_TP_MAX]; /* each rank's buffer of the reduce in progress */
+    size_t cnt[MUSER_TP_MAX];  /* and its count (a rank that failed before it passes none) */
     float *sum[MUSER_TP_MAX];  /* each rank's copy of the sum, [max_count] */
 };
 
@@ -183,12 +184,26 @@ void muser_tp_comm_free(muser_tp_comm *c)
     free(c);
 }
 
-void muser_tp_reduce(muser_tp_comm *c, uint32_t rank, float *buf, size_t count)
+/* every rank passed a buffer of count (read between the barriers) */
+static bool all_passed(const muser_tp_comm *c, size_t count)
+{
+    for (uint32_t r = 0; r < c->n; r++)
+        if (!c->slot[r] || c->cnt[r] != count)
+            return false;
+    return true;
+}
+
+bool muser_tp_reduce(muser_tp_comm *c, uint32_t rank, float *buf, size_t count)
 {
     if (c->n == 1)
-        return;
+        return true;
     c->slot[rank] = buf;
+    c->cnt[rank] = buf ? count : 0;
     pthread_barrier_wait(&c->bar);
+    if (!all_passed(c, count)) { /* every rank sees it, and leaves after the second barrier */
+        pthread_barrier_wait(&c->bar);
+        return false;
+    }
     float *s = c->sum[rank];
     for (size_t i = 0; i < count; i++) {
         float v = c->slot[0][i];
@@ -198,18 +213,26 @@ void muser_tp_reduce(muser_tp_comm *c, uint32_t rank, float *buf, size_t count)
     }
     pthread_barrier_wait(&c->bar); /* nobody reads a slot after this */
     memcpy(buf, s, count * sizeof(float));
+    return true;
 }
 
-void muser_tp_gather(muser_tp_comm *c, uint32_t rank, const float *mine, uint32_t rows, size_t per, float *full)
+bool muser_tp_gather(muser_tp_comm *c, uint32_t rank, const float *mine, uint32_t rows, size_t per, float *full)
 {
     c->slot[rank] = (float *)mine;
+    c->cnt[rank] = mine ? (size_t)rows * per : 0;
     if (c->n > 1)
         pthread_barrier_wait(&c->bar);
+    if (!all_passed(c, (size_t)rows * per)) {
+        if (c->n > 1)
+            pthread_barrier_wait(&c->bar);
+        return false;
+    }
     for (uint32_t i = 0; i < rows; i++)
         for (uint32_t r = 0; r < c->n; r++)
             memcpy(full + ((size_t)i * c->n + r) * per, c->slot[r] + (size_t)i * per, per * sizeof(float));
     if (c->n > 1)
         pthread_barrier_wait(&c->bar); /* nobody reads a slot after this */
+    return true;
 }
 
 /* ---- the split device: a device whose ranks hold the shards ------------------------------------- */
@@ -244,6 +267,10 @@ typedef struct tp_dev {
         const muser_step_rows *rows;
         float *const *out;
     } call;
+    /* ranks 1..n−1 take the tap too, into these (unread): a rank's pass must be its peers', or
+     * one rank's tapped graph or route meets another's plain one in the reduce */
+    float *tap_buf[MUSER_TP_MAX];
+    size_t tap_cap;           /* floats in each */
     int rc[MUSER_TP_MAX];
     muser_error err[MUSER_TP_MAX];
     muser_session *rseq[MUSER_TP_MAX][MUSER_STEP_MAX_ROWS]; /* a step's rows' sessions, per rank */
@@ -267,17 +294,24 @@ static void sync_past(const muser_session *s, uint32_t n)
         rank_seq(s, r)->n_past = s->n_past;
 }
 
-/* Rank r's part of the call: rank 0 writes what the caller asked for, the others only their caches.
- * Whatever rank 0's calls check beyond the others' (the draws, the top, the tap) session.c checked
- * on the split call already, so no rank refuses alone and leaves the others waiting in a reduce. */
+/* Rank r's part of the call: rank 0 writes what the caller asked for, the others only their caches
+ * (and a tap into their scratch, so that every rank runs the same passes). Whatever rank 0's calls
+ * check beyond the others' (the draws, the top) session.c checked on the split call already, so no
+ * rank refuses alone and leaves the others waiting in a reduce. */
 static void rank_run(tp_dev *t, uint32_t r)
 {
     muser_error *err = &t->err[r];
     memset(err, 0, sizeof *err);
     const bool lead = r == 0;
+    const muser_tap *tap0 = t->call.op == TP_FORWARD ? t->call.tap : t->call.rows->tap;
+    muser_tap own; /* a rank past the lead: the same layers into its scratch */
+    if (tap0 && !lead) {
+        own = *tap0;
+        own.out = t->tap_buf[r];
+    }
+    const muser_tap *tap = !tap0 || lead ? tap0 : &own;
     if (t->call.op == TP_FORWARD) {
         muser_session *s = rank_seq(t->call.s, r);
-        const muser_tap *tap = lead ? t->call.tap : NULL;
         float *logits = lead ? t->call.logits : NULL;
         t->rc[r] = t->call.all_logits
                        ? muser_session_forward(s, t->call.tokens, t->call.n, logits, true, err)
@@ -286,7 +320,7 @@ static void rank_run(tp_dev *t, uint32_t r)
     }
     const muser_step_rows *rows = t->call.rows;
     t->rc[r] = muser_step_out(t->dev[r], t->rseq[r], rows->tokens, rows->n, lead ? t->call.out : NULL,
-                              lead ? rows->draw : NULL, lead ? rows->top : NULL, lead ? rows->tap : NULL, err);
+                              lead ? rows->draw : NULL, lead ? rows->top : NULL, tap, err);
 }
 
 static void *rank_main(void *arg)
@@ -310,6 +344,22 @@ static void *rank_main(void *arg)
         pthread_cond_signal(&t->done);
         pthread_mutex_unlock(&t->mu);
     }
+}
+
+/* The scratch of ranks 1..n−1 for a tap of rows rows (tap NULL: none needed) */
+static int tap_scratch(tp_dev *t, const muser_tap *tap, uint32_t rows, muser_error *err)
+{
+    const size_t need = tap ? (size_t)rows * tap->n_layers * t->shard[0].hp.n_embd : 0;
+    if (need <= t->tap_cap)
+        return MUSER_OK;
+    for (uint32_t r = 1; r < t->n; r++) {
+        float *b = realloc(t->tap_buf[r], need * sizeof(float));
+        if (!b)
+            return muser_errorf(err, MUSER_E_NOMEM, "tensor parallel: out of memory for a rank's tap");
+        t->tap_buf[r] = b;
+    }
+    t->tap_cap = need;
+    return MUSER_OK;
 }
 
 /* The call in t->call on every rank at once; the first failing rank's error is the call's (the ranks
@@ -354,6 +404,8 @@ static void tp_dev_free(muser_device *d)
 #endif
     }
     muser_tp_comm_free(t->comm);
+    for (uint32_t r = 0; r < t->n; r++)
+        free(t->tap_buf[r]);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->go);
     pthread_cond_destroy(&t->done);
@@ -466,6 +518,9 @@ static int tp_forward_tap(muser_session *s, const int32_t *tokens, uint32_t n, f
     if (tap && !t->dev[0]->be->forward_tap)
         return muser_errorf(err, MUSER_E_UNSUPPORTED, "the %s backend has no hidden-state tap on the prefill route",
                             t->dev[0]->be->name);
+    const int rc = tap_scratch(t, tap, n, err);
+    if (rc)
+        return rc;
     sync_past(s, t->n);
     t->call.op = TP_FORWARD;
     t->call.s = s;
@@ -486,6 +541,9 @@ static int tp_forward(muser_session *s, const int32_t *tokens, uint32_t n, float
 static int tp_step(muser_device *d, const muser_step_rows *rows, float *logits, muser_error *err)
 {
     tp_dev *t = d->be_state;
+    const int rc = tap_scratch(t, rows->tap, rows->n, err);
+    if (rc)
+        return rc;
     float *out[MUSER_STEP_MAX_ROWS];
     for (uint32_t i = 0; i < rows->n; i++) {
         out[i] = muser_row_dst(rows, logits, i, d->model->hp.n_vocab);

@@ -36,15 +36,18 @@ int muser_tp_shard(const muser_model *m, uint32_t n, uint32_t rank, muser_model 
 void muser_tp_shard_free(muser_model *shard);
 
 /* The ranks' reduce: n threads, each with its rank, call muser_tp_reduce with buffers of the same
- * count; each returns with buf = the sum of all n buffers, added in rank order. */
+ * count; each returns with buf = the sum of all n buffers, added in rank order. A rank that failed
+ * before the reduce passes buf NULL: then every rank returns false with buf as it was (none waits
+ * for it, none reads it). */
 typedef struct muser_tp_comm muser_tp_comm;
 int muser_tp_comm_new(muser_tp_comm **out, uint32_t n, size_t max_count, muser_error *err);
 void muser_tp_comm_free(muser_tp_comm *c);
 uint32_t muser_tp_comm_ranks(const muser_tp_comm *c);
-void muser_tp_reduce(muser_tp_comm *c, uint32_t rank, float *buf, size_t count);
+bool muser_tp_reduce(muser_tp_comm *c, uint32_t rank, float *buf, size_t count);
 /* The LM head's gather: each of n threads passes its rows × per logits `mine` (its vocabulary
- * rows); each returns with full [rows][n·per] = every rank's in rank order. */
-void muser_tp_gather(muser_tp_comm *c, uint32_t rank, const float *mine, uint32_t rows, size_t per, float *full);
+ * rows); each returns with full [rows][n·per] = every rank's in rank order (false, full untouched,
+ * where a rank passed mine NULL). */
+bool muser_tp_gather(muser_tp_comm *c, uint32_t rank, const float *mine, uint32_t rows, size_t per, float *full);
 
 /* The split device (muser_session_opts.tp_ranks = n > 1; session.c picks this backend): a device
  * whose n ranks each hold their shard on a device of their own (the backend opts.backend names:

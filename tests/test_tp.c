@@ -2,7 +2,8 @@
  * heads, column pieces that are not whole blocks), two ranks of a split device meeting SPEC §4
  * against the oracle on muse, llama and qwen3 (a prompt past the sliding window, then decode steps),
  * deterministic run to run, each rank's cache holding its own heads and its LM head its vocabulary
- * rows; the split device under the engine's calls (split_api).
+ * rows; the split device under the engine's calls (split_api) and with the hidden-state tap
+ * (split_tap); the host reduce when a rank failed before it (reduce_failures).
  *
  * `test_tp` runs CPU ranks; `test_tp cuda` (ctest tp_cuda) the same on CUDA ranks: a GPU each
  * through NCCL where the host has two, else both on one GPU reducing through the host (which still
@@ -10,6 +11,7 @@
  * GPU. MUSER_TP_MODEL=path adds a model of the caller's (the synthesized Glimmer on the device:
  * its tensor-core shards), two ranks against one rank on the same backend. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +90,57 @@ static int run_group(const muser_model *m, uint32_t n, const int32_t *tok, float
     }
     muser_session_free(s);
     return rc;
+}
+
+/* The hidden-state tap through a split (every rank runs the tapped pass, rank 0's rows come out):
+ * a tapped step gives the untapped step's logits and cache (a, b: two sessions at the same point),
+ * and its rows, like a tapped prefill's, are within 1e-3 of their scale of a plain session's. */
+static void split_tap(const char *name, const muser_model *m, muser_device *d, muser_session *a, muser_session *b,
+                      const int32_t *ta)
+{
+    const uint32_t V = m->hp.n_vocab, E = m->hp.n_embd, L = m->hp.n_layer;
+    const uint32_t layers[2] = {0, L - 1};
+    const size_t w = 2 * (size_t)E;
+    float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4), *tp = malloc(N_PRE * w * 4), *tq = malloc(N_PRE * w * 4);
+    muser_session *p = NULL;
+    muser_error err = {0};
+    muser_session_opts po = cpu_opts();
+    CHECK_OK(muser_session_new(&p, m, &po, &err), &err);
+    if (!la || !lb || !tp || !tq || !p) goto out;
+    muser_session_reset(a);
+    muser_session_reset(b);
+    muser_tap tap = {2, layers, tp};
+    CHECK_OK(muser_session_prefill_tap(a, ta, N_PRE, NULL, &tap, &err), &err);
+    tap.out = tq;
+    CHECK_OK(muser_session_prefill_tap(p, ta, N_PRE, NULL, &tap, &err), &err);
+    CHECK_OK(muser_session_prefill(b, ta, N_PRE, NULL, &err), &err);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < N_PRE * w; i++) {
+        worst = fmax(worst, fabs((double)tp[i] - tq[i]));
+        scale = fmax(scale, fabs((double)tq[i]));
+    }
+    const int32_t next = 5 % (int32_t)V;
+    tap.out = tp;
+    CHECK_OK(muser_step(d, &a, &next, 1, la, NULL, &tap, &err), &err);
+    CHECK_OK(muser_step(d, &b, &next, 1, lb, NULL, NULL, &err), &err);
+    tap.out = tq;
+    CHECK_OK(muser_step(p->dev, &p, &next, 1, NULL, NULL, &tap, &err), &err);
+    for (size_t i = 0; i < w; i++) {
+        worst = fmax(worst, fabs((double)tp[i] - tq[i]));
+        scale = fmax(scale, fabs((double)tq[i]));
+    }
+    CHECKF(!memcmp(la, lb, (size_t)V * 4), "%s: a tapped step of a split session changed its logits", name);
+    char ha[65], hb[65];
+    CHECK_OK(muser_session_kv_sha256(a, ha, &err), &err);
+    CHECK_OK(muser_session_kv_sha256(b, hb, &err), &err);
+    CHECKF(!strcmp(ha, hb), "%s: a tapped split session's cache differs from an untapped one's", name);
+    CHECKF(scale > 0 && worst <= 1e-3 * scale, "%s: the split tap against one rank's: %.3g of %.3g", name, worst, scale);
+out:
+    muser_session_free(p);
+    free(la);
+    free(lb);
+    free(tp);
+    free(tq);
 }
 
 /* The split device under the calls the engine and the server make: two sessions packed in one step
@@ -170,8 +223,9 @@ static void split_api(const char *name, const muser_model *m)
                    "%s: layer 0's K/V rows of two ranks differ from one rank's", name);
         }
         muser_session_free(p);
+        split_tap(name, m, d, a, b, ta);
         printf("%-18s split device: packed step = each alone; rollback, copy, KV rows moved (same digest); "
-               "layer 0's K/V = a plain session's\n", name);
+               "layer 0's K/V = a plain session's; the tap\n", name);
     }
     free(packed);
     free(alone);
@@ -184,6 +238,53 @@ static void split_api(const char *name, const muser_model *m)
     muser_session_free(c);
     muser_session_free(e);
     muser_device_free(d);
+}
+
+/* The host reduce when a rank failed before it (passes no buffer): every rank's reduce and gather
+ * return false with its buffer as it was, and the communicator serves the next call. */
+typedef struct {
+    muser_tp_comm *c;
+    uint32_t rank;
+    bool fail;
+    float buf[4], full[8];
+    bool ok_reduce, ok_gather;
+} reduce_arg;
+
+static void *reduce_rank(void *p)
+{
+    reduce_arg *a = p;
+    a->ok_reduce = muser_tp_reduce(a->c, a->rank, a->fail ? NULL : a->buf, 4);
+    a->ok_gather = muser_tp_gather(a->c, a->rank, a->fail ? NULL : a->buf, 2, 2, a->full);
+    return NULL;
+}
+
+static void reduce_failures(void)
+{
+    muser_tp_comm *c = NULL;
+    muser_error err = {0};
+    CHECK_OK(muser_tp_comm_new(&c, 2, 4, &err), &err);
+    if (!c)
+        return;
+    for (int round = 0; round < 2; round++) { /* a failed call, then a good one on the same comm */
+        reduce_arg a[2];
+        pthread_t th;
+        for (uint32_t r = 0; r < 2; r++) {
+            memset(&a[r], 0, sizeof a[r]);
+            a[r].c = c;
+            a[r].rank = r;
+            a[r].fail = round == 0 && r == 1;
+            for (int i = 0; i < 4; i++)
+                a[r].buf[i] = (float)(10 * r + i);
+        }
+        CHECK(pthread_create(&th, NULL, reduce_rank, &a[1]) == 0);
+        reduce_rank(&a[0]);
+        pthread_join(th, NULL);
+        const bool want = round == 1;
+        CHECK(a[0].ok_reduce == want && a[1].ok_reduce == want && a[0].ok_gather == want && a[1].ok_gather == want);
+        CHECK(a[0].buf[3] == (want ? 3.0f + 13.0f : 3.0f));
+        CHECK(a[0].full[0] == (want ? a[0].buf[0] : 0.0f));
+    }
+    muser_tp_comm_free(c);
 }
 
 static void refusals(void)
@@ -328,6 +429,7 @@ int main(int argc, char **argv)
         return 2;
     }
     refusals();
+    reduce_failures();
     one_model("tiny muse q8_0", 8 /* Q8_0 */, MUSER_ARCH_MUSE);
     one_model("tiny llama f16", 1 /* F16 */, MUSER_ARCH_LLAMA);
     one_model("tiny qwen3 q8_0", 8, MUSER_ARCH_QWEN3);

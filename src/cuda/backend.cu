@@ -149,6 +149,7 @@ typedef struct cu_ctx {
     float *h_tp;               /* pinned staging of the host reduce, h_tp_cap floats */
     size_t h_tp_cap;
     bool eager;                /* no graphs: each pass enqueued as it runs (the host reduce) */
+    cudaError_t tp_err;        /* the first collective that failed since the pass began (tp_failed) */
 } cu_ctx;
 
 /* A session on the device: its KV planes, their host metadata, its per-token device state and
@@ -466,20 +467,37 @@ static cudaError_t tp_host(cu_ctx *c, size_t n)
     return e;
 }
 
-/* Tensor parallel: buf[0..count) = its sum over the ranks (o_proj's and ffn_down's partial sums).
- * The host reduce joins the other ranks even when its copy failed, so that none waits forever. */
-static cudaError_t tp_reduce(cu_ctx *c, cudaStream_t st, float *buf, size_t count)
+/* A collective's result, kept (the first failure) for the pass to report: the passes enqueue or
+ * capture their collectives without a way to fail at that point. */
+static void tp_note(cu_ctx *c, cudaError_t e)
 {
-    if (c->tp_n < 2) return cudaSuccess;
-    if (c->nccl) return cu_tp_all_reduce(c->nccl, buf, count, st);
+    if (e && !c->tp_err) c->tp_err = e;
+}
+
+/* The failure tp_note kept since the last call (cleared), or success. */
+static cudaError_t tp_failed(cu_ctx *c)
+{
+    const cudaError_t e = c->tp_err;
+    c->tp_err = cudaSuccess;
+    return e;
+}
+
+/* Tensor parallel: buf[0..count) = its sum over the ranks (o_proj's and ffn_down's partial sums).
+ * The host reduce joins the other ranks even when its copy failed (passing no buffer: then every
+ * rank's reduce fails, and none waits forever or reads a garbage sum). */
+static void tp_reduce(cu_ctx *c, cudaStream_t st, float *buf, size_t count)
+{
+    if (c->tp_n < 2) return;
+    if (c->nccl) {
+        tp_note(c, cu_tp_all_reduce(c->nccl, buf, count, st));
+        return;
+    }
     cudaError_t e = tp_host(c, count);
     if (!e) e = cudaMemcpyAsync(c->h_tp, buf, count * sizeof(float), cudaMemcpyDeviceToHost, st);
     if (!e) e = cudaStreamSynchronize(st);
-    /* (after a failed copy the sum is garbage, and the pass fails on this rank's error) */
-    const bool room = c->h_tp_cap >= count;
-    muser_tp_reduce(c->tp, c->tp_rank, room ? c->h_tp : NULL, room ? count : 0);
+    if (!muser_tp_reduce(c->tp, c->tp_rank, e ? NULL : c->h_tp, count) && !e) e = cudaErrorUnknown; /* a peer's */
     if (!e) e = cudaMemcpyAsync(buf, c->h_tp, count * sizeof(float), cudaMemcpyHostToDevice, st);
-    return e;
+    tp_note(c, e);
 }
 
 /* Tensor parallel: the LM head's rows rows of full (row i at full + i·stride), of which this rank
@@ -487,7 +505,11 @@ static cudaError_t tp_reduce(cu_ctx *c, cudaStream_t st, float *buf, size_t coun
 static cudaError_t tp_gather(cu_ctx *c, cudaStream_t st, float *full, uint32_t rows, size_t per, size_t stride)
 {
     if (c->tp_n < 2) return cudaSuccess;
-    if (c->nccl) return cu_tp_all_gather_rows(c->nccl, full, rows, per, stride, c->tp_rank, st);
+    if (c->nccl) {
+        const cudaError_t e = cu_tp_all_gather_rows(c->nccl, full, rows, per, stride, c->tp_rank, st);
+        tp_note(c, e);
+        return e;
+    }
     const size_t part = (size_t)rows * per, whole = part * c->tp_n;
     cudaError_t e = tp_host(c, part + whole);
     float *h_part = c->h_tp, *h_full = c->h_tp + part;
@@ -495,10 +517,12 @@ static cudaError_t tp_gather(cu_ctx *c, cudaStream_t st, float *full, uint32_t r
         e = cudaMemcpy2DAsync(h_part, per * sizeof(float), full + (size_t)c->tp_rank * per, stride * sizeof(float),
                               per * sizeof(float), rows, cudaMemcpyDeviceToHost, st);
     if (!e) e = cudaStreamSynchronize(st);
-    muser_tp_gather(c->tp, c->tp_rank, h_part, e ? 0 : rows, per, h_full); /* [rows][tp_n·per] */
+    if (!muser_tp_gather(c->tp, c->tp_rank, e ? NULL : h_part, rows, per, h_full) && !e) /* [rows][tp_n·per] */
+        e = cudaErrorUnknown; /* a peer's */
     if (!e)
         e = cudaMemcpy2DAsync(full, stride * sizeof(float), h_full, per * c->tp_n * sizeof(float),
                               per * c->tp_n * sizeof(float), rows, cudaMemcpyHostToDevice, st);
+    tp_note(c, e);
     return e;
 }
 
@@ -907,11 +931,14 @@ static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, b
     const int rc = route_enqueue_n(c, sq, n, bench_token, tapped, NULL);
     c->rn = 1;
     cudaError_t e = cudaStreamEndCapture(c->st, &g);
+    const cudaError_t te = tp_failed(c);
     if (rc) {
         if (e == cudaSuccess) cudaGraphDestroy(g);
         return muser_errorf(err, MUSER_E_UNSUPPORTED, "cuda: attention with head_dim %u and %u:%u heads is not built",
                             c->m->hp.head_dim, c->m->hp.n_head, c->m->hp.n_head_kv);
     }
+    if (te && e == cudaSuccess) cudaGraphDestroy(g);
+    CU_TRY(te, "tensor parallel: a collective in the graph capture");
     CU_TRY(e, "graph capture");
     e = cudaGraphInstantiate(out, g, 0);
     cudaGraphDestroy(g);
@@ -924,8 +951,10 @@ static int record_graph_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, b
 static cudaError_t pass_launch(cu_ctx *c, cu_seq *sq, uint32_t n, bool tapped, cudaGraphExec_t g)
 {
     if (!c->eager) return cudaGraphLaunch(g, c->st);
-    if (route_enqueue_n(c, sq, n, false, tapped, NULL)) return cudaErrorNotSupported;
-    return cudaGetLastError();
+    const int rc = route_enqueue_n(c, sq, n, false, tapped, NULL);
+    const cudaError_t te = tp_failed(c); /* (a collective's failure, cleared either way) */
+    if (rc) return cudaErrorNotSupported;
+    return te ? te : cudaGetLastError();
 }
 
 static int record_graph(cu_ctx *c, cu_seq *sq, bool bench_token, cudaGraphExec_t *out, muser_error *err)
@@ -1210,7 +1239,10 @@ static int seq_new(cu_seq **out, cu_ctx *c, uint64_t n_ctx, muser_error *err)
         }
         c->rows_n_ctx = n_ctx;
     }
-    FAIL(record_graph(c, sq, false, &sq->g_fwd, err));
+    /* A rank on NCCL records it at its first token instead (decode_one), where every rank's thread
+     * captures at once: NCCL connects its ring at the first collective, inside the capture, and
+     * waits there for the other ranks, whose sessions open after this one returns. */
+    if (!c->nccl) FAIL(record_graph(c, sq, false, &sq->g_fwd, err));
     e = cudaStreamSynchronize(c->st);
     if (e) FAIL(muser_errorf(err, MUSER_E_BACKEND, "cuda: session init: %s", cudaGetErrorString(e)));
 #undef FAIL
@@ -1454,7 +1486,8 @@ static int decode_one(cu_seq *sq, int32_t token, uint64_t pos, float *logits, co
     step_fill(sq, pos, token);
     const size_t V = c->m->hp.n_vocab;
     cudaGraphExec_t g;
-    const int rg = graph_for(c, sq, 1, tap, sq->g_fwd, &sq->g_tap, &sq->g_tap_gen, &g, err);
+    int rg = sq->g_fwd || c->eager ? MUSER_OK : record_graph(c, sq, false, &sq->g_fwd, err);
+    if (!rg) rg = graph_for(c, sq, 1, tap, sq->g_fwd, &sq->g_tap, &sq->g_tap_gen, &g, err);
     if (rg) {
         memcpy(sq->kv.planes, saved_meta, nl * sizeof(kv_plane));
         return rg;
@@ -1931,7 +1964,12 @@ static int pf_chunk(cu_ctx *c, const int32_t *tokens, uint32_t m, uint32_t l0, u
     r.route = FWD_ROUTE_BATCH;
     r.tap = tap;
     pf->out = out;
-    return fwd_run_layers(&pf_ops, c, c->m, &r, l0, l1, all_logits ? 2 : out ? 1 : 0, err);
+    const int rc = fwd_run_layers(&pf_ops, c, c->m, &r, l0, l1, all_logits ? 2 : out ? 1 : 0, err);
+    const cudaError_t te = tp_failed(c); /* (cleared either way) */
+    if (!rc && te)
+        return muser_errorf(err, MUSER_E_BACKEND, "cuda: tensor parallel: a collective of the prefill: %s",
+                            cudaGetErrorString(te));
+    return rc;
 }
 
 /* The pass is m rows of one session from position p0. */

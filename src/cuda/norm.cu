@@ -364,12 +364,9 @@ cudaError_t cu_topk(cudaStream_t st, const float *logits, uint32_t n, unsigned l
                     uint32_t rows)
 {
     if ((n + TOPK_BLOCKS - 1) / TOPK_BLOCKS > TOPK_SLICE) return cudaErrorInvalidValue;
-    static bool attr_set = false;
-    if (!attr_set) {
-        cudaFuncSetAttribute(k_topk1, cudaFuncAttributeMaxDynamicSharedMemorySize, TOPK_SLICE * 8);
-        cudaFuncSetAttribute(k_topk2, cudaFuncAttributeMaxDynamicSharedMemorySize, TOPK_BLOCKS * CU_TOPK * 8);
-        attr_set = true;
-    }
+    /* per device (each rank of a split binds its own): raised at every call */
+    cudaFuncSetAttribute(k_topk1, cudaFuncAttributeMaxDynamicSharedMemorySize, TOPK_SLICE * 8);
+    cudaFuncSetAttribute(k_topk2, cudaFuncAttributeMaxDynamicSharedMemorySize, TOPK_BLOCKS * CU_TOPK * 8);
     k_topk1<<<dim3(TOPK_BLOCKS, rows), 1024, TOPK_SLICE * 8, st>>>(logits, n, part);
     k_topk2<<<rows, 1024, TOPK_BLOCKS * CU_TOPK * 8, st>>>(part, out);
     return cudaGetLastError();

@@ -341,11 +341,8 @@ static __global__ void __launch_bounds__(256, PF_MINB) pf_gemm_kernel(const pf_g
 void pf_gemm(cudaStream_t st, const __half *xh, const __half *xl, const float *rs, uint32_t n, const __half *wh,
              const __half *wl, uint32_t M, uint32_t K, float *y, uint64_t ldy, uint32_t op, float scale, float cap)
 {
-    static bool attr = false; /* the dynamic shared memory limit, raised once per process */
-    if (!attr) {
-        cudaFuncSetAttribute(pf_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PF_SMEM);
-        attr = true;
-    }
+    /* per device (each rank of a split binds its own): raised at every launch */
+    cudaFuncSetAttribute(pf_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PF_SMEM);
     pf_gemm_args A;
     A.xh = xh;
     A.xl = xl;
@@ -936,11 +933,8 @@ size_t pf_kq_part_bytes(uint32_t rows)
 
 template <bool Q6, int NX, int VAR = 0> static void wg_launch(cudaStream_t st, const pf_kq_args &A)
 {
-    static bool attr = false; /* the dynamic shared memory limit, raised once per process */
-    if (!attr) {
-        cudaFuncSetAttribute(pf_wg_kernel<Q6, NX, VAR>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM(NX));
-        attr = true;
-    }
+    /* per device (each rank of a split binds its own): raised at every launch */
+    cudaFuncSetAttribute(pf_wg_kernel<Q6, NX, VAR>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM(NX));
     const dim3 grid((A.n + NX - 1) / NX, (A.M + WG_TW(NX) - 1) / WG_TW(NX), A.nsplit);
     pf_wg_kernel<Q6, NX, VAR><<<grid, 128 * WG_NWG(NX), WG_SMEM(NX), st>>>(A);
     if (A.nsplit > 1) {
@@ -951,11 +945,8 @@ template <bool Q6, int NX, int VAR = 0> static void wg_launch(cudaStream_t st, c
 
 template <int NWG, int NX> static void wgx_launch(cudaStream_t st, const pf_kq_args &A)
 {
-    static bool attr = false;
-    if (!attr) {
-        cudaFuncSetAttribute(pf_wgx_kernel<NWG, NX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WGX_SMEM(NWG, NX));
-        attr = true;
-    }
+    /* per device (each rank of a split binds its own): raised at every launch */
+    cudaFuncSetAttribute(pf_wgx_kernel<NWG, NX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WGX_SMEM(NWG, NX));
     const dim3 grid((A.n + NX - 1) / NX, (A.M + 64 * NWG - 1) / (64 * NWG), A.nsplit);
     pf_wgx_kernel<NWG, NX><<<grid, 128 * NWG, WGX_SMEM(NWG, NX), st>>>(A);
     if (A.nsplit > 1) {
@@ -1250,11 +1241,8 @@ int pf_attention(cudaStream_t st, const float *q, const uint16_t *sk, const uint
     if (D % 32 || D > 128 || G > 32 || G == 0) return -1;
     const size_t smem = ((2 * PF_KT * (D + 2) * sizeof(__half) + 15) & ~(size_t)15) + (size_t)G * D * sizeof(float);
     const uint32_t threads = 32 * (G < 4 ? 4 : G); /* at least 128 threads for the tile loads */
-    static bool attr = false;
-    if (!attr) {
-        cudaFuncSetAttribute(pf_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024);
-        attr = true;
-    }
+    /* per device (each rank of a split binds its own): raised at every launch */
+    cudaFuncSetAttribute(pf_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024);
     pf_attn_kernel<<<dim3(n, HKV), threads, smem, st>>>(q, sk, sv, kp, vp, *meta, ring, p0, window, scale, H, HKV, D, out);
     return 0;
 }
