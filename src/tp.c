@@ -432,17 +432,19 @@ static int tp_dev_init(muser_device *d, muser_error *err)
     /* a reduce carries FWD_SUB: a pass's rows × E (a pass holds at most a chunk or a step) */
     const uint32_t rows = d->opts.max_batch > MUSER_STEP_MAX_ROWS ? d->opts.max_batch : MUSER_STEP_MAX_ROWS;
     rc = muser_tp_comm_new(&t->comm, n, (size_t)rows * m->hp.n_embd, err);
-    /* CUDA: rank r on GPU r through NCCL where the host has n GPUs, else (when the caller lets
-     * them) every rank on opts.device, reducing through the host: a test configuration */
+    /* CUDA: rank r on GPU opts.device + r through NCCL where the host has them, else (when the
+     * caller lets them) every rank on opts.device, reducing through the host: a test configuration */
     bool gpus = false;
+    const int first = d->opts.device > 0 ? d->opts.device : 0;
 #ifdef MUSER_HAVE_CUDA
     if (!rc && d->opts.backend == MUSER_BACKEND_CUDA) {
         const int have = muser_cuda_device_count();
-        gpus = have >= (int)n;
+        gpus = have >= first + (int)n;
         if (gpus)
-            rc = muser_cuda_tp_comms_new(n, t->nccl, err);
+            rc = muser_cuda_tp_comms_new(first, n, t->nccl, err);
         else if (!d->opts.tp_share_gpu)
-            rc = muser_errorf(err, MUSER_E_ARG, "tensor parallel: %u ranks need %u GPUs, this host has %d", n, n, have);
+            rc = muser_errorf(err, MUSER_E_ARG, "tensor parallel: %u ranks from GPU %d need GPUs %d..%d, this host has %d",
+                              n, first, first, first + (int)n - 1, have);
         else
             fprintf(stderr, "muser: tensor parallel: %u ranks share GPU %d (fewer GPUs than ranks): they reduce "
                             "through the host, a test configuration, not a fast one\n", n, d->opts.device);
@@ -456,7 +458,7 @@ static int tp_dev_init(muser_device *d, muser_error *err)
         ro.tp_rank = r;
         ro.tp_nccl = t->nccl[r];
         if (gpus)
-            ro.device = (int)r;
+            ro.device = first + (int)r;
         if (!rc)
             rc = muser_device_new(&t->dev[r], &t->shard[r], &ro, err);
     }

@@ -81,7 +81,7 @@ int main(void)
     const uint32_t ranks = n > (int)MUSER_TP_MAX ? MUSER_TP_MAX : (uint32_t)n;
     muser_error err;
     memset(&err, 0, sizeof err);
-    if (muser_cuda_tp_comms_new(ranks, comm, &err)) {
+    if (muser_cuda_tp_comms_new(0, ranks, comm, &err)) {
         fprintf(stderr, "kbench_allreduce: %s\n", err.msg);
         return 1;
     }

@@ -37,10 +37,11 @@ int muser_cuda_bench(const muser_model *m, int device, const uint64_t *ctxs, uin
                      muser_cuda_bench_result *res, muser_cuda_bench_row *rows, muser_error *err);
 
 /* Tensor parallelism on GPUs (tp.h; tpcomm.cu): the CUDA devices present (0 without a driver or a
- * device), and one NCCL communicator per rank, rank r on device r (n ≤ the devices present and
- * MUSER_TP_MAX; NCCL is loaded at the first call), freed each with muser_cuda_tp_comm_free. */
+ * device), and one NCCL communicator per rank, rank r on device first + r (first + n ≤ the devices
+ * present, n ≤ MUSER_TP_MAX; NCCL is loaded at the first call), freed each with
+ * muser_cuda_tp_comm_free. */
 int muser_cuda_device_count(void);
-int muser_cuda_tp_comms_new(uint32_t n, void **comms, muser_error *err);
+int muser_cuda_tp_comms_new(int first, uint32_t n, void **comms, muser_error *err);
 void muser_cuda_tp_comm_free(void *comm);
 
 /* One matvec y = W·x (rows × cols, W in GGUF bytes of ggml_type) through the route's dispatch, for

@@ -78,7 +78,7 @@ static bool nccl_open(void)
     return true;
 }
 
-extern "C" int muser_cuda_tp_comms_new(uint32_t n, void **comms, muser_error *err)
+extern "C" int muser_cuda_tp_comms_new(int first, uint32_t n, void **comms, muser_error *err)
 {
     if (!nccl_open())
         return muser_errorf(err, MUSER_E_BACKEND, "tensor parallel over %u GPUs needs NCCL: %s", n, nc.why);
@@ -86,12 +86,12 @@ extern "C" int muser_cuda_tp_comms_new(uint32_t n, void **comms, muser_error *er
     setenv("NCCL_ALGO", "Ring", 0);
     setenv("NCCL_NVLS_ENABLE", "0", 0);
     int dev[MUSER_TP_MAX];
-    for (uint32_t r = 0; r < n; r++) dev[r] = (int)r;
+    for (uint32_t r = 0; r < n; r++) dev[r] = first + (int)r;
     ncclComm_t c[MUSER_TP_MAX];
     const ncclResult_t e = nc.init_all(c, (int)n, dev);
     if (e != ncclSuccess)
-        return muser_errorf(err, MUSER_E_BACKEND, "tensor parallel: NCCL communicators on GPUs 0..%u: %s", n - 1,
-                            nc.error_string(e));
+        return muser_errorf(err, MUSER_E_BACKEND, "tensor parallel: NCCL communicators on GPUs %d..%d: %s", first,
+                            first + (int)n - 1, nc.error_string(e));
     for (uint32_t r = 0; r < n; r++) comms[r] = c[r];
     return MUSER_OK;
 }
@@ -122,8 +122,9 @@ cudaError_t cu_tp_all_gather_rows(void *comm, float *full, uint32_t rows, size_t
 
 #else /* built without nccl.h */
 
-extern "C" int muser_cuda_tp_comms_new(uint32_t n, void **comms, muser_error *err)
+extern "C" int muser_cuda_tp_comms_new(int first, uint32_t n, void **comms, muser_error *err)
 {
+    (void)first;
     (void)comms;
     return muser_errorf(err, MUSER_E_UNSUPPORTED,
                         "tensor parallel over %u GPUs: this muser was built without NCCL's header (nccl.h)", n);
