@@ -896,14 +896,13 @@ static __global__ void pf_wg_reduce_kernel(const pf_kq_args A)
     A.y[sg][(size_t)row * A.ldy[sg] + col - sb] = v;
 }
 
+/* the current device's SMs (asked each time: a split's ranks call from their threads, each on its
+ * own device; the attribute query is a host-side lookup) */
 static int wg_sms(void)
 {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        cudaGetDevice(&dev);
-        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) || sms <= 0) sms = 132;
-    }
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) || sms <= 0) sms = 132;
     return sms;
 }
 
