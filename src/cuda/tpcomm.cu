@@ -59,8 +59,9 @@ static bool nccl_open(void)
         snprintf(nc.why, sizeof nc.why, "%s", dlerror());
         return false;
     }
-    bool ok = true;
-#define SYM(field, name) ok &= (*(void **)&nc.field = dlsym(h, name)) != NULL
+    const char *missing = NULL; /* the first entry point libnccl lacks */
+#define SYM(field, name) \
+    if (!(*(void **)&nc.field = dlsym(h, name)) && !missing) missing = name
     SYM(init_all, "ncclCommInitAll");
     SYM(destroy, "ncclCommDestroy");
     SYM(all_reduce, "ncclAllReduce");
@@ -69,8 +70,8 @@ static bool nccl_open(void)
     SYM(group_end, "ncclGroupEnd");
     SYM(error_string, "ncclGetErrorString");
 #undef SYM
-    if (!ok) {
-        snprintf(nc.why, sizeof nc.why, "libnccl lacks an entry point muser needs");
+    if (missing) {
+        snprintf(nc.why, sizeof nc.why, "libnccl has no %s (muser needs NCCL 2.x)", missing);
         dlclose(h);
         return false;
     }
