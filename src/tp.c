@@ -303,13 +303,13 @@ static void rank_run(tp_dev *t, uint32_t r)
     muser_error *err = &t->err[r];
     memset(err, 0, sizeof *err);
     const bool lead = r == 0;
-    const muser_tap *tap0 = t->call.op == TP_FORWARD ? t->call.tap : t->call.rows->tap;
+    const muser_tap *tap = t->call.op == TP_FORWARD ? t->call.tap : t->call.rows->tap;
     muser_tap own; /* a rank past the lead: the same layers into its scratch */
-    if (tap0 && !lead) {
-        own = *tap0;
+    if (tap && !lead) {
+        own = *tap;
         own.out = t->tap_buf[r];
+        tap = &own;
     }
-    const muser_tap *tap = !tap0 || lead ? tap0 : &own;
     if (t->call.op == TP_FORWARD) {
         muser_session *s = rank_seq(t->call.s, r);
         float *logits = lead ? t->call.logits : NULL;
