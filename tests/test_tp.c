@@ -399,7 +399,7 @@ static void one_model(const char *name, int type, muser_arch arch)
                worst, top_bad);
         printf("%-18s 2 ranks: %u positions (prefill %u in chunks of 5, then steps), max |dlogsoftmax| %.3g vs "
                "the oracle, %.3g vs one rank; top-1 mismatches %d; deterministic\n",
-               name, NR, N_PRE, worst, vs1, top_bad);
+               name, NR, (unsigned)N_PRE, worst, vs1, top_bad);
     }
     free(ref);
     free(t1);
