@@ -364,9 +364,8 @@ cudaError_t cu_topk(cudaStream_t st, const float *logits, uint32_t n, unsigned l
                     uint32_t rows)
 {
     if ((n + TOPK_BLOCKS - 1) / TOPK_BLOCKS > TOPK_SLICE) return cudaErrorInvalidValue;
-    /* per device (each rank of a split binds its own): raised at every call */
-    cudaFuncSetAttribute(k_topk1, cudaFuncAttributeMaxDynamicSharedMemorySize, TOPK_SLICE * 8);
-    cudaFuncSetAttribute(k_topk2, cudaFuncAttributeMaxDynamicSharedMemorySize, TOPK_BLOCKS * CU_TOPK * 8);
+    /* both under the 48 KiB every device grants without an attribute (nothing to raise per call) */
+    static_assert(TOPK_SLICE * 8 <= 48 * 1024 && TOPK_BLOCKS * CU_TOPK * 8 <= 48 * 1024, "cu_topk's shared memory");
     k_topk1<<<dim3(TOPK_BLOCKS, rows), 1024, TOPK_SLICE * 8, st>>>(logits, n, part);
     k_topk2<<<rows, 1024, TOPK_BLOCKS * CU_TOPK * 8, st>>>(part, out);
     return cudaGetLastError();
