@@ -34,6 +34,23 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* the checksum of n vectors (what keeps the timed chains from being dropped) */
+static TGT float sum_ps(const __m512 *f, int n)
+{
+    float r = 0;
+    for (int i = 0; i < n; i++)
+        r += _mm512_reduce_add_ps(f[i]);
+    return r;
+}
+
+static TGT float sum_epi32(const __m512i *a, int n)
+{
+    float r = 0;
+    for (int i = 0; i < n; i++)
+        r += (float)_mm512_reduce_add_epi32(a[i]);
+    return r;
+}
+
 /* each returns a checksum so that nothing is dropped; n steps of CH chains */
 static TGT float run_fma(long n)
 {
@@ -46,10 +63,7 @@ static TGT float run_fma(long n)
         for (int i = 0; i < CH; i++)
             f[i] = _mm512_fmadd_ps(f[i], w, x);
     }
-    float r = 0;
-    for (int i = 0; i < CH; i++)
-        r += _mm512_reduce_add_ps(f[i]);
-    return r;
+    return sum_ps(f, CH);
 }
 
 static TGT float run_dp(long n)
@@ -63,10 +77,7 @@ static TGT float run_dp(long n)
         for (int i = 0; i < CH; i++)
             a[i] = _mm512_dpbusd_epi32(a[i], w, x);
     }
-    float r = 0;
-    for (int i = 0; i < CH; i++)
-        r += (float)_mm512_reduce_add_epi32(a[i]);
-    return r;
+    return sum_epi32(a, CH);
 }
 
 static TGT float run_both(long n)
@@ -86,10 +97,7 @@ static TGT float run_both(long n)
             f[i] = _mm512_fmadd_ps(f[i], fw, fx);
         }
     }
-    float r = 0;
-    for (int i = 0; i < CH / 2; i++)
-        r += (float)_mm512_reduce_add_epi32(a[i]) + _mm512_reduce_add_ps(f[i]);
-    return r;
+    return sum_epi32(a, CH / 2) + sum_ps(f, CH / 2);
 }
 
 /* one step: the integer GEMM's work for 8 activation rows, one 16-output column and 16 k (the
@@ -128,10 +136,7 @@ static TGT float run_int_mix(long n)
             f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), sc, f[i]);
         }
     }
-    float r = 0;
-    for (int i = 0; i < MR; i++)
-        r += _mm512_reduce_add_ps(f[i]);
-    return r;
+    return sum_ps(f, MR);
 }
 
 /* the f32 GEMM's work for the same 8 rows, 16 outputs and 16 k */
@@ -148,10 +153,7 @@ static TGT float run_f32_mix(long n)
                 f[i] = _mm512_fmadd_ps(_mm512_set1_ps(0.25f + (float)i), w, f[i]);
         }
     }
-    float r = 0;
-    for (int i = 0; i < MR; i++)
-        r += _mm512_reduce_add_ps(f[i]);
-    return r;
+    return sum_ps(f, MR);
 }
 
 int main(int argc, char **argv)
