@@ -38,6 +38,9 @@
 #define ENGINE_PART_SHARE 0.75
 
 typedef enum { REQ_NONE, REQ_DECODE, REQ_PREFILL, REQ_ROLLBACK, REQ_COPY } req_kind;
+/* A decode request's rows as a speculative block: none, a new block (muser_seq_verify: checkpoint
+ * first), or more rows of the open one (muser_seq_draft: a checkpoint only when none is open). */
+enum { BLOCK_NONE, BLOCK_NEW, BLOCK_EXTEND };
 
 struct muser_seq {
     muser_engine *e;
@@ -56,7 +59,8 @@ struct muser_seq {
     uint32_t n, done;          /* prefill: rows done so far */
     uint32_t part_rows;        /* prefill: the rows of its chunk open in parts (0: none open) */
     int32_t token;             /* a one-row decode's token (tokens points here) */
-    bool verify;               /* decode rows of a speculative block: checkpoint first */
+    int block;                 /* decode rows of a speculative block (BLOCK_*): checkpoint first */
+    uint32_t block_rows;       /* rows of the block open since the last checkpoint (0: none open) */
     const muser_tap *tap;      /* the request's hidden-state tap (out [n][n_layers][E]); NULL none */
     uint64_t n_keep;           /* rollback */
     muser_seq *copy_src;       /* copy: the sequence whose cache this one takes */
@@ -185,8 +189,8 @@ static bool others_decoding(const muser_engine *e, const muser_seq *self)
 }
 
 /* One small-batch pass over the waiting decode and verify requests (oldest first; a request's rows
- * stay together), the lock dropped. A verify request's session is checkpointed first (SPEC §3), so
- * a later rollback can drop its rejected rows. */
+ * stay together), the lock dropped. A verify request's session is checkpointed first (SPEC §3), as
+ * is a draft row's that opens a block, so a later rollback can drop its rejected rows. */
 static void run_decode(muser_engine *e)
 {
     const uint32_t cap = e->d->max_rows;
@@ -220,14 +224,16 @@ static void run_decode(muser_engine *e)
                               memcmp(q->tap->layers, tap->layers, tap->n_layers * sizeof *tap->layers)))
             continue;
         if (q->tap && !tap) tap = q->tap;
-        if (q->verify) {
+        if (q->block == BLOCK_NEW || (q->block == BLOCK_EXTEND && !q->block_rows)) {
             muser_error er = {0};
             const int rc = muser_session_checkpoint(q->s, &er);
             if (rc) {
                 fail(q, rc, &er);
                 continue;
             }
+            q->block_rows = 0;
         }
+        if (q->block) q->block_rows += q->n;
         reqs[nr] = q;
         first[nr++] = n;
         for (uint32_t j = 0; j < q->n; j++) {
@@ -295,7 +301,10 @@ static void run_decode(muser_engine *e)
         muser_seq *q = reqs[r];
         q->pos = q->s->n_past;
         if (rcs[r]) {
-            if (q->verify) muser_session_commit(q->s); /* nothing of it was appended */
+            if (q->block) { /* nothing of it was appended; the block (and its checkpoint) ends */
+                muser_session_commit(q->s);
+                q->block_rows = 0;
+            }
             fail(q, rcs[r], &errs[r]);
             continue;
         }
@@ -325,12 +334,13 @@ static void run_copy(muser_seq *q)
     else finish(q, MUSER_OK);
 }
 
-/* Under the lock, between passes: a rollback request (drop rows past n_keep of the last verify). */
+/* Under the lock, between passes: a rollback request (drop rows past n_keep of the open block). */
 static void run_rollback(muser_seq *q)
 {
     muser_error er = {0};
     int rc = muser_session_rollback(q->s, q->n_keep, &er);
     if (!rc) muser_session_commit(q->s);
+    q->block_rows = 0;
     q->pos = q->s->n_past;
     if (rc) fail(q, rc, &er);
     else finish(q, MUSER_OK);
@@ -732,7 +742,7 @@ void muser_engine_close(muser_seq *q)
 }
 
 /* Queue the request and wait for it (the caller's one request). */
-static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n, bool verify, uint64_t n_keep,
+static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n, int block, uint64_t n_keep,
                   float *logits, const muser_top *top, muser_draw *draw, const muser_tap *tap, muser_error *err)
 {
     muser_engine *e = q->e;
@@ -751,6 +761,9 @@ static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n
         rc = muser_errorf(err, MUSER_E_CANCELLED, "sequence %llu was cancelled", (unsigned long long)q->id);
     else if (q->req != REQ_NONE)
         rc = muser_errorf(err, MUSER_E_ARG, "sequence %llu already has a request running", (unsigned long long)q->id);
+    else if (block == BLOCK_EXTEND && q->block_rows + n > KV_MAX_SPEC_ROWS)
+        rc = muser_errorf(err, MUSER_E_ARG, "sequence %llu: a speculative block holds at most %u rows (%u open)",
+                          (unsigned long long)q->id, KV_MAX_SPEC_ROWS, q->block_rows);
     else if (kind == REQ_PREFILL && q->pos + n > q->n_ctx)
         rc = muser_errorf(err, MUSER_E_CONTEXT_FULL, "sequence %llu: %llu tokens held + %u new exceed its context of %llu",
                           (unsigned long long)q->id, (unsigned long long)q->pos, n, (unsigned long long)q->n_ctx);
@@ -766,7 +779,8 @@ static int submit(muser_seq *q, req_kind kind, const int32_t *tokens, uint32_t n
     q->tokens = tokens;
     q->n = n;
     q->done = 0;
-    q->verify = verify;
+    q->block = block;
+    if (kind != REQ_ROLLBACK && block != BLOCK_EXTEND) q->block_rows = 0; /* anything else ends an open block */
     q->tap = tap;
     q->n_keep = n_keep;
     q->logits = logits;
@@ -799,7 +813,7 @@ int muser_seq_prefill_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float
 {
     if (!q || (!tokens && n)) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: NULL argument");
     if (!n) return muser_errorf(err, MUSER_E_ARG, "muser_seq_prefill: no tokens");
-    return submit(q, REQ_PREFILL, tokens, n, false, 0, logits, NULL, NULL, tap, err);
+    return submit(q, REQ_PREFILL, tokens, n, BLOCK_NONE, 0, logits, NULL, NULL, tap, err);
 }
 
 int muser_seq_decode(muser_seq *q, int32_t token, float *logits, const muser_top *top, muser_error *err)
@@ -808,7 +822,7 @@ int muser_seq_decode(muser_seq *q, int32_t token, float *logits, const muser_top
     if (top && (top->k == 0 || top->k > MUSER_TOP_MAX || !top->id))
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode: the best %u logits (1..%u) and an id buffer are needed",
                             top->k, MUSER_TOP_MAX);
-    return submit(q, REQ_DECODE, &token, 1, false, 0, logits, top, NULL, NULL, err);
+    return submit(q, REQ_DECODE, &token, 1, BLOCK_NONE, 0, logits, top, NULL, NULL, err);
 }
 
 int muser_seq_decode_draw(muser_seq *q, int32_t token, float *logits, muser_draw *draw, muser_error *err)
@@ -817,7 +831,7 @@ int muser_seq_decode_draw(muser_seq *q, int32_t token, float *logits, muser_draw
     const int rc = muser_draw_check(draw, "muser_seq_decode_draw", err);
     if (rc) return rc;
     draw->id = -1;
-    return submit(q, REQ_DECODE, &token, 1, false, 0, logits, NULL, draw, NULL, err);
+    return submit(q, REQ_DECODE, &token, 1, BLOCK_NONE, 0, logits, NULL, draw, NULL, err);
 }
 
 int muser_seq_verify(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, muser_error *err)
@@ -831,7 +845,19 @@ int muser_seq_verify_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float 
     if (!q || !tokens) return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: NULL argument");
     if (n == 0 || n > KV_MAX_SPEC_ROWS || n > q->e->d->max_rows)
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_verify: %u rows (1..%u)", n, KV_MAX_SPEC_ROWS);
-    return submit(q, REQ_DECODE, tokens, n, true, 0, logits, NULL, NULL, tap, err);
+    return submit(q, REQ_DECODE, tokens, n, BLOCK_NEW, 0, logits, NULL, NULL, tap, err);
+}
+
+int muser_seq_draft(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, const muser_top *top,
+                    muser_error *err)
+{
+    if (!q || !tokens) return muser_errorf(err, MUSER_E_ARG, "muser_seq_draft: NULL argument");
+    if (n == 0 || n > KV_MAX_SPEC_ROWS || n > q->e->d->max_rows)
+        return muser_errorf(err, MUSER_E_ARG, "muser_seq_draft: %u rows (1..%u)", n, KV_MAX_SPEC_ROWS);
+    if (top && (top->k == 0 || top->k > MUSER_TOP_MAX || !top->id))
+        return muser_errorf(err, MUSER_E_ARG, "muser_seq_draft: the best %u logits (1..%u) and an id buffer are needed",
+                            top->k, MUSER_TOP_MAX);
+    return submit(q, REQ_DECODE, tokens, n, BLOCK_EXTEND, 0, logits, top, NULL, NULL, err);
 }
 
 int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err)
@@ -840,13 +866,13 @@ int muser_seq_copy_from(muser_seq *q, muser_seq *src, muser_error *err)
     if (q->e != src->e || q->n_ctx != src->n_ctx)
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_copy_from: the sequences need one engine and one context");
     q->copy_src = src;
-    return submit(q, REQ_COPY, NULL, 0, false, 0, NULL, NULL, NULL, NULL, err);
+    return submit(q, REQ_COPY, NULL, 0, BLOCK_NONE, 0, NULL, NULL, NULL, NULL, err);
 }
 
 int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err)
 {
     if (!q) return muser_errorf(err, MUSER_E_ARG, "muser_seq_rollback: NULL sequence");
-    return submit(q, REQ_ROLLBACK, NULL, 0, false, n_keep, NULL, NULL, NULL, NULL, err);
+    return submit(q, REQ_ROLLBACK, NULL, 0, BLOCK_NONE, n_keep, NULL, NULL, NULL, NULL, err);
 }
 
 uint64_t muser_seq_pos(const muser_seq *q)

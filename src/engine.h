@@ -103,8 +103,16 @@ int muser_seq_prefill_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float
                           muser_error *err);
 int muser_seq_verify_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, const muser_tap *tap,
                          muser_error *err);
-/* Keep positions < n_keep of the last verify block (n_keep >= its first position) and drop the
- * checkpoint: the cache holds exactly what decoding the kept rows alone would have written. */
+/* n rows (1..16) at the sequence's next positions in one pass, as muser_seq_verify's, but extending
+ * the open speculative block instead of starting one: the first call after any other request
+ * checkpoints, later ones add to its rows (at most KV_MAX_SPEC_ROWS in all; MUSER_E_ARG past that,
+ * nothing run). logits [n][V] and top (each row's best top->k) may be NULL. What a draft model's
+ * greedy proposals run on: muser_seq_rollback then drops the rows the target did not accept. */
+int muser_seq_draft(muser_seq *q, const int32_t *tokens, uint32_t n, float *logits, const muser_top *top,
+                    muser_error *err);
+/* Keep positions < n_keep of the open block (a verify, or muser_seq_draft's rows; n_keep >= its
+ * first position) and drop the checkpoint: the cache holds exactly what decoding the kept rows
+ * alone would have written. */
 int muser_seq_rollback(muser_seq *q, uint64_t n_keep, muser_error *err);
 /* q's cache becomes a copy of src's (an idle sequence of the same engine and context): a prefix
  * cache's fork. */

@@ -99,14 +99,22 @@ int muser_drafter_ngram_new(muser_drafter **out, uint32_t n_max, muser_error *er
 
 /* ---- a draft model ---- */
 
+/* The draft model's sequence on a draft engine: a round feeds the context it lacks (the prefill
+ * route), takes the first draft from that row, and each further draft from a muser_seq_draft row of
+ * the previous one (the rows of concurrent drafters on one engine share passes). Those rows form a
+ * block that the next round rolls back to what the target accepted. */
 typedef struct draft_model {
     muser_drafter base;
     double macs;         /* the draft model's multiply-adds per token */
-    muser_session *s;
-    int32_t *fed;        /* the tokens the draft session holds */
-    uint64_t n_fed, cap;
-    bool ckpt;           /* a checkpoint is open (the last proposal's drafts were fed) */
-    uint64_t ckpt_pos;
+    muser_engine *e;
+    muser_engine *own;   /* e when the drafter made it (muser_drafter_model_new) */
+    muser_seq *q;
+    uint64_t n_ctx;
+    uint32_t V;
+    int32_t *fed;        /* the tokens the draft sequence holds */
+    uint64_t n_fed;
+    bool block;          /* the last round's drafts are an open block from block_pos on */
+    uint64_t block_pos;
     float *logits;       /* [V] */
 } draft_model;
 
@@ -116,97 +124,135 @@ static double dm_round_macs(const muser_drafter *dr, uint32_t k)
     return k * ((const draft_model *)dr->self)->macs;
 }
 
+/* an empty sequence in place of the one held */
+static int dm_reopen(draft_model *m, muser_error *err)
+{
+    muser_engine_close(m->q);
+    m->q = NULL;
+    m->n_fed = 0;
+    m->block = false;
+    return muser_engine_open(m->e, m->n_ctx, &m->q, err);
+}
+
+/* The rows of ctx[c, n) into the sequence (which holds ctx[0, c)), and the best token after them:
+ * up to 16 as draft rows (a block the round's drafts extend, packed with other drafters' rows), more
+ * (a prompt) through the prefill route. */
+static int dm_catch_up(draft_model *m, const int32_t *ctx, uint64_t c, uint64_t n, uint32_t k, int32_t *next,
+                       muser_error *err)
+{
+    const uint32_t j = (uint32_t)(n - c);
+    int rc;
+    if (j <= KV_MAX_SPEC_ROWS) {
+        int32_t ids[KV_MAX_SPEC_ROWS];
+        const muser_top top = {.k = 1, .id = ids};
+        m->block = true;
+        m->block_pos = c;
+        if ((rc = muser_seq_draft(m->q, ctx + c, j, NULL, &top, err)))
+            return rc;
+        *next = ids[j - 1];
+        if (j + k - 1 > KV_MAX_SPEC_ROWS) { /* no room left for the drafts: keep these rows, a new block */
+            rc = muser_seq_rollback(m->q, n, err);
+            m->block = false;
+        }
+        return rc;
+    }
+    if ((rc = muser_seq_prefill(m->q, ctx + c, j, m->logits, err)))
+        return rc;
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < m->V; i++)
+        if (m->logits[i] > m->logits[best])
+            best = i;
+    *next = (int32_t)best;
+    return MUSER_OK;
+}
+
 static int dm_propose(muser_drafter *dr, const int32_t *ctx, uint64_t n, uint32_t k, int32_t *out, muser_error *err)
 {
     draft_model *m = dr->self;
-    const uint32_t V = m->s->model->hp.n_vocab;
-    if (n + k > m->s->opts.n_ctx || n > m->cap)
-        return 0; /* no room: no drafts */
+    if (n == 0 || k == 0 || n + k > m->n_ctx)
+        return 0; /* nothing to follow, or no room: no drafts */
+    int rc = m->q ? MUSER_OK : dm_reopen(m, err); /* (a reopen that failed last round) */
+    if (rc)
+        return rc;
     uint64_t c = 0; /* the common prefix of what the draft holds and the context */
     while (c < m->n_fed && c < n && m->fed[c] == ctx[c])
         c++;
-    int rc = MUSER_OK;
-    if (m->ckpt) {
-        if (c >= m->ckpt_pos) {
-            rc = muser_session_rollback(m->s, c, err);
-            muser_session_commit(m->s);
-        } else {
-            muser_session_commit(m->s);
-            muser_session_reset(m->s);
-            c = 0;
-        }
-        m->ckpt = false;
-    } else if (c < m->n_fed) {
-        muser_session_reset(m->s);
+    if (c == n)
+        c = n - 1; /* the last token again: its row's best token was not kept */
+    if (m->block && c >= m->block_pos) /* drop the drafts past what was accepted */
+        rc = muser_seq_rollback(m->q, c, err);
+    else if (c < m->n_fed) {
+        rc = dm_reopen(m, err);
         c = 0;
     }
-    if (rc)
-        return rc;
+    m->block = false;
     m->n_fed = c;
-    if (c == n) { /* every token is in: the next row's logits were not kept; refeed the last */
-        muser_session_reset(m->s);
-        c = 0;
-        m->n_fed = 0;
+    if (!rc)
+        rc = dm_catch_up(m, ctx, c, n, k, &out[0], err);
+    if (!rc) {
+        memcpy(m->fed + c, ctx + c, (n - c) * sizeof *ctx);
+        m->n_fed = n;
     }
-    rc = muser_session_forward(m->s, ctx + c, (uint32_t)(n - c), m->logits, false, err);
-    if (rc)
-        return rc;
-    memcpy(m->fed + c, ctx + c, (n - c) * sizeof *ctx);
-    m->n_fed = n;
-    if ((rc = muser_session_checkpoint(m->s, err)))
-        return rc;
-    m->ckpt = true;
-    m->ckpt_pos = n;
-    uint32_t got = 0;
-    for (; got < k; got++) {
-        uint32_t best = 0;
-        for (uint32_t i = 1; i < V; i++)
-            if (m->logits[i] > m->logits[best])
-                best = i;
-        out[got] = (int32_t)best;
-        if (got + 1 == k)
-            break;
-        if ((rc = muser_session_forward(m->s, &out[got], 1, m->logits, false, err)))
-            return rc;
-        m->fed[m->n_fed++] = out[got];
+    for (uint32_t got = 1; !rc && got < k; got++) {
+        int32_t id;
+        const muser_top top = {.k = 1, .id = &id};
+        if (!m->block)
+            m->block_pos = m->n_fed;
+        m->block = true;
+        if (!(rc = muser_seq_draft(m->q, &out[got - 1], 1, NULL, &top, err))) {
+            m->fed[m->n_fed++] = out[got - 1];
+            out[got] = id;
+        }
     }
-    return (int)(got + (k ? 1 : 0));
+    if (rc) { /* the sequence's state is the engine's to say: start over next round */
+        muser_error ignored;
+        dm_reopen(m, &ignored);
+        return rc;
+    }
+    return (int)k;
 }
 
 static void dm_free(muser_drafter *dr)
 {
     draft_model *m = dr->self;
-    muser_session_free(m->s);
+    muser_engine_close(m->q);
+    muser_engine_free(m->own);
     free(m->fed);
     free(m->logits);
     free(m);
 }
 
-int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const muser_model *target,
-                            muser_backend_kind b, uint32_t n_threads, uint64_t n_ctx, muser_error *err)
+static int vocab_check(const muser_model *draft, const muser_model *target, muser_error *err)
+{
+    if (draft->hp.n_vocab == target->hp.n_vocab)
+        return MUSER_OK;
+    return muser_errorf(err, MUSER_E_ARG,
+                        "draft model: its vocabulary has %u tokens, the target's %u (a draft must share the target's "
+                        "tokenizer)",
+                        draft->hp.n_vocab, target->hp.n_vocab);
+}
+
+int muser_drafter_model_on(muser_drafter **out, muser_engine *e, const muser_model *target, uint64_t n_ctx,
+                           muser_error *err)
 {
     *out = NULL;
-    if (draft->hp.n_vocab != target->hp.n_vocab)
-        return muser_errorf(err, MUSER_E_ARG,
-                            "draft model: its vocabulary has %u tokens, the target's %u (a draft must share the "
-                            "target's tokenizer)",
-                            draft->hp.n_vocab, target->hp.n_vocab);
+    const muser_model *draft = muser_engine_device(e)->model;
+    int rc = vocab_check(draft, target, err);
+    if (rc)
+        return rc;
     draft_model *m = calloc(1, sizeof *m);
     if (!m)
         return muser_errorf(err, MUSER_E_NOMEM, "draft model: out of memory");
-    muser_session_opts o;
-    memset(&o, 0, sizeof o);
-    o.backend = b;
-    o.n_threads = n_threads;
-    o.n_ctx = n_ctx;
-    int rc = muser_session_new(&m->s, draft, &o, err);
-    m->cap = n_ctx;
+    m->e = e;
+    m->n_ctx = n_ctx;
+    m->V = draft->hp.n_vocab;
+    rc = muser_engine_open(e, n_ctx, &m->q, err);
     m->fed = malloc(n_ctx * sizeof *m->fed);
     m->logits = malloc((size_t)draft->hp.n_vocab * sizeof *m->logits);
     if (!rc && (!m->fed || !m->logits))
         rc = muser_errorf(err, MUSER_E_NOMEM, "draft model: out of memory");
     if (rc) {
-        muser_session_free(m->s);
+        muser_engine_close(m->q);
         free(m->fed);
         free(m->logits);
         free(m);
@@ -216,6 +262,30 @@ int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const
     m->base = (muser_drafter){.name = "model", .propose = dm_propose, .free = dm_free, .self = m,
                               .round_macs = dm_round_macs};
     *out = &m->base;
+    return MUSER_OK;
+}
+
+int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const muser_model *target,
+                            muser_backend_kind b, uint32_t n_threads, uint64_t n_ctx, muser_error *err)
+{
+    *out = NULL;
+    int rc = vocab_check(draft, target, err); /* (before an engine starts for it) */
+    if (rc)
+        return rc;
+    muser_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.dev.backend = b;
+    o.dev.n_threads = n_threads;
+    o.dev.n_ctx = n_ctx;
+    muser_engine *e = NULL;
+    rc = muser_engine_new(&e, draft, &o, err);
+    if (!rc)
+        rc = muser_drafter_model_on(out, e, target, n_ctx, err);
+    if (rc) {
+        muser_engine_free(e);
+        return rc;
+    }
+    ((draft_model *)(*out)->self)->own = e;
     return MUSER_OK;
 }
 

@@ -47,8 +47,13 @@ double muser_model_token_macs(const muser_model *m);
 /* Prompt lookup: the longest suffix of the context (n_max tokens down to 1) that occurred before,
  * and the tokens that followed its latest occurrence. */
 int muser_drafter_ngram_new(muser_drafter **out, uint32_t n_max, muser_error *err);
-/* A small model sharing the target's vocabulary (a mismatch is refused), greedy, on its own
- * session (backend b, n_ctx positions). */
+/* A small model sharing the target's vocabulary (a mismatch is refused), greedy, on a sequence of
+ * n_ctx positions of draft engine e (engine.h: its model the draft), which the caller may share
+ * among drafters (a server's requests: their draft rows then share passes) and must outlive them.
+ * Its drafts depend only on the context: a draft row's bytes do not depend on what shares its pass. */
+int muser_drafter_model_on(muser_drafter **out, muser_engine *e, const muser_model *target, uint64_t n_ctx,
+                           muser_error *err);
+/* The same on an engine of its own (backend b, n_ctx positions), freed with the drafter. */
 int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const muser_model *target,
                             muser_backend_kind b, uint32_t n_threads, uint64_t n_ctx, muser_error *err);
 /* DFlash (dflash.h): one block from the target's hidden states per round, on its own run (kind: the

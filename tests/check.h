@@ -1,16 +1,17 @@
-/* check.h — the tiny test harness: CHECK macros that count failures and keep going, and a
- * SKIP exit code (77) that ctest shows as skipped. */
+/* check.h — the tiny test harness: CHECK macros that count failures and keep going (from any
+ * thread: the counters are atomic), and a SKIP exit code (77) that ctest shows as skipped. */
 #ifndef MUSER_CHECK_H
 #define MUSER_CHECK_H
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-static int check_failures;
-static int check_count;
+static _Atomic int check_failures;
+static _Atomic int check_count;
 
 #define CHECK(cond)                                                                    \
     do {                                                                               \

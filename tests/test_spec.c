@@ -10,10 +10,14 @@
  *      200,000 draws through muser_spec_accept for several drafts match the sampler's
  *      distribution within a total-variation bound that the naive rule (redraw from p) misses by
  *      far; seeded sampled speculation repeats exactly;
- *   3. a draft model with another vocabulary is refused with a clear error. */
+ *   3. drafters sharing one draft engine (a server's requests): three seeded sampled jobs give
+ *      the same bytes run one at a time and run at once (their draft rows then share passes), and
+ *      the draft engine refuses a block past 16 rows with nothing changed;
+ *   4. a draft model with another vocabulary is refused with a clear error. */
 #include "spec_run.h"
 #include "synth.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -240,6 +244,120 @@ static void acceptance(void)
     }
 }
 
+/* ---- 3. drafters sharing one draft engine ---- */
+typedef struct job {
+    muser_engine *e, *de;
+    const muser_model *m;
+    const int32_t *prompt;
+    uint64_t seed;
+    pthread_barrier_t *go;
+    out o;
+} job;
+
+static void job_run1(job *j)
+{
+    muser_error err = {0};
+    muser_drafter *d = NULL;
+    CHECK_OK(muser_drafter_model_on(&d, j->de, j->m, 512, &err), &err);
+    if (d) speculate(j->e, d, 7, j->prompt, 60, 0.8f, j->seed, &j->o);
+    muser_drafter_free(d);
+}
+
+static void *job_thread(void *arg)
+{
+    job *j = arg;
+    pthread_barrier_wait(j->go);
+    job_run1(j);
+    return NULL;
+}
+
+/* The draft engine's block limit: 10 rows then 7 more is refused, nothing changed; rollback then
+ * keeps what decoding the kept rows one at a time would have written. */
+static void draft_limit(muser_engine *de, const int32_t *prompt)
+{
+    muser_error err = {0};
+    muser_seq *q = NULL, *r = NULL;
+    CHECK_OK(muser_engine_open(de, 64, &q, &err), &err);
+    CHECK_OK(muser_engine_open(de, 64, &r, &err), &err);
+    if (!q || !r) return;
+    CHECK_OK(muser_seq_prefill(q, prompt, 5, NULL, &err), &err);
+    CHECK_OK(muser_seq_draft(q, prompt + 5, 10, NULL, NULL, &err), &err);
+    CHECK(muser_seq_draft(q, prompt + 15, 7, NULL, NULL, &err) == MUSER_E_ARG);
+    printf("draft block past 16 rows: %s\n", err.msg);
+    CHECK(muser_seq_pos(q) == 15);
+    CHECK_OK(muser_seq_draft(q, prompt + 15, 6, NULL, NULL, &err), &err); /* 16 in all: taken */
+    CHECK_OK(muser_seq_rollback(q, 12, &err), &err);
+    CHECK(muser_seq_pos(q) == 12);
+    CHECK_OK(muser_seq_prefill(r, prompt, 5, NULL, &err), &err);
+    for (uint32_t i = 5; i < 12; i++) CHECK_OK(muser_seq_decode(r, prompt[i], NULL, NULL, &err), &err);
+    char a[65], b[65];
+    CHECK_OK(muser_seq_kv_sha256(q, a, &err), &err);
+    CHECK_OK(muser_seq_kv_sha256(r, b, &err), &err);
+    CHECKF(!strcmp(a, b), "draft rows rolled back: the cache differs from decoding the kept rows alone");
+    muser_engine_close(q);
+    muser_engine_close(r);
+}
+
+static void shared_drafts(const muser_model *m, const muser_model *draft, const int32_t *prompt)
+{
+    muser_engine *e = engine(m), *de = engine(draft);
+    if (!e || !de) {
+        muser_engine_free(e);
+        muser_engine_free(de);
+        return;
+    }
+    enum { NJ = 3 };
+    job jobs[NJ];
+    out alone[NJ];
+    memset(jobs, 0, sizeof jobs);
+    for (int i = 0; i < NJ; i++) {
+        jobs[i].e = e;
+        jobs[i].de = de;
+        jobs[i].m = m;
+        jobs[i].prompt = prompt + 13 * i;
+        jobs[i].seed = 5 + (uint64_t)i;
+        job_run1(&jobs[i]);
+        alone[i] = jobs[i].o;
+    }
+    static muser_pass_rec rec[MUSER_ENGINE_LOG];
+    const uint32_t before = muser_engine_passes(de, rec, MUSER_ENGINE_LOG);
+    const uint64_t first = before ? rec[before - 1].index + 1 : 0;
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, NJ);
+    pthread_t th[NJ];
+    for (int i = 0; i < NJ; i++) {
+        jobs[i].go = &go;
+        pthread_create(&th[i], NULL, job_thread, &jobs[i]);
+    }
+    for (int i = 0; i < NJ; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&go);
+    const uint32_t np = muser_engine_passes(de, rec, MUSER_ENGINE_LOG);
+    uint32_t shared = 0, passes = 0;
+    for (uint32_t i = 0; i < np; i++) {
+        if (rec[i].index < first) continue;
+        passes++;
+        shared += rec[i].kind == MUSER_PASS_DECODE && rec[i].seqs > 1;
+    }
+    CHECKF(shared > 0, "shared draft engine: no draft pass held two sequences: the sharing was not tested");
+    int ok = 0;
+    uint64_t acc = 0, drafted = 0;
+    for (int i = 0; i < NJ; i++) {
+        const bool same = same_output(&jobs[i].o, &alone[i]);
+        CHECKF(same, "shared draft engine: job %d (seed %llu) differs run beside the others", i,
+               (unsigned long long)jobs[i].seed);
+        ok += same;
+        acc += jobs[i].o.st.accepted;
+        drafted += jobs[i].o.st.drafted;
+    }
+    CHECKF(drafted > 0 && acc > 0, "shared draft engine: nothing drafted or accepted");
+    printf("shared draft engine: %d/%d seeded sampled jobs (T 0.8) give the same bytes alone and at once; "
+           "%u of %u draft-engine passes held several sequences; %llu of %llu drafts accepted\n",
+           ok, NJ, shared, passes, (unsigned long long)acc, (unsigned long long)drafted);
+    draft_limit(de, prompt);
+    muser_engine_free(e);
+    muser_engine_free(de);
+}
+
 static muser_model *load_default(void)
 {
     char path[4096];
@@ -276,6 +394,7 @@ int main(void)
     if (tiny) no_logprobs(tiny, "tiny", prompt, 30);
     acceptance();
     adaptive_choice();
+    if (def && draft) shared_drafts(def, draft, prompt);
     if (tiny) { /* seeded sampled speculation repeats exactly */
         muser_engine *e = engine(tiny);
         muser_drafter *d = NULL;
