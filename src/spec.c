@@ -222,7 +222,7 @@ static void dm_free(muser_drafter *dr)
     free(m);
 }
 
-static int vocab_check(const muser_model *draft, const muser_model *target, muser_error *err)
+int muser_draft_model_check(const muser_model *draft, const muser_model *target, muser_error *err)
 {
     if (draft->hp.n_vocab == target->hp.n_vocab)
         return MUSER_OK;
@@ -237,7 +237,7 @@ int muser_drafter_model_on(muser_drafter **out, muser_engine *e, const muser_mod
 {
     *out = NULL;
     const muser_model *draft = muser_engine_device(e)->model;
-    int rc = vocab_check(draft, target, err);
+    int rc = muser_draft_model_check(draft, target, err);
     if (rc)
         return rc;
     draft_model *m = calloc(1, sizeof *m);
@@ -269,7 +269,7 @@ int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const
                             muser_backend_kind b, uint32_t n_threads, uint64_t n_ctx, muser_error *err)
 {
     *out = NULL;
-    int rc = vocab_check(draft, target, err); /* (before an engine starts for it) */
+    int rc = muser_draft_model_check(draft, target, err); /* (before an engine starts for it) */
     if (rc)
         return rc;
     muser_engine_opts o;

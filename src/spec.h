@@ -53,6 +53,8 @@ int muser_drafter_ngram_new(muser_drafter **out, uint32_t n_max, muser_error *er
  * Its drafts depend only on the context: a draft row's bytes do not depend on what shares its pass. */
 int muser_drafter_model_on(muser_drafter **out, muser_engine *e, const muser_model *target, uint64_t n_ctx,
                            muser_error *err);
+/* Whether draft may draft for target (one vocabulary); MUSER_E_ARG saying why not. */
+int muser_draft_model_check(const muser_model *draft, const muser_model *target, muser_error *err);
 /* The same on an engine of its own (backend b, n_ctx positions), freed with the drafter. */
 int muser_drafter_model_new(muser_drafter **out, const muser_model *draft, const muser_model *target,
                             muser_backend_kind b, uint32_t n_threads, uint64_t n_ctx, muser_error *err);

@@ -78,7 +78,9 @@ typedef struct server {
     uint32_t n_cache;         /* --prefix-cache: entries at most (0: off) */
     uint64_t tick, cache_hits, cache_misses, cache_reused;
     handoff_client *remote;   /* --remote-prefill: prompts are prefilled by that producer */
-    gen_draft draft;          /* --draft-ngram: requests speculate with prompt lookup */
+    gen_draft draft;          /* --draft-ngram / --draft: requests speculate */
+    muser_model *draft_model; /* --draft: the draft model, and the one engine all requests' drafters */
+    muser_engine *draft_eng;  /* share (their draft rows share passes, as the target's rows do) */
     muser_spec_stats spec;    /* the finished requests' speculation, summed */
 } server;
 
@@ -512,8 +514,10 @@ static int job_start(job *j, serve_err *e)
                              sv->remote ? "remote prefill" : "prefill", err.msg);
     cache_put(j);
     for (size_t i = 0; i < j->n_prompt; i++) muser_sampler_accept(j->smp, j->prompt[i]);
-    if (sv->draft.ngram && !j->req.top_logprobs) { /* (a round reports each token's logprob, not the alternatives) */
-        if (muser_drafter_ngram_new(&j->d, sv->draft.ngram, &err) ||
+    if ((sv->draft.ngram || sv->draft_eng) && !j->req.top_logprobs) { /* (a round reports each token's logprob, not
+                                                                      * the alternatives) */
+        if ((sv->draft_eng ? muser_drafter_model_on(&j->d, sv->draft_eng, sv->g.model, sv->n_ctx, &err)
+                           : muser_drafter_ngram_new(&j->d, sv->draft.ngram, &err)) ||
             muser_spec_init(&j->sp, j->q, sv->n_ctx, j->smp, j->d, sv->draft.max, j->prompt, j->n_prompt, j->logits,
                             &err))
             return serve_err_set(e, 500, "server_error", NULL, NULL, "cannot start speculation: %s", err.msg);
@@ -1174,6 +1178,9 @@ static void serve_help(FILE *f)
                "                          request's drafts verified in one pass with its next token;\n"
                "                          greedy output unchanged, sampled output the same distribution\n"
                "                          (not for requests asking for top logprobs)\n"
+               "  --draft MODEL           speculate with a draft model sharing the vocabulary: one more\n"
+               "                          engine on the same backend, its KV a sequence per slot, the\n"
+               "                          requests' draft rows sharing its passes\n"
                "  --draft-max K           at most K drafts per verify pass, 1..15 (default 8); each\n"
                "                          round takes as many as the request's acceptance makes pay\n"
                "  --draft-fixed           always ask for K drafts\n"
@@ -1183,6 +1190,31 @@ static void serve_help(FILE *f)
                "  -m, --model PATH        GGUF model (default: $MUSER_MODEL or models/default.gguf)\n"
                "  -h, --help              this help\n");
     cli_remote_help(f);
+}
+
+/* --draft: the draft model on an engine of its own, on the server's backend (one rank: a draft
+ * is small), a sequence of the server's context for each slot. */
+static int serve_draft_open(server *sv, const gen_opts *o, muser_error *err)
+{
+    int rc = muser_model_load(&sv->draft_model, sv->draft.model_path, err);
+    if (!rc)
+        rc = muser_draft_model_check(sv->draft_model, sv->g.model, err);
+    if (rc)
+        return rc;
+    muser_engine_opts eo;
+    memset(&eo, 0, sizeof eo);
+    eo.dev.backend = o->sess.backend == MUSER_BACKEND_CUDA ? MUSER_BACKEND_CUDA : MUSER_BACKEND_CPU;
+    eo.dev.n_threads = o->sess.n_threads;
+    eo.dev.device = o->sess.device;
+    eo.dev.n_ctx = sv->n_ctx;
+    eo.max_seqs = sv->slots;
+    rc = muser_engine_new(&sv->draft_eng, sv->draft_model, &eo, err);
+    if (rc)
+        return rc;
+    fprintf(stderr, "muser serve: draft model %s on %s (KV cache %.1f MB when every slot drafts)\n",
+            sv->draft.model_path, muser_backend_name(eo.dev.backend),
+            (double)kv_cache_bytes(&sv->draft_model->hp, sv->n_ctx) * sv->slots / 1e6);
+    return MUSER_OK;
 }
 
 int cmd_serve(int argc, char **argv)
@@ -1234,10 +1266,10 @@ int cmd_serve(int argc, char **argv)
     }
     if (cli_remote_check("serve", &remote)) return CLI_EXIT_USAGE;
     if (gen_draft_check("serve", &sv.draft, o.sess.backend)) return CLI_EXIT_USAGE;
-    if (sv.draft.model_path || sv.draft.dflash_path)
-        return cli_usage_error("serve", "%s: the server speculates with prompt lookup (--draft-ngram N) only; a draft "
-                               "model or a DFlash drafter would run one more model per request",
-                               sv.draft.model_path ? "--draft" : "--draft-dflash");
+    if (sv.draft.dflash_path)
+        return cli_usage_error("serve", "--draft-dflash: the server speculates with prompt lookup (--draft-ngram N) or "
+                               "a draft model (--draft MODEL); a DFlash drafter runs its own pass per request, "
+                               "which the server does not share among requests");
     static char keybuf[512];
     if (key_file) {
         FILE *f = fopen(key_file, "r");
@@ -1300,6 +1332,10 @@ int cmd_serve(int argc, char **argv)
     }
     const muser_hparams *hp = &sv.g.model->hp;
     const double kv_mb = (double)kv_cache_bytes(hp, sv.n_ctx) * sv.slots / 1e6;
+    if (sv.draft.model_path && serve_draft_open(&sv, &o, &err)) {
+        fprintf(stderr, "muser serve: --draft %s: %s\n", sv.draft.model_path, err.msg);
+        goto out;
+    }
     const char *base = strrchr(path, '/');
     sv.model_name = base ? base + 1 : path;
     sv.backend = muser_backend_name(o.sess.backend);
@@ -1334,6 +1370,8 @@ out:
         free(sv.cache[i].tokens);
     }
     muser_engine_free(sv.eng);
+    muser_engine_free(sv.draft_eng); /* (after the requests: their drafters are gone with them) */
+    muser_model_free(sv.draft_model);
     handoff_client_free(sv.remote);
     gen_close(&sv.g);
     return status;
