@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, verify, spec, prefill, engine, serve, topp, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, prefill-llama, tests-quick, tp, pfcpu-start … pfcpu-end,
+#                                               # and glimmer, rows, parallel, verify, spec, serve-spec, prefill, engine, serve, topp, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, prefill-llama, tests-quick, tp, pfcpu-start … pfcpu-end,
 #                                               # skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
@@ -310,6 +310,23 @@ for step in $steps; do
             --gen 16 --reps 2 >"$OUT/verify.log" 2>&1
         note "verify rc=$?"
         grep '^verify' "$OUT/verify.log" | sed 's/^/    /' >>"$S"
+        ;;
+    serve-spec)
+        # speculation through the server on the GPU: tests/cli_serve_spec.sh with every server on
+        # cuda (prompt lookup and the shared draft engine against the plain server's bytes), and
+        # `muser run --draft` on the default model against plain decoding (the same text)
+        MUSER_BIN="$PWD/$D/muser" MUSER_SOURCE_DIR="$PWD" SERVE_EXTRA="--backend cuda" TMPDIR=$W \
+            timeout -k 5 180 bash tests/cli_serve_spec.sh >"$OUT/serve_spec.log" 2>&1
+        note "cli_serve_spec (cuda) rc=$? :: $(grep -vE '^muser serve' "$OUT/serve_spec.log" | tail -9 | tr '\n' ';')"
+        for a in "" "--draft models/draft.gguf --draft-max 4" "--draft models/draft.gguf --draft-max 4 --draft-fixed"; do
+            # shellcheck disable=SC2086
+            timeout -k 5 60 "$D/muser" run -m models/default.gguf --backend cuda -n 400 --temp 0 \
+                -p "And God said, Let there be light" $a >"$OUT/dm.out" 2>"$OUT/dm.err"
+            rc=$?
+            [ -z "$a" ] && cp "$OUT/dm.out" "$OUT/dm_plain.out"
+            same=same; cmp -s "$OUT/dm_plain.out" "$OUT/dm.out" || same=DIFFERENT
+            note "run --draft [${a:-plain}] rc=$rc ($same text) :: $(grep -oE 'generated [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok/s\)|[0-9.]+ tokens per pass' "$OUT/dm.err" | tr '\n' ' ')"
+        done
         ;;
     spec)
         # speculative decoding on the GPU (synthesized Glimmer): plain greedy decoding, then prompt

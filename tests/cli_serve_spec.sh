@@ -4,6 +4,7 @@
 # text and logprob bytes, streamed or not; a seeded sampled request gives the same text alone and beside three others;
 # drafts were proposed and accepted (/metrics); a request asking for top logprobs decodes plainly.
 # A draft model with another vocabulary and a DFlash drafter are refused at start with a message.
+# SERVE_EXTRA adds options to every server (the device: SERVE_EXTRA="--backend cuda").
 set -u
 BIN=${MUSER_BIN:?MUSER_BIN not set}
 SRC=${MUSER_SOURCE_DIR:?MUSER_SOURCE_DIR not set}
@@ -17,7 +18,8 @@ command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
 start() { # start NAME ARGS... : a server on a port the system picks; its URL in U_NAME
     name=$1
     shift
-    "$BIN" serve --port 0 "$@" >"$DIR/serve_$name.log" 2>&1 &
+    # shellcheck disable=SC2086
+    "$BIN" serve --port 0 "$@" ${SERVE_EXTRA:-} >"$DIR/serve_$name.log" 2>&1 &
     PIDS="$PIDS $!"
     for _ in $(seq 1 300); do
         port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$DIR/serve_$name.log")
@@ -46,7 +48,7 @@ echo "refused: $(grep -o 'draft model.*' "$DIR/serve_bad.log" | head -1)"
 start plain --slots 4 -t 2
 start ngram --slots 4 -t 2 --draft-ngram 3 --draft-max 4
 start model --slots 4 -t 2 --draft "$SRC/models/draft.gguf" --draft-max 4 --draft-fixed
-grep -q "draft model $SRC/models/draft.gguf on cpu (KV cache" "$DIR/serve_model.log" || fail "no draft engine line: $(cat "$DIR/serve_model.log")"
+grep -q "draft model $SRC/models/draft.gguf on [a-z]* (KV cache" "$DIR/serve_model.log" || fail "no draft engine line: $(cat "$DIR/serve_model.log")"
 PROMPT='And God said, Let there be light: and there was light. And God saw the light, that it was good: and God divided the light from the darkness. And God said,'
 check_spec() { # check_spec NAME: the server U_NAME against the plain one
     name=$1
