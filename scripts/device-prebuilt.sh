@@ -213,26 +213,30 @@ for step in $steps; do
         for k in $(seq 0 17); do
             n=$((2 + (k * 7) % 11)); TL="$TL --tokens $(seq -s, $((100 + 37 * k)) $((100 + 37 * k + n - 1)))"
         done
-        for r in decode packed verify; do
-            timeout -k 5 150 "$D/muser" eval -m /tmp/g.gguf --backend cuda $TL --route $r --dump-logits "$W/rows_$r" \
-                >"$OUT/rows_$r.log" 2>&1
-            note "rows eval $r rc=$?"
-        done
-        bad=0
-        for k in $(seq 0 17); do
-            a=$(sha256sum <"$W/rows_decode.$k" | cut -c1-16)
-            for r in packed verify; do
-                b=$(sha256sum <"$W/rows_$r.$k" 2>/dev/null | cut -c1-16)
-                [ "$a" = "$b" ] || { bad=$((bad + 1)); note "rows: sequence $k $r $b != decode $a"; }
+        for bin in ${ROWS_BINS:-muser}; do # ROWS_BINS="muser muser-full": each staged build in turn
+            for r in decode packed verify; do
+                timeout -k 5 150 "$D/$bin" eval -m /tmp/g.gguf --backend cuda $TL --route $r --dump-logits "$W/rows_$r" \
+                    >"$OUT/rows_${bin}_$r.log" 2>&1
+                note "rows [$bin] eval $r rc=$?"
             done
+            bad=0
+            for k in $(seq 0 17); do
+                a=$(sha256sum <"$W/rows_decode.$k" | cut -c1-16)
+                for r in packed verify; do
+                    b=$(sha256sum <"$W/rows_$r.$k" 2>/dev/null | cut -c1-16)
+                    [ "$a" = "$b" ] || { bad=$((bad + 1)); note "rows [$bin]: sequence $k $r $b != decode $a"; }
+                done
+            done
+            note "rows [$bin]: $bad mismatches over 18 sequences x (packed, verify)"
+            rm -f "$W"/rows_*
         done
-        note "rows: $bad mismatches over 18 sequences x (packed, verify)"
         ;;
     parity)
         "$D/muser" synth --preset small -o "$W/small.gguf" >/dev/null 2>&1
-        for r in decode; do
-            timeout -k 5 150 "$D/muser" parity -m "$W/small.gguf" --backend cuda --tokens 24 --route $r >"$OUT/parity_small.log" 2>&1
-            note "parity small cuda ($r) rc=$? :: $(grep -iE 'max' "$OUT/parity_small.log" | tail -2 | tr '\n' ' ')"
+        for bin in ${ROWS_BINS:-muser}; do
+            timeout -k 5 150 "$D/$bin" parity -m "$W/small.gguf" --backend cuda --tokens 24 --route decode \
+                >"$OUT/parity_small_$bin.log" 2>&1
+            note "parity small cuda [$bin] rc=$? :: $(grep -iE 'max' "$OUT/parity_small_$bin.log" | tail -2 | tr '\n' ' ')"
         done
         ;;
     glimmer)
