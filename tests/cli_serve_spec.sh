@@ -2,7 +2,8 @@
 # with prompt lookup (`--draft-ngram`, adaptive) and with the draft model (`--draft`, 4 drafts a
 # round, one draft engine all requests share): greedy completions and chats give the plain server's
 # text and logprob bytes, streamed or not; a seeded sampled request gives the same text alone and beside three others;
-# drafts were proposed and accepted (/metrics); a request asking for top logprobs decodes plainly.
+# drafts were proposed and accepted (/metrics); a request asking for top logprobs decodes plainly;
+# four requests queued for one slot with a draft model are all served.
 # A draft model with another vocabulary and a DFlash drafter are refused at start with a message.
 # SERVE_EXTRA adds options to every server (the device: SERVE_EXTRA="--backend cuda").
 set -u
@@ -100,6 +101,19 @@ check_spec() { # check_spec NAME: the server U_NAME against the plain one
 }
 check_spec ngram
 check_spec model
+# one slot, four requests queued for it: each takes the draft engine's one sequence as the last frees it
+start one --slots 1 -t 2 --draft "$SRC/models/draft.gguf" --draft-max 4 --draft-fixed
+CPIDS=""
+for k in 1 2 3 4; do
+    curl -s -o "$DIR/one$k" -w '%{http_code}' -H 'Content-Type: application/json' "$U_one/v1/completions" \
+        -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":16,\"temperature\":0.8,\"seed\":$k}" >"$DIR/one$k.code" &
+    CPIDS="$CPIDS $!"
+done
+for p in $CPIDS; do wait "$p"; done
+for k in 1 2 3 4; do
+    [ "$(cat "$DIR/one$k.code")" = 200 ] || fail "one slot: request $k: $(cat "$DIR/one$k.code") $(cat "$DIR/one$k")"
+done
+echo "one slot, a draft model: 4 queued requests all served"
 plain_rounds=$(curl -s "$U_plain/metrics" | sed -n 's/^muser_spec_rounds_total //p')
 [ "$plain_rounds" = 0 ] || fail "the plain server speculated: $plain_rounds rounds"
 echo "cli_serve_spec: ok"

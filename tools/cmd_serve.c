@@ -341,7 +341,10 @@ static void job_free(job *j)
         j->outcome = OUT_CANCELLED;
         job_finish_metrics(j);
     }
-    if (j->slot_held) { /* after the sequence is closed: its KV is free for the next one */
+    if (j->spec_on) muser_spec_free(&j->sp);
+    muser_drafter_free(j->d); /* (its draft sequence closed: the draft engine holds one a slot) */
+    j->d = NULL;
+    if (j->slot_held) { /* after the sequences are closed: their KV is free for the next request */
         server *sv = j->sv;
         pthread_mutex_lock(&sv->mu);
         sv->running--;
@@ -349,8 +352,6 @@ static void job_free(job *j)
         pthread_cond_signal(&sv->slot_free);
         pthread_mutex_unlock(&sv->mu);
     }
-    if (j->spec_on) muser_spec_free(&j->sp);
-    muser_drafter_free(j->d);
     muser_sampler_free(j->smp);
     serve_req_free(&j->req);
     free(j->logits);
