@@ -277,8 +277,9 @@ for step in $steps; do
             done
         done
         # PAR_PROFILE=1: each build's unfused time per op family at the last count of PAR
+        counts=${PAR:-1,4,16}
         for bin in ${PAR_PROFILE:+${PAR_BINS:-muser}}; do
-            MUSER_CUDA_PROFILE=1 timeout -k 5 100 "$D/$bin" bench --backend cuda -m /tmp/g.gguf --parallel "${PAR##*,}" \
+            MUSER_CUDA_PROFILE=1 timeout -k 5 100 "$D/$bin" bench --backend cuda -m /tmp/g.gguf --parallel "${counts##*,}" \
                 --gen 8 --reps 1 >"$OUT/parallel_profile_$bin.log" 2>&1
             note "parallel profile [$bin] rc=$?"
         done
