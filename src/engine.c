@@ -224,7 +224,7 @@ static void run_decode(muser_engine *e)
                               memcmp(q->tap->layers, tap->layers, tap->n_layers * sizeof *tap->layers)))
             continue;
         if (q->tap && !tap) tap = q->tap;
-        if (q->block == BLOCK_NEW || (q->block == BLOCK_EXTEND && !q->block_rows)) {
+        if (q->block && !q->block_rows) { /* (submit ends any open block but for BLOCK_EXTEND) */
             muser_error er = {0};
             const int rc = muser_session_checkpoint(q->s, &er);
             if (rc) {
@@ -816,12 +816,18 @@ int muser_seq_prefill_tap(muser_seq *q, const int32_t *tokens, uint32_t n, float
     return submit(q, REQ_PREFILL, tokens, n, BLOCK_NONE, 0, logits, NULL, NULL, tap, err);
 }
 
+/* a request's best-logits ask (NULL: none) that cannot be served */
+static bool top_bad(const muser_top *top) { return top && (top->k == 0 || top->k > MUSER_TOP_MAX || !top->id); }
+static int top_error(const muser_top *top, const char *fn, muser_error *err)
+{
+    return muser_errorf(err, MUSER_E_ARG, "%s: the best %u logits (1..%u) and an id buffer are needed", fn, top->k,
+                        MUSER_TOP_MAX);
+}
+
 int muser_seq_decode(muser_seq *q, int32_t token, float *logits, const muser_top *top, muser_error *err)
 {
     if (!q) return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode: NULL sequence");
-    if (top && (top->k == 0 || top->k > MUSER_TOP_MAX || !top->id))
-        return muser_errorf(err, MUSER_E_ARG, "muser_seq_decode: the best %u logits (1..%u) and an id buffer are needed",
-                            top->k, MUSER_TOP_MAX);
+    if (top_bad(top)) return top_error(top, "muser_seq_decode", err);
     return submit(q, REQ_DECODE, &token, 1, BLOCK_NONE, 0, logits, top, NULL, NULL, err);
 }
 
@@ -854,9 +860,7 @@ int muser_seq_draft(muser_seq *q, const int32_t *tokens, uint32_t n, float *logi
     if (!q || !tokens) return muser_errorf(err, MUSER_E_ARG, "muser_seq_draft: NULL argument");
     if (n == 0 || n > KV_MAX_SPEC_ROWS || n > q->e->d->max_rows)
         return muser_errorf(err, MUSER_E_ARG, "muser_seq_draft: %u rows (1..%u)", n, KV_MAX_SPEC_ROWS);
-    if (top && (top->k == 0 || top->k > MUSER_TOP_MAX || !top->id))
-        return muser_errorf(err, MUSER_E_ARG, "muser_seq_draft: the best %u logits (1..%u) and an id buffer are needed",
-                            top->k, MUSER_TOP_MAX);
+    if (top_bad(top)) return top_error(top, "muser_seq_draft", err);
     return submit(q, REQ_DECODE, tokens, n, BLOCK_EXTEND, 0, logits, top, NULL, NULL, err);
 }
 

@@ -1,5 +1,6 @@
 /* spec.c — speculative decoding (spec.h): the drafters, the acceptance rule and the round loop. */
 #include "spec.h"
+#include "util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -158,11 +159,7 @@ static int dm_catch_up(draft_model *m, const int32_t *ctx, uint64_t c, uint64_t 
     }
     if ((rc = muser_seq_prefill(m->q, ctx + c, j, m->logits, err)))
         return rc;
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < m->V; i++)
-        if (m->logits[i] > m->logits[best])
-            best = i;
-    *next = (int32_t)best;
+    *next = muser_argmax(m->logits, m->V); /* (a prefill with a non-finite logit failed closed) */
     return MUSER_OK;
 }
 
