@@ -85,10 +85,9 @@ static inline std::vector<float> kq4_x_rows(uint32_t nx, uint32_t cols)
     return hx;
 }
 
-/* the engine's kernels on a Q4_KT matrix kt: one row mmq_launch_auto (x xe1 in mmq's layout), more
- * rows mmqd_launch_auto (xed in mmqd's) */
-static inline void kq4_engine(const uint8_t *kt, uint32_t rows, uint32_t cols, const uint8_t *xe1, const uint8_t *xed,
-                              uint32_t nx, float *y)
+/* The engine's arguments for y = kt·x on a Q4_KT matrix kt: one row (nx ≤ 1) x in mmq's layout, more
+ * rows x in mmqd's (nx rows, mmqd_x_bytes(cols) apart), outputs rows apart */
+static inline mmq_args kq4_args(const uint8_t *kt, uint32_t rows, uint32_t cols, const uint8_t *x, uint32_t nx, float *y)
 {
     mmq_args A;
     memset(&A, 0, sizeof A);
@@ -97,16 +96,23 @@ static inline void kq4_engine(const uint8_t *kt, uint32_t rows, uint32_t cols, c
     A.K = cols;
     A.out = y;
     A.op = MV_OP_STORE;
-    if (nx <= 1) {
-        A.x = xe1;
-        mmq_launch_auto(A, false, 0, false, 132);
-    } else {
-        A.x = xed;
+    A.x = x;
+    if (nx > 1) {
         A.nx = nx;
         A.xs = (uint32_t)mmqd_x_bytes(cols);
         A.os = rows;
-        mmqd_launch_auto(A, 0, false);
     }
+    return A;
+}
+
+/* the engine's kernels on a Q4_KT matrix kt: one row mmq_launch_auto (x xe1 in mmq's layout), more
+ * rows mmqd_launch_auto (xed in mmqd's) */
+static inline void kq4_engine(const uint8_t *kt, uint32_t rows, uint32_t cols, const uint8_t *xe1, const uint8_t *xed,
+                              uint32_t nx, float *y)
+{
+    const mmq_args A = kq4_args(kt, rows, cols, nx <= 1 ? xe1 : xed, nx, y);
+    if (nx <= 1) mmq_launch_auto(A, false, 0, false, 132);
+    else mmqd_launch_auto(A, 0, false);
 }
 
 #endif

@@ -38,7 +38,8 @@
  * planes as wgmma's A, x's digits as B from shared memory, the KW split over a cluster) and
  * mmw3_kernel (the weights staged through a cp.async ring, a persistent grid), mmw5_kernel<…, false> (mmw4: that ring
  * with a producer warp and mbarriers) and mmw5_kernel (its copies made by the bulk engine).
- *   usage: kbench_mmi [reps]   (exit 1 if a check fails) */
+ *   usage: kbench_mmi [reps [filter]]   (exit 1 if a check fails; filter: the variants whose name holds it,
+ *   beside the 16-row references) */
 #include <cooperative_groups.h>
 
 #include "cuda/wgmma.cuh"
@@ -149,6 +150,32 @@ __device__ __forceinline__ void mmi_load(const uint8_t *unit, uint32_t lane, mmi
     w.dd = __ldg((const uint2 *)(unit + 2304 + 8 * g));
 }
 
+/* The block's main term in mmi's IMAD form: per sub-block j one m16n8k32 (nibbles × the n-tile's
+ * digits) per n-tile and one IMAD by the scale, acc[n] += sc_j·(q_j·x_j); xb[n] is the lane's B
+ * column of n-tile n (SM: a copy in shared memory, else global) */
+template <int NT, bool SM>
+__device__ __forceinline__ void mmi_products(const uint4 (&q)[4], const uint4 sc, const uint8_t *const (&xb)[NT], int (&acc)[NT][4])
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const uint4 &qq = q[j >> 1];
+        const uint32_t w0 = (j & 1) ? qq.z : qq.x, w1 = (j & 1) ? qq.w : qq.y;
+        const uint32_t a[4] = {w0 & 0x0F0F0F0Fu, w1 & 0x0F0F0F0Fu, (w0 >> 4) & 0x0F0F0F0Fu, (w1 >> 4) & 0x0F0F0F0Fu};
+        const int s0 = (int)(((j < 4 ? sc.x : sc.y) >> (8 * (j & 3))) & 0xFF);
+        const int s8 = (int)(((j < 4 ? sc.z : sc.w) >> (8 * (j & 3))) & 0xFF);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const uint2 bx = SM ? *(const uint2 *)(xb[n] + j * 128) : __ldg((const uint2 *)(xb[n] + j * 128));
+            int c[4] = {0, 0, 0, 0};
+            mmi_imma(c, a, bx.x, bx.y);
+            acc[n][0] += s0 * c[0];
+            acc[n][1] += s0 * c[1];
+            acc[n][2] += s8 * c[2];
+            acc[n][3] += s8 * c[3];
+        }
+    }
+}
+
 /* ---- the kernel ------------------------------------------------------------------------------- */
 /* NW warps a CTA: NW / (KW·CG) tiles × CG column groups (of 2·NT x rows each, x row 2·NT·cg on)
  * × KW. Each lane folds one weight row: the lane of a pair with the low digits row g, its partner
@@ -201,24 +228,7 @@ __global__ void __launch_bounds__(32 * NW, MINB)
                 for (int e = 0; e < 4; e++) acc[n][e] = 8 * ch[e] + cl[e];
             }
         }
-#pragma unroll
-        for (int j = 0; j < 8 && !P2; j++) {
-            const uint4 &qq = q[j >> 1];
-            const uint32_t w0 = (j & 1) ? qq.z : qq.x, w1 = (j & 1) ? qq.w : qq.y;
-            const uint32_t a[4] = {w0 & 0x0F0F0F0Fu, w1 & 0x0F0F0F0Fu, (w0 >> 4) & 0x0F0F0F0Fu, (w1 >> 4) & 0x0F0F0F0Fu};
-            const int s0 = (int)(((j < 4 ? sc.x : sc.y) >> (8 * (j & 3))) & 0xFF);
-            const int s8 = (int)(((j < 4 ? sc.z : sc.w) >> (8 * (j & 3))) & 0xFF);
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const uint2 bx = __ldg((const uint2 *)(xb[n] + j * 128));
-                int c[4] = {0, 0, 0, 0};
-                mmi_imma(c, a, bx.x, bx.y);
-                acc[n][0] += s0 * c[0];
-                acc[n][1] += s0 * c[1];
-                acc[n][2] += s8 * c[2];
-                acc[n][3] += s8 * c[3];
-            }
-        }
+        if (!P2) mmi_products<NT, false>(q, sc, xb, acc);
         /* the min term (x rows x0 + 4k + g/2), then the fold: this lane's two digits, exact, and the
          * partner's two; the min of x row xr sits in lane (g, xr % 4) of min tile n / 2 */
         uint32_t bm[NM];
@@ -812,6 +822,191 @@ __global__ void __launch_bounds__(128 * NWG + 32, 1) mmw5_kernel(const mmw3_args
 
 template <int NX> constexpr size_t mmw_smem() { return (size_t)MMW_STAGES * 2 * (4 * NX) * 128 + 1024; }
 
+/* ---- mmi_sx: mmi_kernel's arithmetic with each block's x (and units) staged in shared memory ----
+ * The 16-row mmi_kernel waits on latency, not on a pipe (NOTES, "mmi"): 8 warps an SM (248
+ * registers), each x fragment an L2 load issued just before its product, each block's units a
+ * DRAM load with nothing ahead of it. Here the TG warps that walk the same blocks (one kw, TG =
+ * 8 / KW tiles) copy the x rows of a later block (nx × 1072 bytes) into a shared stage by cp.async
+ * while they compute this one: XS stages, XS − 1 blocks ahead, one named barrier a block per kw
+ * group. WST: each warp stages its own unit (2368 bytes) the same way; else its next unit is loaded
+ * into registers a block ahead. The products, the fold, the kw order and the store are
+ * mmi_kernel's, so a row has mmi_kernel's bytes for its KW.
+ * Measured (H100, 2026-12-07, NOTES "x staged"): slower than mmi_kernel at the same KW (16 rows: the
+ * gate·up shape 177.8–182.1 µs against 161.7), so the wait was not x's L2 latency. */
+template <int NT, int KW, int XS = 2, bool WST = true>
+constexpr size_t mmi_sx_smem() { return (size_t)XS * (KW * 2 * NT * MMI_XBLK + (WST ? 8 * MMI_UNIT : 0)); }
+
+__device__ __forceinline__ void mmi_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void mmi_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <int NT, int KW, int MINB, int XS = 2, bool WST = true>
+__global__ void __launch_bounds__(256, MINB)
+    mmi_sx_kernel(const uint8_t *__restrict__ W, uint32_t nb, const uint8_t *__restrict__ xq, uint32_t nx, float *__restrict__ y,
+                  uint32_t rows)
+{
+    static_assert(XS == 2 || XS == 3, "two or three stages");
+    constexpr int TG = 8 / KW, NM = (2 * NT + 3) / 4, NXM = 2 * NT;
+    constexpr uint32_t XST = NXM * MMI_XBLK; /* one group's x stage */
+    constexpr uint32_t XB = XS * KW * XST;   /* x stages: [kw][stage] */
+    __shared__ double red[KW > 1 ? KW - 1 : 1][TG][NT][32];
+    extern __shared__ __align__(16) uint8_t sx_raw[];
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, hi = t & 1;
+    const uint32_t kw = warp % KW, tg = warp / KW, ntile = rows / 16, tile0 = blockIdx.x * TG + tg;
+    const bool live = tile0 < ntile;
+    const uint32_t tile = live ? tile0 : ntile - 1; /* past the end: a copy of the last tile, nothing stored */
+    const uint32_t nxe = min(nx, (uint32_t)NXM), gl = tg * 32 + lane; /* this lane's index in its kw group */
+    uint8_t *xs0 = sx_raw + (size_t)kw * XS * XST, *ws0 = sx_raw + XB + (size_t)warp * XS * MMI_UNIT;
+    const uint32_t xs_a = (uint32_t)__cvta_generic_to_shared(xs0), ws_a = (uint32_t)__cvta_generic_to_shared(ws0);
+    const uint8_t *wt = W + (size_t)tile * nb * MMI_UNIT;
+    /* block b's copies into stage st (b ≥ nb: none), then one commit group */
+    auto issue = [&](uint32_t b, uint32_t st) {
+        if (b < nb) {
+            for (uint32_t c = gl; c < nxe * (MMI_XBLK / 16); c += TG * 32) {
+                const uint32_t r = c / (MMI_XBLK / 16), o = 16 * (c % (MMI_XBLK / 16));
+                mmw_cp16(xs_a + st * XST + r * MMI_XBLK + o, xq + ((size_t)r * nb + b) * MMI_XBLK + o);
+            }
+            if (WST)
+                for (uint32_t c = lane; c < MMI_UNIT / 16; c += 32)
+                    mmw_cp16(ws_a + st * MMI_UNIT + 16 * c, wt + (size_t)b * MMI_UNIT + 16 * c);
+        }
+        mmi_cp_commit();
+    };
+    double yacc[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++) yacc[n] = 0.0;
+    mmi_w U;
+    if (!WST && kw < nb) mmi_load(wt + (size_t)kw * MMI_UNIT, lane, U);
+    issue(kw, 0);
+    if (XS == 3) issue(kw + KW, 1);
+    for (uint32_t b = kw, i = 0; b < nb; b += KW, i++) {
+        mmi_cp_wait<XS - 2>();
+        if (TG > 1) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kw), "r"(TG * 32) : "memory");
+        else __syncwarp();
+        issue(b + (XS - 1) * KW, (i + XS - 1) % XS);
+        const uint32_t st = i % XS;
+        const uint8_t *xsb = xs0 + st * XST;
+        if (WST) {
+            const uint8_t *unit = ws0 + st * MMI_UNIT;
+#pragma unroll
+            for (int u = 0; u < 4; u++) U.q[u] = *(const uint4 *)(unit + (u * 32 + lane) * 16);
+            U.sc = *(const uint4 *)(unit + 2048 + 16 * g);
+            U.mn = *(const uint4 *)(unit + 2176 + 16 * g);
+            U.dd = *(const uint2 *)(unit + 2304 + 8 * g);
+        }
+        const mmi_w C = U;
+        if (!WST && b + KW < nb) mmi_load(wt + (size_t)(b + KW) * MMI_UNIT, lane, U); /* the next unit, in flight */
+        const uint8_t *xb[NT];
+#pragma unroll
+        for (int n = 0; n < NT; n++) xb[n] = xsb + min(2 * (uint32_t)n + (g >> 2), nxe - 1) * MMI_XBLK + ((g & 3) * 4 + t) * 8;
+        int acc[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0;
+        mmi_products<NT, true>(C.q, C.sc, xb, acc);
+        uint32_t bm[NM];
+#pragma unroll
+        for (int k = 0; k < NM; k++)
+            bm[k] = *(const uint32_t *)(xsb + min(4 * (uint32_t)k + (g >> 1), nxe - 1) * MMI_XBLK + 1024 + ((g & 1) * 4 + t) * 4);
+        float Mv[NM][4];
+        mmi_min_mma<NM>(C.mn, t, bm, Mv);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const uint32_t xr = 2 * n + (t >> 1);
+            const double sxv = (double)*(const float *)(xsb + min(xr, nxe - 1) * MMI_XBLK + 1056);
+            mmi_fold<NM>(yacc[n], mmi_pair_T(acc[n], hi), Mv, n, lane, C.dd, sxv);
+        }
+    }
+    if (!mmi_kw_sum<KW, NT, TG>(red, kw, tg, lane, yacc) || !live) return;
+    mmi_store<NT>(y, yacc, nx, rows, tile, lane);
+}
+
+/* ---- mmqd_sx: the engine's multi-row kernel for one matrix (mmqd_body: KW 8, a quad of x rows per
+ * NQ) with each warp's next block of x copied into shared memory by cp.async while it computes this
+ * one (two stages a warp, no barrier: a warp reads only its own copies), and its next unit loaded
+ * into registers a block ahead. mmqd_block's arithmetic in mmqd_body's order, so the engine's bytes.
+ * Measured (H100, 2026-12-07): the same bytes, 10–16% slower than mmqd_body at 4–16 rows; the
+ * staging that landed is the gate·up pair's (mpd_body). */
+template <int NQ> constexpr size_t mmqd_sx_smem() { return (size_t)2 * 8 * 4 * NQ * MMQD_XBLK; }
+
+template <int NQ, int MINB>
+__global__ void __launch_bounds__(256, MINB) mmqd_sx_kernel(const mmq_args A0)
+{
+    constexpr int KW = 8, NX = 4 * NQ;
+    constexpr uint32_t XST = NX * MMQD_XBLK;
+    __shared__ double red[NX][8][16];
+    extern __shared__ __align__(16) uint8_t dx_raw[];
+    mmq_args A = A0;
+    const uint32_t cta = mmq_cta(A.ng), nx = mmq_group<mmq_args, NX>(A, mmq_grp(A.ng));
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid, nb = A.K / 256, ntile = A.rows / 16;
+    const uint32_t tile = min(cta, ntile - 1);
+    const uint8_t *unit = A.a + ((size_t)tile * nb + kw) * MMQ_UNIT;
+    uint8_t *xs0 = dx_raw + (size_t)wid * 2 * XST;
+    const uint32_t xs_a = (uint32_t)__cvta_generic_to_shared(xs0);
+    auto issue = [&](uint32_t b, uint32_t st) {
+        if (b < nb)
+            for (uint32_t c = lane; c < nx * (MMQD_XBLK / 16); c += 32) {
+                const uint32_t r = c / (MMQD_XBLK / 16), o = 16 * (c % (MMQD_XBLK / 16));
+                mmw_cp16(xs_a + st * XST + r * MMQD_XBLK + o, A.x + (size_t)r * A.xs + (size_t)b * MMQD_XBLK + o);
+            }
+        mmi_cp_commit();
+    };
+    float acc[NQ][1][4][2];
+#pragma unroll
+    for (int Q = 0; Q < NQ; Q++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc[Q][0][k][0] = acc[Q][0][k][1] = 0.f;
+    mmqd_w W[1];
+    if (kw < nb) mmqd_load(unit, lane, W[0]);
+    issue(kw, 0);
+    for (uint32_t b = kw, i = 0; b < nb; b += KW, i++) {
+        mmi_cp_wait<0>();
+        __syncwarp();
+        issue(b + KW, (i + 1) & 1);
+        const bool more = b + KW < nb;
+        mmqd_w N[1];
+        if (more) mmqd_load(unit + (size_t)KW * MMQ_UNIT, lane, N[0]);
+        mmqd_block<NQ, 1, true>(W, xs0 + (i & 1) * XST, MMQD_XBLK, nx, lane, acc);
+        if (more) W[0] = N[0];
+        unit += (size_t)KW * MMQ_UNIT;
+    }
+    mmqd_end<KW, NQ>(acc, red, A, nx, cta);
+}
+
+/* The engine's multi-row kernel (kq4_engine) against mmqd_sx_kernel at 4, 8 and 16 rows: the same
+ * bytes, and the time of each. Returns the failed checks. */
+static int mmqd_sx_check_time(const kb_qmat &ref, uint32_t rows, uint32_t cols, const mmi_bufs &B, int ncopy, int reps)
+{
+    CK(cudaFuncSetAttribute(mmqd_sx_kernel<1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mmqd_sx_smem<1>()));
+    CK(cudaFuncSetAttribute(mmqd_sx_kernel<2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mmqd_sx_smem<2>()));
+    auto sx = [&](int copy, uint32_t n, float *yy, int nq) {
+        mmq_args A = kq4_args(ref.mm[copy], rows, cols, B.xed, n, yy);
+        A.ng = (n + 4 * nq - 1) / (4 * nq);
+        const uint32_t grid = rows / 16 * A.ng;
+        if (nq == 1) mmqd_sx_kernel<1, 2><<<grid, 256, mmqd_sx_smem<1>()>>>(A);
+        else mmqd_sx_kernel<2, 1><<<grid, 256, mmqd_sx_smem<2>()>>>(A);
+    };
+    int fails = 0;
+    std::vector<float> he((size_t)16 * rows), hs((size_t)16 * rows);
+    const uint32_t nxs[3] = {4, 8, 16};
+    for (uint32_t n : nxs)
+        for (int nq = 1; nq <= 2; nq++) {
+            kq4_engine(ref.mm[0], rows, cols, B.xe1, B.xed, n, B.y);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(he.data(), B.y, (size_t)n * rows * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemset(B.y, 0xFF, (size_t)n * rows * 4));
+            sx(0, n, B.y, nq);
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(hs.data(), B.y, (size_t)n * rows * 4, cudaMemcpyDeviceToHost));
+            const bool same = !memcmp(he.data(), hs.data(), (size_t)n * rows * 4);
+            if (!same) fails++;
+            const float me = kb_time_launches([&](int c) { kq4_engine(ref.mm[c], rows, cols, B.xe1, B.xed, n, B.y); }, ncopy, reps);
+            const float ms = kb_time_launches([&](int c) { sx(c, n, B.y, nq); }, ncopy, reps);
+            printf("  engine x staged (mmqd_sx, %d quad%s a CTA) %2u rows: %8.1f us against the engine's %8.1f; bytes %s\n", nq,
+                   nq > 1 ? "s" : "", n, ms * 1e3, me * 1e3, same ? "the same" : "DIFFER");
+        }
+    return fails;
+}
+
 /* ---- workbench -------------------------------------------------------------------------------- */
 typedef void (*mmi_fn)(const uint8_t *, uint32_t, const uint8_t *, uint32_t, float *, uint32_t);
 struct mmi_variant {
@@ -823,6 +1018,7 @@ struct mmi_variant {
     void (*k3)(const mmw3_args); /* mmw3_kernel (persistent): fn unused */
     int nwg;                     /* its warpgroups a CTA */
     void (*swz)(const uint8_t *, uint8_t *, uint32_t, uint32_t); /* mmw5: its x image (mmw_swz) */
+    size_t dsm; /* mmi_sx_kernel's dynamic shared memory (its stages); 0: the others */
 };
 #define VI(NT, KW, MB) {#NT " n-tiles (" #NT "x2 rows), KW " #KW ", " #MB "/SM", NT, KW, mmi_kernel<NT, KW, MB>, 1, 8}
 #define VIC(NT, KW, MB, CG, NW)                                                                                          \
@@ -835,6 +1031,10 @@ struct mmi_variant {
 #define VW5W(NX, KW, W)                                                                                                  \
     {"wgmma bulk copies, " #W " WGs, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, W>(), mmw5_kernel<NX, KW, W>, \
      -(W), mmw_swz<NX>}
+#define VSX(NT, KW, MB) VSXS(NT, KW, MB, 2, true, "x, units staged")
+#define VSXS(NT, KW, MB, XS, WST, WHAT)                                                                                  \
+    {WHAT " (" #XS " stages), " #NT " n-tiles, KW " #KW ", " #MB "/SM", NT, KW, mmi_sx_kernel<NT, KW, MB, XS, WST>, 1, 8, 0, \
+     NULL, 0, NULL, mmi_sx_smem<NT, KW, XS, WST>()}
 #define VW31(NX, KW) {"wgmma persistent 1 WG x2, " #NX " rows, KW " #KW, NX / 2, KW, NULL, 1, 8, mmw3_smem<NX, 1>(), mmw3_kernel<NX, KW, 1>, 1}
 
 int main(int argc, char **argv)
@@ -860,7 +1060,7 @@ int main(int argc, char **argv)
         mmq_prep_launch_t<mmqd_prep>(0, B.x, B.xed, cols, false, 16, cols, (uint32_t)mmqd_x_bytes(cols));
         CK(cudaGetLastError());
         /* a row's bits depend on KW (the matrix's), never on the kernel: every KW has its 16-row reference */
-        const mmi_variant vars[] = {VI(8, 8, 1),         VI(1, 8, 4), VI(1, 8, 3), VI(2, 8, 3), VI(4, 8, 2), VI(8, 8, 2),
+        const mmi_variant vars_all[] = {VI(8, 8, 1),         VI(1, 8, 4), VI(1, 8, 3), VI(2, 8, 3), VI(4, 8, 2), VI(8, 8, 2),
                                     VIC(4, 8, 1, 2, 16), VIC(2, 8, 1, 4, 32), VIC(2, 8, 2, 2, 16),
                                     /* other block splits (other bits, each checked against its own 16-row kernel) */
                                     VIC(8, 16, 1, 1, 16), VIC(1, 16, 2, 1, 16), VIC(2, 16, 2, 1, 16), VIC(8, 4, 1, 1, 8),
@@ -875,8 +1075,19 @@ int main(int argc, char **argv)
                                     VW31(16, 4), VW31(16, 2), VW31(16, 8), VW31(8, 4), VW31(4, 4), VW31(4, 2), VW31(2, 4),
                                     VW4(16, 4), VW4(16, 2), VW4(16, 1), VW4(16, 8), VW4(8, 4), VW4(4, 4), VW4(2, 4), VW4(2, 2),
                                     VW5(16, 4), VW5(16, 2), VW5(16, 1), VW5(16, 8), VW5(8, 4), VW5(4, 4), VW5(2, 4), VW5(2, 2),
-                                    VW5W(16, 2, 3), VW5W(8, 2, 3), VW5W(4, 4, 4), VW5W(2, 4, 4)};
+                                    VW5W(16, 2, 3), VW5W(8, 2, 3), VW5W(4, 4, 4), VW5W(2, 4, 4),
+                                    /* x and units staged in shared memory (mmi_sx_kernel) */
+                                    VSX(8, 4, 1), VSX(4, 4, 2), VSX(8, 2, 1), VSX(8, 2, 2), VSX(2, 4, 2),
+                                    VSXS(8, 4, 1, 3, false, "x staged"), VSXS(8, 4, 1, 2, false, "x staged"),
+                                    VSXS(4, 4, 2, 2, false, "x staged"), VSXS(8, 2, 1, 3, true, "x, units staged")};
+        /* kbench_mmi REPS FILTER: only the variants whose name holds FILTER, and the plain 16-row mmi
+         * kernels (each block split's reference) */
+        std::vector<mmi_variant> vars;
+        for (const auto &v : vars_all)
+            if (argc < 3 || strstr(v.name, argv[2]) || (!v.smem && !v.dsm && !strncmp(v.name, "8 n-tiles", 9)))
+                vars.push_back(v);
         for (const auto &v : vars) {
+            if (v.dsm) CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.dsm));
             if (v.k3) CK(cudaFuncSetAttribute(v.k3, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.smem));
             else if (v.smem) CK(cudaFuncSetAttribute(v.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)v.smem));
         }
@@ -906,6 +1117,11 @@ int main(int argc, char **argv)
         }
         auto xs_of = [&](uint32_t nxk) { return xs[nxk == 2 ? 1 : nxk == 4 ? 2 : nxk == 8 ? 3 : 4]; };
         auto launch = [&](const mmi_variant &v, int copy, const uint8_t *xx, uint32_t n, float *yy) {
+            if (v.dsm) {
+                const uint32_t per = (uint32_t)(8 / v.kw);
+                v.fn<<<(rows / 16 + per - 1) / per, 256, v.dsm>>>(units[copy], nb, xx, n, yy, rows);
+                return;
+            }
             if (v.smem) {
                 const uint8_t *xw = xc;
                 if (xx != B.xq) { /* a row alone: its columns first (untimed: only the checks pass other rows) */
@@ -943,6 +1159,7 @@ int main(int argc, char **argv)
         fails += mmi_check_and_time(ref, rows, cols, ubytes, ncopy, reps, ceil_gbs, info, B, "engine (mmq / mmqd)",
                                     [&](int i, int copy, const uint8_t *xx, uint32_t n, float *yy) { launch(vars[i], copy, xx, n, yy); },
                                     engine);
+        fails += mmqd_sx_check_time(ref, rows, cols, B, ncopy, reps);
         for (uint8_t *p : units) CK(cudaFree(p));
         CK(cudaFree(xc));
         CK(cudaFree(xc1));

@@ -25,6 +25,7 @@
 #define MUSER_CUDA_MMQD_CUH
 
 #include "cuda/mmq.cuh"
+#include "cuda/tc.cuh"
 
 #define MMQD_XBLK 1088u /* x bytes of one row's block */
 #define MMQD_XS 1024u   /* the (s, S) pairs within it */
@@ -72,11 +73,19 @@ __device__ __forceinline__ void mmqd_load(const uint8_t *unit, uint32_t lane, mm
     W.h1 = __ldg((const uint4 *)(hd + 16));
 }
 
+/* x's loads: global memory through the non-coherent path, or (SM) a copy in shared memory */
+template <typename T, bool SM>
+__device__ __forceinline__ T mmqd_ldx(const uint8_t *p)
+{
+    if (SM) return *(const T *)p;
+    return cu_ldx<T>(p);
+}
+
 /* One item (NU units of the same block: gate r = 0 and up r = 1, or NU = 1 tile of one matrix) for
  * NQ quads of x rows: acc[Q][r][t][half] gets lane t's fold of mmq_block for x row 4Q + (lane & 3)
- * (mmq_fold adds into it). xb: row 0's block; xs: bytes between rows; nx: rows that exist (the
- * rest read row nx − 1 and are never stored). */
-template <int NQ, int NU = 2>
+ * (mmq_fold adds into it). xb: row 0's block (SM: in shared memory); xs: bytes between rows; nx:
+ * rows that exist (the rest read row nx − 1 and are never stored). */
+template <int NQ, int NU = 2, bool SM = false>
 __device__ __forceinline__ void mmqd_block(const mmqd_w *W, const uint8_t *xb, uint32_t xs, uint32_t nx, uint32_t lane,
                                            float acc[NQ][NU][4][2])
 {
@@ -121,8 +130,8 @@ __device__ __forceinline__ void mmqd_block(const mmqd_w *W, const uint8_t *xb, u
                     rb = rb < nx ? rb : nx - 1;
                     ro = ro < nx ? ro : nx - 1;
                     const uint8_t *xr = xb + (size_t)rb * xs + ((j * 4 + (g & 1)) * 4 + t) * 8;
-                    const uint2 b01 = cu_ldx<uint2>(xr), b23 = cu_ldx<uint2>(xr + 64);
-                    const float2 sS = cu_ldx<float2>(xb + (size_t)ro * xs + MMQD_XS + 8 * j);
+                    const uint2 b01 = mmqd_ldx<uint2, SM>(xr), b23 = mmqd_ldx<uint2, SM>(xr + 64);
+                    const float2 sS = mmqd_ldx<float2, SM>(xb + (size_t)ro * xs + MMQD_XS + 8 * j);
                     Sv[Q][G][e] = sS.y;
 #pragma unroll
                     for (int r = 0; r < NU; r++) {
@@ -157,11 +166,17 @@ __device__ __forceinline__ void mmqd_block(const mmqd_w *W, const uint8_t *xb, u
 }
 
 /* mpp_body (mmq.cuh) with mmqd_block: the same persistent split, walk and sums; NQ quads of x rows
- * (row group grp, mmq_group); red: [tiles][4·NQ rows][8 warps][32] doubles. */
+ * (row group grp, mmq_group); red: [tiles][4·NQ rows][8 warps][32] doubles; sx: per warp two
+ * stages of its item's x rows. Each warp copies its next item's x rows (4·NQ × MMQD_XBLK bytes) into
+ * its own stage by cp.async while it computes this one, so the products read x from shared memory
+ * instead of waiting on L2 (+3% at 4 rows, +5.5% at 16, a whole pass: bench/RESULTS.md). The
+ * one-matrix kernels measured no gain from the same staging (bench/kernels/NOTES.md). */
 template <int NQ>
-__device__ __forceinline__ void mpd_body(const mmq_args &A0, uint32_t cta, uint32_t grid, double *red, uint32_t grp)
+__device__ __forceinline__ void mpd_body(const mmq_args &A0, uint32_t cta, uint32_t grid, double *red, uint32_t grp,
+                                         uint8_t *sx)
 {
     constexpr int NX = 4 * NQ;
+    constexpr uint32_t XST = NX * MMQD_XBLK, CH = MMQD_XBLK / 16;
     cu_pdl_trigger();
     mmq_args A = A0;
     const uint32_t nx = mmq_group<mmq_args, NX>(A, grp);
@@ -178,6 +193,19 @@ __device__ __forceinline__ void mpd_body(const mmq_args &A0, uint32_t cta, uint3
     }
     for (uint32_t i = threadIdx.x; i < (t1 - t0) * 256 * NX; i += blockDim.x) red[i] = 0;
     __syncthreads();
+    uint8_t *xs = sx + (size_t)wid * 2 * XST;
+    const uint32_t xs_a = (uint32_t)__cvta_generic_to_shared(xs);
+    /* item v's x rows (its block's) into stage st (v ≥ u1: none), then one commit group */
+    auto issue = [&](uint32_t v, uint32_t st) {
+        if (v < u1) {
+            const uint32_t b = v % nb;
+            for (uint32_t c = lane; c < nx * CH; c += 32) {
+                const uint32_t r = c / CH, o = 16 * (c % CH);
+                tc_cp16(xs_a + st * XST + r * MMQD_XBLK + o, A.x + (size_t)r * A.xs + (size_t)b * MMQD_XBLK + o, true);
+            }
+        }
+        tc_commit();
+    };
     uint32_t key = 0xFFFFFFFFu;
     double sum[NQ][2][4][2];
 #pragma unroll
@@ -202,9 +230,13 @@ __device__ __forceinline__ void mpd_body(const mmq_args &A0, uint32_t cta, uint3
                 }
         }
     };
-    cu_pdl_wait();
-    for (; u < u1; u += 8) {
-        const uint32_t tile = u / nb, b = u - tile * nb;
+    cu_pdl_wait(); /* x is the previous kernel's output */
+    issue(u, 0);
+    for (uint32_t i = 0; u < u1; u += 8, i++) {
+        tc_wait<0>();
+        __syncwarp();
+        issue(u + 8, (i + 1) & 1);
+        const uint32_t tile = u / nb;
         if (tile != key) {
             if (key != 0xFFFFFFFFu) flush(key);
             key = tile;
@@ -216,7 +248,7 @@ __device__ __forceinline__ void mpd_body(const mmq_args &A0, uint32_t cta, uint3
             for (int r = 0; r < 2; r++)
 #pragma unroll
                 for (int k = 0; k < 4; k++) acc[Q][r][k][0] = acc[Q][r][k][1] = 0.f;
-        mmqd_block<NQ>(W, A.x + (size_t)b * MMQD_XBLK, A.xs, nx, lane, acc);
+        mmqd_block<NQ, 2, true>(W, xs + (i & 1) * XST, MMQD_XBLK, nx, lane, acc);
 #pragma unroll
         for (int Q = 0; Q < NQ; Q++)
 #pragma unroll
@@ -240,28 +272,33 @@ static __global__ void __launch_bounds__(256, 1) mmqd_pair_persist(const mmq_arg
 {
     CU_TL_SCOPE(TL_MMQ_PAIR);
     extern __shared__ double mpd_red[];
-    mpd_body<NQ>(A, mmq_cta(A.ng), grid, mpd_red, mmq_grp(A.ng));
+    const uint32_t ntile = A.rows / 16, most = (ntile + grid - 1) / grid; /* the red's tiles, then the stages */
+    mpd_body<NQ>(A, mmq_cta(A.ng), grid, mpd_red, mmq_grp(A.ng), (uint8_t *)(mpd_red + (size_t)most * 256 * 4 * NQ));
 }
 
 /* The gate·up pair of A.nx > 1 rows (x in mmqd's layout, A.xs apart) on mmq_pair_persist's grid:
  * one quad of rows per CTA up to 4 rows, two up to 8, more as row groups. false (nothing
- * launched) when a CTA's sums do not fit its shared memory. */
+ * launched) when a CTA's sums and x stages do not fit its shared memory. */
 static inline bool mmqd_pair_launch(const mmq_args &A0, int n_sm, cudaStream_t st, bool pdl)
 {
-    const uint32_t ntile = A0.rows / 16, grid = (uint32_t)n_sm * MPP_CTAS_PER_SM, NQ = A0.nx <= 4 ? 1 : 2;
-    const uint32_t most = (ntile + grid - 1) / grid;
-    const size_t smem = (size_t)most * 256 * 4 * NQ * sizeof(double);
-    if (smem > 200 * 1024) return false;
+    const uint32_t ntile = A0.rows / 16, grid = (uint32_t)n_sm * MPP_CTAS_PER_SM, most = (ntile + grid - 1) / grid;
+    /* the CTA's sums, then its warps' x stages; two quads of rows a CTA where they fit, else one
+     * (more row groups: the same bytes a row) */
+    auto smem_of = [&](uint32_t nq) { return (size_t)most * 256 * 4 * nq * sizeof(double) + (size_t)2 * 8 * 4 * nq * MMQD_XBLK; };
+    uint32_t NQ = A0.nx <= 4 ? 1 : 2;
+    if (NQ == 2 && smem_of(2) > 224 * 1024) NQ = 1;
+    const size_t smem = smem_of(NQ);
+    if (smem > 224 * 1024) return false;
     mmq_args A = A0;
     A.ng = (A.nx + 4 * NQ - 1) / (4 * NQ);
     cudaLaunchAttribute at[1];
     cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(grid * A.ng), dim3(256), st, pdl, at);
     cfg.dynamicSmemBytes = smem;
     if (NQ == 1) {
-        cudaFuncSetAttribute(mmqd_pair_persist<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        cudaFuncSetAttribute(mmqd_pair_persist<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 224 * 1024);
         cudaLaunchKernelEx(&cfg, mmqd_pair_persist<1>, A, grid);
     } else {
-        cudaFuncSetAttribute(mmqd_pair_persist<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        cudaFuncSetAttribute(mmqd_pair_persist<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 224 * 1024);
         cudaLaunchKernelEx(&cfg, mmqd_pair_persist<2>, A, grid);
     }
     return true;
@@ -294,6 +331,25 @@ __device__ __forceinline__ void mmqd_store(const double (&red)[NX][NWR][16], uin
         out[(size_t)n * os + (size_t)ot * 16 + row16] = y;
     }
 }
+/* mmqd_body's end (all threads): each lane's four folds of a row added ((t0 + t1) + (t2 + t3)) in f64
+ * (mmq_rows_f64's order) into red[row][warp], then mmqd_store */
+template <int KW, int NQ>
+__device__ __forceinline__ void mmqd_end(const float (&acc)[NQ][1][4][2], double (&red)[4 * NQ][8][16], const mmq_args &A,
+                                         uint32_t nx, uint32_t cta)
+{
+    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int Q = 0; Q < NQ; Q++) {
+        const uint32_t n = 4 * Q + t;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const double v = ((double)acc[Q][0][0][h] + (double)acc[Q][0][1][h]) + ((double)acc[Q][0][2][h] + (double)acc[Q][0][3][h]);
+            if (n < nx) red[n][wid][g + 8 * h] = v;
+        }
+    }
+    __syncthreads();
+    mmqd_store<KW, 8 / KW>(red, nx, cta, A.rows / 16, A.op, A.scale, A.cap, A.out, A.os);
+}
 template <int KW, int NQ>
 __device__ __forceinline__ void mmqd_body(const mmq_args &A0, uint32_t cta, uint32_t grp)
 {
@@ -303,7 +359,7 @@ __device__ __forceinline__ void mmqd_body(const mmq_args &A0, uint32_t cta, uint
     mmq_args A = A0;
     const uint32_t nx = mmq_group<mmq_args, NX>(A, grp);
     const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = wid % KW, set = wid / KW;
-    const uint32_t nb = A.K / 256, ntile = A.rows / 16, g = lane >> 2, t = lane & 3;
+    const uint32_t nb = A.K / 256, ntile = A.rows / 16;
     uint32_t tile = cta * SETS + set;
     if (tile >= ntile) tile = ntile - 1; /* tail: recompute, store once */
     const uint8_t *unit = A.a + ((size_t)tile * nb + kw) * MMQ_UNIT;
@@ -321,17 +377,7 @@ __device__ __forceinline__ void mmqd_body(const mmq_args &A0, uint32_t cta, uint
             xb += (size_t)KW * MMQD_XBLK;
         },
         mmq_pdl_wait());
-#pragma unroll
-    for (int Q = 0; Q < NQ; Q++) {
-        const uint32_t n = 4 * Q + t;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const double v = ((double)acc[Q][0][0][h] + (double)acc[Q][0][1][h]) + ((double)acc[Q][0][2][h] + (double)acc[Q][0][3][h]);
-            if (n < nx) red[n][wid][g + 8 * h] = v;
-        }
-    }
-    __syncthreads();
-    mmqd_store<KW, SETS>(red, nx, cta, ntile, A.op, A.scale, A.cap, A.out, A.os);
+    mmqd_end<KW, NQ>(acc, red, A, nx, cta);
 }
 
 template <int KW, int NQ, int MINB>
