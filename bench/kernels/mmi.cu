@@ -1079,7 +1079,9 @@ int main(int argc, char **argv)
                                     /* x and units staged in shared memory (mmi_sx_kernel) */
                                     VSX(8, 4, 1), VSX(4, 4, 2), VSX(8, 2, 1), VSX(8, 2, 2), VSX(2, 4, 2),
                                     VSXS(8, 4, 1, 3, false, "x staged"), VSXS(8, 4, 1, 2, false, "x staged"),
-                                    VSXS(4, 4, 2, 2, false, "x staged"), VSXS(8, 2, 1, 3, true, "x, units staged")};
+                                    VSXS(4, 4, 2, 2, false, "x staged"), VSXS(8, 2, 1, 3, true, "x, units staged"),
+                                    /* KW 2 unstaged: the staged KW 2 rows' reference (is their gain the split's?) */
+                                    VIC(8, 2, 1, 1, 8)};
         /* kbench_mmi REPS FILTER: only the variants whose name holds FILTER, and the plain 16-row mmi
          * kernels (each block split's reference) */
         std::vector<mmi_variant> vars;
