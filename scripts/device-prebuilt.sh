@@ -487,11 +487,15 @@ for step in $steps; do
         ;;
     mmi)
         # exact integers per block (bench/kernels/mmi.cu, mmi6.cu: Q4_K, Q6_K): its kernels per row count
-        # beside the engine's
-        for k in mmi mmi6; do
-            timeout -k 5 100 "$D/kbench_$k" 9 >"$OUT/kbench_$k.log" 2>&1
+        # beside the engine's; MMI_FILTER=text: only kbench_mmi's variants whose name holds it (and the
+        # 16-row references), e.g. MMI_FILTER=staged
+        kbs="mmi mmi6"
+        [ -n "${MMI_FILTER:-}" ] && kbs=mmi
+        for k in $kbs; do
+            timeout -k 5 200 "$D/kbench_$k" ${MMI_REPS:-9} ${MMI_FILTER:+"$MMI_FILTER"} >"$OUT/kbench_$k.log" 2>&1
             note "kbench_$k rc=$? :: $(grep "kbench_$k:" "$OUT/kbench_$k.log")"
-            grep -E '^  (engine|[0-9]+ n-tiles|vs f64|row inv)|^[0-9]+ x ' "$OUT/kbench_$k.log" | sed 's/^/    /' >>"$S"
+            grep -E '^  (engine|[0-9]+ n-tiles|x staged|x, units|vs f64|row inv)|^[0-9]+ x ' "$OUT/kbench_$k.log" |
+                sed 's/^/    /' >>"$S"
         done
         ;;
     bench)
