@@ -836,9 +836,6 @@ template <int NX> constexpr size_t mmw_smem() { return (size_t)MMW_STAGES * 2 * 
 template <int NT, int KW, int XS = 2, bool WST = true>
 constexpr size_t mmi_sx_smem() { return (size_t)XS * (KW * 2 * NT * MMI_XBLK + (WST ? 8 * MMI_UNIT : 0)); }
 
-__device__ __forceinline__ void mmi_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void mmi_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 template <int NT, int KW, int MINB, int XS = 2, bool WST = true>
 __global__ void __launch_bounds__(256, MINB)
     mmi_sx_kernel(const uint8_t *__restrict__ W, uint32_t nb, const uint8_t *__restrict__ xq, uint32_t nx, float *__restrict__ y,
@@ -869,7 +866,7 @@ __global__ void __launch_bounds__(256, MINB)
                 for (uint32_t c = lane; c < MMI_UNIT / 16; c += 32)
                     mmw_cp16(ws_a + st * MMI_UNIT + 16 * c, wt + (size_t)b * MMI_UNIT + 16 * c);
         }
-        mmi_cp_commit();
+        tc_commit();
     };
     double yacc[NT];
 #pragma unroll
@@ -879,7 +876,7 @@ __global__ void __launch_bounds__(256, MINB)
     issue(kw, 0);
     if (XS == 3) issue(kw + KW, 1);
     for (uint32_t b = kw, i = 0; b < nb; b += KW, i++) {
-        mmi_cp_wait<XS - 2>();
+        tc_wait<XS - 2>();
         if (TG > 1) asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kw), "r"(TG * 32) : "memory");
         else __syncwarp();
         issue(b + (XS - 1) * KW, (i + XS - 1) % XS);
@@ -942,12 +939,8 @@ __global__ void __launch_bounds__(256, MINB) mmqd_sx_kernel(const mmq_args A0)
     uint8_t *xs0 = dx_raw + (size_t)wid * 2 * XST;
     const uint32_t xs_a = (uint32_t)__cvta_generic_to_shared(xs0);
     auto issue = [&](uint32_t b, uint32_t st) {
-        if (b < nb)
-            for (uint32_t c = lane; c < nx * (MMQD_XBLK / 16); c += 32) {
-                const uint32_t r = c / (MMQD_XBLK / 16), o = 16 * (c % (MMQD_XBLK / 16));
-                mmw_cp16(xs_a + st * XST + r * MMQD_XBLK + o, A.x + (size_t)r * A.xs + (size_t)b * MMQD_XBLK + o);
-            }
-        mmi_cp_commit();
+        if (b < nb) mmqd_stage_x(xs_a + st * XST, A.x, A.xs, b, nx, lane);
+        tc_commit();
     };
     float acc[NQ][1][4][2];
 #pragma unroll
@@ -958,7 +951,7 @@ __global__ void __launch_bounds__(256, MINB) mmqd_sx_kernel(const mmq_args A0)
     if (kw < nb) mmqd_load(unit, lane, W[0]);
     issue(kw, 0);
     for (uint32_t b = kw, i = 0; b < nb; b += KW, i++) {
-        mmi_cp_wait<0>();
+        tc_wait<0>();
         __syncwarp();
         issue(b + KW, (i + 1) & 1);
         const bool more = b + KW < nb;

@@ -165,6 +165,17 @@ __device__ __forceinline__ void mmqd_block(const mmqd_w *W, const uint8_t *xb, u
     }
 }
 
+/* One warp: block b's x of rows 0 .. nx − 1 (x + r·xs, mmqd's layout) copied by cp.async to the shared
+ * address dst, rows MMQD_XBLK apart (the caller commits the group) */
+__device__ __forceinline__ void mmqd_stage_x(uint32_t dst, const uint8_t *x, uint32_t xs, uint32_t b, uint32_t nx, uint32_t lane)
+{
+    constexpr uint32_t CH = MMQD_XBLK / 16;
+    for (uint32_t c = lane; c < nx * CH; c += 32) {
+        const uint32_t r = c / CH, o = 16 * (c % CH);
+        tc_cp16(dst + r * MMQD_XBLK + o, x + (size_t)r * xs + (size_t)b * MMQD_XBLK + o, true);
+    }
+}
+
 /* mpp_body (mmq.cuh) with mmqd_block: the same persistent split, walk and sums; NQ quads of x rows
  * (row group grp, mmq_group); red: [tiles][4·NQ rows][8 warps][32] doubles; sx: per warp two
  * stages of its item's x rows. Each warp copies its next item's x rows (4·NQ × MMQD_XBLK bytes) into
@@ -176,7 +187,7 @@ __device__ __forceinline__ void mpd_body(const mmq_args &A0, uint32_t cta, uint3
                                          uint8_t *sx)
 {
     constexpr int NX = 4 * NQ;
-    constexpr uint32_t XST = NX * MMQD_XBLK, CH = MMQD_XBLK / 16;
+    constexpr uint32_t XST = NX * MMQD_XBLK;
     cu_pdl_trigger();
     mmq_args A = A0;
     const uint32_t nx = mmq_group<mmq_args, NX>(A, grp);
@@ -197,13 +208,7 @@ __device__ __forceinline__ void mpd_body(const mmq_args &A0, uint32_t cta, uint3
     const uint32_t xs_a = (uint32_t)__cvta_generic_to_shared(xs);
     /* item v's x rows (its block's) into stage st (v ≥ u1: none), then one commit group */
     auto issue = [&](uint32_t v, uint32_t st) {
-        if (v < u1) {
-            const uint32_t b = v % nb;
-            for (uint32_t c = lane; c < nx * CH; c += 32) {
-                const uint32_t r = c / CH, o = 16 * (c % CH);
-                tc_cp16(xs_a + st * XST + r * MMQD_XBLK + o, A.x + (size_t)r * A.xs + (size_t)b * MMQD_XBLK + o, true);
-            }
-        }
+        if (v < u1) mmqd_stage_x(xs_a + st * XST, A.x, A.xs, v % nb, nx, lane);
         tc_commit();
     };
     uint32_t key = 0xFFFFFFFFu;
