@@ -1197,20 +1197,45 @@ LEVEL_DOTS(TGT512, avx512, dot_q4k_z, dot_q6k_z, avx2)
  * bits; at 16 it is 8.5e-4, under the f32 dots' 9.25e-4.) X = D2 2^16 + B1 2^8 + B0 with
  * D2 = X >> 16 a signed byte and B1, B0 unsigned bytes: vpdpbusd multiplies unsigned by signed
  * bytes, so the quants (Q4_K 0..15, Q6_K 0..63) are its unsigned operand against D2 and its
- * signed one against B1 and B0. A zmm of 64 quants in x's order takes the three digits by Horner
- * (shift 8 between), which leaves in each int32 lane the exact sum of four q X (< 2^30); one
- * conversion and one FMA by d sc s per lane. Per 256 Q4_K weights: 8 unpack ops, 12 vpdpbusd, 8
- * shifts, 4 conversions, 4 permutes, 4 FMAs and the scale decode, where the f32 dot spends 16
- * ANDs, 16 conversions and 20 multiplies. On a Zen 4 core, rows in L2 (bench_cpu_levels): Q4_K
- * 1.31x the f32 dot, Q6_K 1.45x; for four inputs 1.22x / 1.36x (the digit products are per
- * input). The Q4_K dmin m and the Q6_K -32 terms use the f32 sums of x, as the f32 dots do. A
+ * signed one against B1 and B0. Each int32 lane holds one 16-element group over the block's four
+ * vectors (the group-lane order below) and takes the digits by Horner (shift 8 between): for Q4_K
+ * the group's exact sum of q X (< 240·2^23 < 2^31), for Q6_K (quants to 63) the exact sums of
+ * q (X >> 8) and of q B0, joined in f32. Per 256 weights and input: 12 vpdpbusd, 4 shifts, one or
+ * two conversions and one or two FMAs, where four elements a lane took 8 shifts, 4 conversions,
+ * 4 permutes and 4 FMAs. The Q4_K dmin m and the Q6_K -32 terms use the f32 sums of x, as the f32
+ * dots do. A
  * non-finite x makes its group's s NaN, so every output that reads it is NaN. The results are
  * not the f32 dots' bits, so this is a level of its own. */
 #define TGTVNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define TGTVNNI_INLINE __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline)) inline
 
-/* xd per 256 elements: 4 vectors of 64 elements in x's order x 3 planes (B0, B1, D2) x 64 bytes,
- * then the 16 groups' s (f32) */
+/* xd's order, per 256 elements of x: lane l of a zmm holds one 16-element group in all four vectors
+ * of the block (vector v: the group's elements 4v..4v+3), each vector in three digit planes (B0, B1,
+ * D2) of 64 bytes, then the 16 groups' s (f32) in lane order. A lane's Horner sums thus run over
+ * its whole group, and a block takes one conversion and one FMA per input (x's order, four
+ * elements a lane, took four conversions, four FMAs and four permutes). Group g = 4c + 2n + h sits
+ * in lane c + 4h + 8n: for Q4_K the quants' 32-byte chunk c, nibble n and half h of the chunk, so
+ * one dword permute of the 128 quant bytes gives a vector (lane l of vector v is dword XD4_IDX[l] +
+ * v, the low nibbles in lanes 0..7, the high ones in 8..15); Q6_K's quants in x's order are
+ * transposed into it by dwords within each 128-bit lane. */
+static inline int xd4_lane(int g) { return (g >> 2) + 4 * (g & 1) + 8 * ((g >> 1) & 1); }
+
+/* group g's digit planes dg[d] (16 bytes each in x's order: B0, B1, D2) into block o */
+static inline void xd4_put(uint8_t *o, int g, const uint8_t dg[3][16])
+{
+    const int l = xd4_lane(g);
+    for (int d = 0; d < 3; d++)
+        for (int v = 0; v < 4; v++) memcpy(o + 192 * v + 64 * d + 4 * l, dg[d] + 4 * v, 4);
+}
+
+/* the 16 groups' s, in lane order, after the digits */
+static inline void xd4_scales(uint8_t *o, const float sg[16])
+{
+    float sl[16];
+    for (int g = 0; g < 16; g++) sl[xd4_lane(g)] = sg[g];
+    memcpy(o + 768, sl, sizeof sl);
+}
+
 static TGTVNNI void xsums_vnni(const float *x, uint64_t n, cpu_xsums *out)
 {
     xsums_sums_avx2(x, n, out); /* no xp: only the f32 K-quant dots read it */
@@ -1225,32 +1250,48 @@ static TGTVNNI void xsums_vnni(const float *x, uint64_t n, cpu_xsums *out)
             const int E = (int)(_mm512_reduce_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), absm)) >> 23);
             sg[g] = E == 255 ? NAN : ldexpf(1.0f, E - 149);
             const __m512 k = _mm512_set1_ps((float)(E == 255 ? 0 : 149 - E));
-            uint8_t *dv = o + (g >> 2) * 192 + 16 * (g & 3);
             const __m512i X0 = _mm512_min_epi32(
                 _mm512_cvt_roundps_epi32(_mm512_scalef_ps(v0, k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), top);
-            _mm_storeu_si128((__m128i *)(void *)dv, _mm512_cvtepi32_epi8(X0));
-            _mm_storeu_si128((__m128i *)(void *)(dv + 64), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, 8)));
-            _mm_storeu_si128((__m128i *)(void *)(dv + 128), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, 16)));
+            uint8_t dg[3][16];
+            _mm_storeu_si128((__m128i *)(void *)dg[0], _mm512_cvtepi32_epi8(X0));
+            _mm_storeu_si128((__m128i *)(void *)dg[1], _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, 8)));
+            _mm_storeu_si128((__m128i *)(void *)dg[2], _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, 16)));
+            xd4_put(o, g, dg);
         }
-        memcpy(o + 768, sg, sizeof sg);
+        xd4_scales(o, sg);
     }
 }
 
-/* One block's four zmm of quants (x's order) against one input's digits D: per vector the exact
- * lane sums by Horner over D2, B1, B0, converted and FMA'd into acc by the lane's scale, dz's
- * entry 4w + lane/4 (its 16-element group: d sc s). */
-static TGTVNNI_INLINE __m512 digits_fma(const __m512i Q[4], const uint8_t *D, __m512 dz, __m512 acc)
+/* One block's four zmm of quants in the group-lane order against one input's digits D: each lane's
+ * exact sums over its group by Horner over D2, B1, B0 (vectors 0, 1 and 2, 3 as two chains, added
+ * exactly), converted and FMA'd into acc by the lane's d sc s. Q6_K's quants reach 63, so 16 of its
+ * products may pass 2^31 (q6): its Horner stops at D2 2^8 + B1 (|sum| < 2^25), B0's sum runs
+ * beside it, and the two meet in f32 (hi 2^8 + lo, one FMA). */
+static TGTVNNI_INLINE __m512 digits_fma(const __m512i Q[4], const uint8_t *D, __m512 dz, __m512 acc, const bool q6)
 {
-    const __m512i quad = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2);
-#pragma GCC unroll 4
-    for (int w = 0; w < 4; w++) {
-        const uint8_t *Dw = D + 192 * w;
-        __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q[w], _mm512_loadu_si512((const void *)(Dw + 128)));
-        t = _mm512_dpbusd_epi32(_mm512_slli_epi32(t, 8), _mm512_loadu_si512((const void *)(Dw + 64)), Q[w]);
-        t = _mm512_dpbusd_epi32(_mm512_slli_epi32(t, 8), _mm512_loadu_si512((const void *)Dw), Q[w]);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_permutexvar_ps(_mm512_add_epi32(quad, _mm512_set1_epi32(4 * w)), dz), acc);
+#define XD4(v, d) _mm512_loadu_si512((const void *)(D + 192 * (v) + 64 * (d)))
+    __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q[0], XD4(0, 2));
+    __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Q[2], XD4(2, 2));
+    a = _mm512_dpbusd_epi32(a, Q[1], XD4(1, 2));
+    c = _mm512_dpbusd_epi32(c, Q[3], XD4(3, 2));
+#pragma GCC unroll 2
+    for (int d = 1; d >= 0; d--) {
+        if (q6 && d == 0) break;
+        a = _mm512_dpbusd_epi32(_mm512_slli_epi32(a, 8), XD4(0, d), Q[0]);
+        c = _mm512_dpbusd_epi32(_mm512_slli_epi32(c, 8), XD4(2, d), Q[2]);
+        a = _mm512_dpbusd_epi32(a, XD4(1, d), Q[1]);
+        c = _mm512_dpbusd_epi32(c, XD4(3, d), Q[3]);
     }
-    return acc;
+    __m512 t = _mm512_cvtepi32_ps(_mm512_add_epi32(a, c));
+    if (q6) {
+        __m512i e = _mm512_dpbusd_epi32(_mm512_setzero_si512(), XD4(0, 0), Q[0]);
+        __m512i f = _mm512_dpbusd_epi32(_mm512_setzero_si512(), XD4(2, 0), Q[2]);
+        e = _mm512_dpbusd_epi32(e, XD4(1, 0), Q[1]);
+        f = _mm512_dpbusd_epi32(f, XD4(3, 0), Q[3]);
+        t = _mm512_fmadd_ps(t, _mm512_set1_ps(256.0f), _mm512_cvtepi32_ps(_mm512_add_epi32(e, f)));
+    }
+#undef XD4
+    return _mm512_fmadd_ps(t, dz, acc);
 }
 
 static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t b0, uint64_t nb,
@@ -1258,7 +1299,8 @@ static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i shift = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
-    const __m512i pair = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i idx = _mm512_setr_epi32(0, 8, 16, 24, 4, 12, 20, 28, 0, 8, 16, 24, 4, 12, 20, 28);
+    const __m512i sub = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7); /* each lane's sub-block */
     __m512 acc[4];
     __m256 mins[4];
     state_in(R, st, first, acc, mins);
@@ -1267,20 +1309,19 @@ static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums
         prefetch_ahead(blk, 3); /* a Q4_K block: 144 bytes */
         __m256 dsc, dmn;
         q4k_scales_vec(blk, &dsc, &dmn);
-        __m512i Q[4]; /* 32-byte group j: [low nibbles (sub-block 2j) | high nibbles (2j + 1)], x's order */
+        const __m512i lo = _mm512_loadu_si512((const void *)(blk + 16)), hi = _mm512_loadu_si512((const void *)(blk + 80));
+        __m512i Q[4]; /* the group-lane order (xd4_lane) */
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++)
-            Q[j] = _mm512_and_si512(
-                _mm512_srlv_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 16 + 32 * j))),
-                                  shift),
-                m4);
+        for (int v = 0; v < 4; v++)
+            Q[v] = _mm512_and_si512(
+                _mm512_srlv_epi32(_mm512_permutex2var_epi32(lo, _mm512_add_epi32(idx, _mm512_set1_epi32(v)), hi), shift), m4);
+        const __m512 dsc16 = _mm512_permutexvar_ps(sub, _mm512_castps256_ps512(dsc));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *D = xs[r].xd + b * CPU_XD_BLOCK;
             mins[r] = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xs[r].s32 + b * 8), mins[r]);
-            const __m512 dz = _mm512_mul_ps(_mm512_permutexvar_ps(pair, _mm512_castps256_ps512(dsc)),
-                                            _mm512_loadu_ps((const float *)(const void *)(D + 768)));
-            acc[r] = digits_fma(Q, D, dz, acc[r]);
+            const __m512 dz = _mm512_mul_ps(dsc16, _mm512_loadu_ps((const float *)(const void *)(D + 768)));
+            acc[r] = digits_fma(Q, D, dz, acc[r], false);
         }
     }
     if (!last) {
@@ -1292,12 +1333,11 @@ static TGTVNNI_INLINE void dot_q4k_multivnni(const uint8_t *row, const cpu_xsums
         out[r * ldo] = hsum_halves(acc[r]) - hsum256(mins[r]);
 }
 
-/* Q6_K on the same digits: q6k_quarters' four quarters of a half are x's order, two per zmm; the
- * quants 0..63 fit both byte operands, the -32 goes through the 16-sums as in the f32 dot. Lane l
- * of vector v (elements 64v + 4l ..) has sub-block 4v + l/4 and group 2v + l/8. */
+/* Q6_K on the same digits (digits_fma's q6 form) */
 static TGTVNNI_INLINE void dot_q6k_multivnni(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t b0, uint64_t nb,
                                              float *st, int first, int last, float *out, uint64_t ldo)
 {
+    const __m512i grp = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15); /* lane l's group */
     __m512 acc[4];
     __m256 offs[4];
     state_in(R, st, first, acc, offs);
@@ -1305,20 +1345,25 @@ static TGTVNNI_INLINE void dot_q6k_multivnni(const uint8_t *row, const cpu_xsums
         const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
         __m256 ds[2];
         q6k_block_head(blk, b, xs, R, ds, offs);
-        const __m512 d16 = _mm512_insertf32x8(_mm512_castps256_ps512(ds[0]), ds[1], 1);
-        __m512i Q[4];
+        const __m512 d16 = _mm512_permutexvar_ps(grp, _mm512_insertf32x8(_mm512_castps256_ps512(ds[0]), ds[1], 1));
+        __m512i X[4]; /* x's order: vector w has group 4w + l/4 in lane l */
 #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             __m256i q[4];
             q6k_quarters(blk, n, q);
-            Q[2 * n] = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
-            Q[2 * n + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
+            X[2 * n] = _mm512_inserti64x4(_mm512_castsi256_si512(q[0]), q[1], 1);
+            X[2 * n + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2]), q[3], 1);
         }
+        /* into the group-lane order: lane 4k + c of vector v is dword 4k + v of X[c] */
+        const __m512i u01l = _mm512_unpacklo_epi32(X[0], X[1]), u01h = _mm512_unpackhi_epi32(X[0], X[1]);
+        const __m512i u23l = _mm512_unpacklo_epi32(X[2], X[3]), u23h = _mm512_unpackhi_epi32(X[2], X[3]);
+        const __m512i Q[4] = {_mm512_unpacklo_epi64(u01l, u23l), _mm512_unpackhi_epi64(u01l, u23l),
+                              _mm512_unpacklo_epi64(u01h, u23h), _mm512_unpackhi_epi64(u01h, u23h)};
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *D = xs[r].xd + b * CPU_XD_BLOCK;
             const __m512 dz = _mm512_mul_ps(d16, _mm512_loadu_ps((const float *)(const void *)(D + 768)));
-            acc[r] = digits_fma(Q, D, dz, acc[r]);
+            acc[r] = digits_fma(Q, D, dz, acc[r], true);
         }
     }
     if (!last) {
@@ -1422,35 +1467,13 @@ static TGTAV void xsums_avxvnni(const float *x, uint64_t n, cpu_xsums *out)
             const __m256 f1 = pow2_ps(k1), f2 = pow2_ps(k - k1);
             const __m256i X0 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v0, f1), f2)), top);
             const __m256i X1 = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v1, f1), f2)), top);
-            uint8_t *dv = o + (g >> 2) * 192 + 16 * (g & 3);
-            _mm_storeu_si128((__m128i *)(void *)dv, low_bytes16(X0, X1));
-            _mm_storeu_si128((__m128i *)(void *)(dv + 64), low_bytes16(_mm256_srai_epi32(X0, 8), _mm256_srai_epi32(X1, 8)));
-            _mm_storeu_si128((__m128i *)(void *)(dv + 128), low_bytes16(_mm256_srai_epi32(X0, 16), _mm256_srai_epi32(X1, 16)));
+            uint8_t dg[3][16];
+            _mm_storeu_si128((__m128i *)(void *)dg[0], low_bytes16(X0, X1));
+            _mm_storeu_si128((__m128i *)(void *)dg[1], low_bytes16(_mm256_srai_epi32(X0, 8), _mm256_srai_epi32(X1, 8)));
+            _mm_storeu_si128((__m128i *)(void *)dg[2], low_bytes16(_mm256_srai_epi32(X0, 16), _mm256_srai_epi32(X1, 16)));
+            xd4_put(o, g, dg);
         }
-        memcpy(o + 768, sg, sizeof sg);
-    }
-}
-
-/* digits_fma at 256 bits: vector w of a block is Q[w][0] | Q[w][1] (lanes 0..7 | 8..15 of the
- * zmm); dz[0] | dz[1] the 16 groups' d sc s; acc[0] | acc[1] the zmm accumulator's halves. */
-static TGTAV_INLINE void digits_fma256(const __m256i Q[4][2], const uint8_t *D, const __m256 dz[2], __m256 acc[2])
-{
-    const __m256i quad = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-#pragma GCC unroll 4
-    for (int w = 0; w < 4; w++) {
-        const uint8_t *Dw = D + 192 * w;
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *Dh = Dw + 32 * h;
-            __m256i t = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), Q[w][h],
-                                                _mm256_loadu_si256((const __m256i *)(const void *)(Dh + 128)));
-            t = _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(t, 8), _mm256_loadu_si256((const __m256i *)(const void *)(Dh + 64)),
-                                        Q[w][h]);
-            t = _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(t, 8), _mm256_loadu_si256((const __m256i *)(const void *)Dh), Q[w][h]);
-            /* zmm lane 8h + l of vector w has group 4w + 2h + l/4: dz[w / 2], entry 4(w & 1) + 2h + l/4 */
-            const __m256 sc = _mm256_permutevar8x32_ps(dz[w >> 1], _mm256_add_epi32(quad, _mm256_set1_epi32(4 * (w & 1) + 2 * h)));
-            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), sc, acc[h]);
-        }
+        xd4_scales(o, sg);
     }
 }
 
@@ -1474,11 +1497,44 @@ static TGTAV_INLINE void state_out256(const int R, float *st, const __m256 acc[4
     }
 }
 
+/* digits_fma at 256 bits: vector v is Q[v][0] | Q[v][1] (the zmm's lanes 0..7 | 8..15), dz and
+ * acc likewise: lane by lane the same exact sums, conversions and FMAs */
+static TGTAV_INLINE void digits_fma256(const __m256i Q[4][2], const uint8_t *D, const __m256 dz[2], __m256 acc[2],
+                                       const bool q6)
+{
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+#define XD4(v, d) _mm256_loadu_si256((const __m256i *)(const void *)(D + 192 * (v) + 64 * (d) + 32 * h))
+        __m256i a = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), Q[0][h], XD4(0, 2));
+        __m256i c = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), Q[2][h], XD4(2, 2));
+        a = _mm256_dpbusd_avx_epi32(a, Q[1][h], XD4(1, 2));
+        c = _mm256_dpbusd_avx_epi32(c, Q[3][h], XD4(3, 2));
+#pragma GCC unroll 2
+        for (int d = 1; d >= 0; d--) {
+            if (q6 && d == 0) break;
+            a = _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(a, 8), XD4(0, d), Q[0][h]);
+            c = _mm256_dpbusd_avx_epi32(_mm256_slli_epi32(c, 8), XD4(2, d), Q[2][h]);
+            a = _mm256_dpbusd_avx_epi32(a, XD4(1, d), Q[1][h]);
+            c = _mm256_dpbusd_avx_epi32(c, XD4(3, d), Q[3][h]);
+        }
+        __m256 t = _mm256_cvtepi32_ps(_mm256_add_epi32(a, c));
+        if (q6) {
+            __m256i e = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), XD4(0, 0), Q[0][h]);
+            __m256i f = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), XD4(2, 0), Q[2][h]);
+            e = _mm256_dpbusd_avx_epi32(e, XD4(1, 0), Q[1][h]);
+            f = _mm256_dpbusd_avx_epi32(f, XD4(3, 0), Q[3][h]);
+            t = _mm256_fmadd_ps(t, _mm256_set1_ps(256.0f), _mm256_cvtepi32_ps(_mm256_add_epi32(e, f)));
+        }
+#undef XD4
+        acc[h] = _mm256_fmadd_ps(t, dz[h], acc[h]);
+    }
+}
+
 static TGTAV_INLINE void dot_q4k_multiav(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t b0, uint64_t nb,
                                          float *st, int first, int last, float *out, uint64_t ldo)
 {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i pair0 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), pair1 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    const __m256i sub0 = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6), sub1 = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
     __m256 acc[4][2], mins[4];
     state_in256(R, st, first, acc, mins);
     for (uint64_t b = b0; b < nb; b++) {
@@ -1486,21 +1542,28 @@ static TGTAV_INLINE void dot_q4k_multiav(const uint8_t *row, const cpu_xsums *xs
         prefetch_ahead(blk, 3); /* a Q4_K block: 144 bytes */
         __m256 dsc, dmn;
         q4k_scales_vec(blk, &dsc, &dmn);
-        __m256i Q[4][2]; /* 32-byte group j: low nibbles (sub-block 2j) | high nibbles (2j + 1) */
+        /* the group-lane order: dword 8c + 4h' + v of chunk c in lane c (+ 4 in the upper 128 bits) of
+         * vector v, a 4 x 4 dword transpose of the chunks' 128-bit halves */
+        __m256i Y[4], Q[4][2];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16 + 32 * j));
-            Q[j][0] = _mm256_and_si256(v, m4);
-            Q[j][1] = _mm256_and_si256(_mm256_srli_epi32(v, 4), m4);
+        for (int c = 0; c < 4; c++) Y[c] = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 16 + 32 * c));
+        const __m256i u01l = _mm256_unpacklo_epi32(Y[0], Y[1]), u01h = _mm256_unpackhi_epi32(Y[0], Y[1]);
+        const __m256i u23l = _mm256_unpacklo_epi32(Y[2], Y[3]), u23h = _mm256_unpackhi_epi32(Y[2], Y[3]);
+        const __m256i T[4] = {_mm256_unpacklo_epi64(u01l, u23l), _mm256_unpackhi_epi64(u01l, u23l),
+                              _mm256_unpacklo_epi64(u01h, u23h), _mm256_unpackhi_epi64(u01h, u23h)};
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            Q[v][0] = _mm256_and_si256(T[v], m4);
+            Q[v][1] = _mm256_and_si256(_mm256_srli_epi32(T[v], 4), m4);
         }
-        const __m256 dsc0 = _mm256_permutevar8x32_ps(dsc, pair0), dsc1 = _mm256_permutevar8x32_ps(dsc, pair1);
+        const __m256 dsc0 = _mm256_permutevar8x32_ps(dsc, sub0), dsc1 = _mm256_permutevar8x32_ps(dsc, sub1);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *D = xs[r].xd + b * CPU_XD_BLOCK;
             mins[r] = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xs[r].s32 + b * 8), mins[r]);
-            const float *sg = (const float *)(const void *)(D + 768);
-            const __m256 dz[2] = {_mm256_mul_ps(dsc0, _mm256_loadu_ps(sg)), _mm256_mul_ps(dsc1, _mm256_loadu_ps(sg + 8))};
-            digits_fma256(Q, D, dz, acc[r]);
+            const float *sl = (const float *)(const void *)(D + 768);
+            const __m256 dz[2] = {_mm256_mul_ps(dsc0, _mm256_loadu_ps(sl)), _mm256_mul_ps(dsc1, _mm256_loadu_ps(sl + 8))};
+            digits_fma256(Q, D, dz, acc[r], false);
         }
     }
     if (!last) {
@@ -1515,28 +1578,43 @@ static TGTAV_INLINE void dot_q4k_multiav(const uint8_t *row, const cpu_xsums *xs
 static TGTAV_INLINE void dot_q6k_multiav(const uint8_t *row, const cpu_xsums *xs, const int R, uint64_t b0, uint64_t nb,
                                          float *st, int first, int last, float *out, uint64_t ldo)
 {
+    /* the lanes' groups (the inverse of xd4_lane): 0 4 8 12 1 5 9 13 | 2 6 10 14 3 7 11 15, from ds[0] (groups
+     * 0..7) in lanes 0, 1, 4, 5 of each half and ds[1] (8..15) in lanes 2, 3, 6, 7 */
+    const __m256i g0 = _mm256_setr_epi32(0, 4, 0, 4, 1, 5, 1, 5), g1 = _mm256_setr_epi32(2, 6, 2, 6, 3, 7, 3, 7);
     __m256 acc[4][2], offs[4];
     state_in256(R, st, first, acc, offs);
     for (uint64_t b = b0; b < nb; b++) {
         const uint8_t *blk = row + b * Q6_K_BLOCK_BYTES;
         __m256 ds[2];
         q6k_block_head(blk, b, xs, R, ds, offs);
-        __m256i Q[4][2];
+        const __m256 d16[2] = {
+            _mm256_blend_ps(_mm256_permutevar8x32_ps(ds[0], g0), _mm256_permutevar8x32_ps(ds[1], g0), 0xCC),
+            _mm256_blend_ps(_mm256_permutevar8x32_ps(ds[0], g1), _mm256_permutevar8x32_ps(ds[1], g1), 0xCC)};
+        __m256i X[4][2], Q[4][2];
 #pragma GCC unroll 2
         for (int n = 0; n < 2; n++) {
             __m256i q[4];
             q6k_quarters(blk, n, q);
-            Q[2 * n][0] = q[0];
-            Q[2 * n][1] = q[1];
-            Q[2 * n + 1][0] = q[2];
-            Q[2 * n + 1][1] = q[3];
+            X[2 * n][0] = q[0];
+            X[2 * n][1] = q[1];
+            X[2 * n + 1][0] = q[2];
+            X[2 * n + 1][1] = q[3];
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i u01l = _mm256_unpacklo_epi32(X[0][h], X[1][h]), u01h = _mm256_unpackhi_epi32(X[0][h], X[1][h]);
+            const __m256i u23l = _mm256_unpacklo_epi32(X[2][h], X[3][h]), u23h = _mm256_unpackhi_epi32(X[2][h], X[3][h]);
+            Q[0][h] = _mm256_unpacklo_epi64(u01l, u23l);
+            Q[1][h] = _mm256_unpackhi_epi64(u01l, u23l);
+            Q[2][h] = _mm256_unpacklo_epi64(u01h, u23h);
+            Q[3][h] = _mm256_unpackhi_epi64(u01h, u23h);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *D = xs[r].xd + b * CPU_XD_BLOCK;
-            const float *sg = (const float *)(const void *)(D + 768);
-            const __m256 dz[2] = {_mm256_mul_ps(ds[0], _mm256_loadu_ps(sg)), _mm256_mul_ps(ds[1], _mm256_loadu_ps(sg + 8))};
-            digits_fma256(Q, D, dz, acc[r]);
+            const float *sl = (const float *)(const void *)(D + 768);
+            const __m256 dz[2] = {_mm256_mul_ps(d16[0], _mm256_loadu_ps(sl)), _mm256_mul_ps(d16[1], _mm256_loadu_ps(sl + 8))};
+            digits_fma256(Q, D, dz, acc[r], true);
         }
     }
     if (!last) {

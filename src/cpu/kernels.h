@@ -36,8 +36,8 @@ typedef struct cpu_xsums {
     uint8_t *xd; /* the VNNI level's integer digits of x and their scales: CPU_XD_BYTES(K) bytes */
 } cpu_xsums;
 
-/* bytes of cpu_xsums.xd per 256 elements of x (4 vectors x 3 digit planes x 64, 16 scales),
- * and for an input of n elements */
+/* bytes of cpu_xsums.xd per 256 elements of x (4 vectors x 3 digit planes x 64 in the dots'
+ * group-lane order, 16 scales: kernels.c), and for an input of n elements */
 #define CPU_XD_BLOCK 832u
 #define CPU_XD_BYTES(n) (((uint64_t)(n) / 256u + 1u) * CPU_XD_BLOCK)
 
