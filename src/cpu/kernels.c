@@ -1203,9 +1203,8 @@ LEVEL_DOTS(TGT512, avx512, dot_q4k_z, dot_q6k_z, avx2)
  * q (X >> 8) and of q B0, joined in f32. Per 256 weights and input: 12 vpdpbusd, 4 shifts, one or
  * two conversions and one or two FMAs, where four elements a lane took 8 shifts, 4 conversions,
  * 4 permutes and 4 FMAs. The Q4_K dmin m and the Q6_K -32 terms use the f32 sums of x, as the f32
- * dots do. A
- * non-finite x makes its group's s NaN, so every output that reads it is NaN. The results are
- * not the f32 dots' bits, so this is a level of its own. */
+ * dots do. A non-finite x makes its group's s NaN, so every output that reads it is NaN. The
+ * results are not the f32 dots' bits, so this is a level of its own. */
 #define TGTVNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define TGTVNNI_INLINE __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline)) inline
 
@@ -1215,9 +1214,9 @@ LEVEL_DOTS(TGT512, avx512, dot_q4k_z, dot_q6k_z, avx2)
  * its whole group, and a block takes one conversion and one FMA per input (x's order, four
  * elements a lane, took four conversions, four FMAs and four permutes). Group g = 4c + 2n + h sits
  * in lane c + 4h + 8n: for Q4_K the quants' 32-byte chunk c, nibble n and half h of the chunk, so
- * one dword permute of the 128 quant bytes gives a vector (lane l of vector v is dword XD4_IDX[l] +
- * v, the low nibbles in lanes 0..7, the high ones in 8..15); Q6_K's quants in x's order are
- * transposed into it by dwords within each 128-bit lane. */
+ * one dword permute of the 128 quant bytes gives a vector (lane l of vector v is dword
+ * {0, 8, 16, 24, 4, 12, 20, 28}[l mod 8] + v, the low nibbles in lanes 0..7, the high ones in
+ * 8..15); Q6_K's quants in x's order are transposed into it by dwords within each 128-bit lane. */
 static inline int xd4_lane(int g) { return (g >> 2) + 4 * (g & 1) + 8 * ((g >> 1) & 1); }
 
 /* group g's digit planes dg[d] (16 bytes each in x's order: B0, B1, D2) into block o */
