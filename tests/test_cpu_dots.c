@@ -380,10 +380,41 @@ static void test_digit_edges_type(uint32_t type)
     free(row);
 }
 
+/* The digit dots' int32 headroom: every quant at its largest (Q4_K 15, Q6_K 63) against x whose
+ * every element is its group's extreme digit (X = -2^23, or 2^23 - 1), so each 16-element group's
+ * sum of q X is as large as it gets (Q4_K 240·2^23, under 2^31; Q6_K's would pass it, so its
+ * dots keep two partial sums) */
+static void test_digit_headroom(uint32_t type)
+{
+    enum { N = 512 };
+    const quant_type_info *ti = quant_info(type);
+    uint8_t *row = malloc(quant_row_bytes(type, N));
+    float x[N];
+    memset(row, 0xFF, quant_row_bytes(type, N));
+    const uint16_t d = muser_f32_to_f16(0.01f), zero = 0;
+    for (uint64_t b = 0; b < N / ti->block_elems; b++) {
+        uint8_t *blk = row + b * ti->block_bytes;
+        if (type == GGML_TYPE_Q4_K) { /* all scales and mins 63, dmin 0 */
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &zero, 2);
+        } else { /* scales 127 */
+            memset(blk + 192, 127, 16);
+            memcpy(blk + 208, &d, 2);
+        }
+    }
+    for (int sign = 0; sign < 2; sign++) {
+        for (int i = 0; i < N; i++) x[i] = sign ? -2.0f : nextafterf(2.0f, 0.0f);
+        check_row(sign ? "headroom, x = -2^23 s" : "headroom, x = (2^23 - 1) s", type, row, x, N);
+    }
+    free(row);
+}
+
 static void test_digit_edges(void)
 {
     test_digit_edges_type(GGML_TYPE_Q4_K);
     test_digit_edges_type(GGML_TYPE_Q6_K);
+    test_digit_headroom(GGML_TYPE_Q4_K);
+    test_digit_headroom(GGML_TYPE_Q6_K);
 }
 
 /* dot_tile (the tables that have one): 37 rows of K 5632 (three K-chunks, three row tiles) against
