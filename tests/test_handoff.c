@@ -336,9 +336,19 @@ static void *bystander_main(void *arg)
     return NULL;
 }
 
-/* A fetch that must fail with `want` in its message and change nothing. */
+/* The producer's ended connections (served, refused or broken: each counts when its thread ends) */
+static uint64_t producer_ended(rig *r)
+{
+    handoff_producer_stats st;
+    handoff_producer_stats_get(r->p, &st);
+    return st.sessions + st.refused + st.failed;
+}
+
+/* A fetch that must fail with `want` in its message and change nothing. Returns once the
+ * producer's side of it has ended too, so its frames cannot meet the next case's fault plan. */
 static void refused(rig *r, handoff_client *c, uint32_t n, uint32_t cut, const char *want, const char *label)
 {
+    const uint64_t ended0 = producer_ended(r);
     const uint32_t V = r->m->hp.n_vocab;
     int32_t *t = malloc(n * sizeof *t);
     make_tokens(t, n, V);
@@ -370,6 +380,8 @@ static void refused(rig *r, handoff_client *c, uint32_t n, uint32_t cut, const c
     CHECKF(untouched, "%s: the caller's logits were written", label);
     muser_engine_stats_get(r->ce, &es1);
     CHECKF(es1.open_seqs == es0.open_seqs, "%s: %u sequences open after, %u before", label, es1.open_seqs, es0.open_seqs);
+    for (int i = 0; i < 400 && producer_ended(r) == ended0; i++) usleep(50 * 1000);
+    CHECKF(producer_ended(r) > ended0, "%s: the producer's session did not end within 20 s", label);
     CHECKF(b.wrong == 0 && b.rounds >= 1, "%s: the bystander's bytes changed in %u of %u rounds", label, b.wrong, b.rounds);
     printf("  refused %-26s (bystander: %u rounds unchanged): %s\n", label, b.rounds, rc ? err.msg : "(accepted!)");
     muser_engine_close(q);
