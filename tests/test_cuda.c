@@ -341,6 +341,96 @@ static void draw_checks(void)
            (unsigned long long)draws, (unsigned long long)truncated, (unsigned long long)host);
 }
 
+/* The gate·up pair of the decode route (muser_cuda_pair_check: silu(gate·x)·(up·x), exact integers
+ * per block summed on a fixed grid, mmi.cuh) against the f64 dots of the same bytes, and row
+ * invariance: every row's bytes the same alone, beside 1, 2, 4, 7, 15 other rows (the persistent
+ * kernel and the 2-, 4- and 8-n-tile ones), with other neighbours, and on persistent grids of other
+ * sizes (other splits of the blocks). x rows of very different magnitudes, one with a 300x outlier
+ * per block; a row with an Inf is NaN throughout and leaves its neighbours' bytes alone. */
+static void pair_checks(void)
+{
+    const uint32_t rows = 80, cols = 2048, NX = 16; /* 5 tiles, 8 blocks */
+    const uint64_t rb = quant_row_bytes(12, cols);
+    float *wf = malloc((size_t)rows * cols * sizeof(float)), *x = malloc((size_t)(NX + 1) * cols * sizeof(float));
+    float *y = malloc((size_t)NX * rows * sizeof(float)), *y1 = malloc((size_t)NX * rows * sizeof(float));
+    float *deq = malloc(cols * sizeof(float));
+    uint8_t *wg = malloc(rows * rb), *wu = malloc(rows * rb);
+    uint64_t st = 777;
+    for (int m = 0; m < 2; m++) {
+        for (uint32_t i = 0; i < rows * cols; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            wf[i] = (float)((double)(st >> 11) / 9007199254740992.0 * 2 - 1) * (m ? 0.03f : 0.01f);
+        }
+        for (uint32_t r = 0; r < rows; r++) CHECK(quant_quantize_row(12, wf + (size_t)r * cols, (m ? wu : wg) + r * rb, cols) == 0);
+    }
+    for (uint32_t i = 0; i < (NX + 1) * cols; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        const uint32_t r = i / cols;
+        float v = (float)((double)(st >> 11) / 9007199254740992.0 * 4 - 2) * ldexpf(1.f, (int)(r % 7) * 5 - 12);
+        if (r == 5 && i % 256 == 17) v *= 300.f; /* an outlier per block */
+        x[i] = v;
+    }
+    /* the f64 reference of silu(g)·u, and the error against the bound 1e-6·Σ|w·x| (gate's and up's
+     * through the product) */
+    muser_error err = {0};
+    CHECK_OK(muser_cuda_pair_check(rows, cols, wg, wu, NX, x, 0, y, &err), &err);
+    double worst = 0;
+    for (uint32_t i = 0; i < NX; i++)
+        for (uint32_t r = 0; r < rows; r++) {
+            const float *xi = x + (size_t)i * cols;
+            double mg = 0, mu = 0;
+            CHECK(quant_dequantize_row(12, wg + r * rb, deq, cols) == 0);
+            for (uint32_t k = 0; k < cols; k++) mg += fabs((double)deq[k] * xi[k]);
+            CHECK(quant_dequantize_row(12, wu + r * rb, deq, cols) == 0);
+            for (uint32_t k = 0; k < cols; k++) mu += fabs((double)deq[k] * xi[k]);
+            const double g = quant_dot_f64(12, wg + r * rb, xi, cols), u = quant_dot_f64(12, wu + r * rb, xi, cols);
+            const double sg = g / (1 + exp(-g)), ref = sg * u;
+            const double dsg = fabs(1 / (1 + exp(-g)) * (1 + g * (1 - 1 / (1 + exp(-g))))); /* |d silu / dg| */
+            const double tol = 1e-6 * (dsg * mg * fabs(u) + fabs(sg) * mu) + 1e-30;
+            const double d = fabs((double)y[(size_t)i * rows + r] - ref) / tol;
+            if (!(d <= worst)) worst = d; /* NaN (an unwritten output) sticks */
+        }
+    CHECKF(worst <= 1.0, "pair: error %.3g of the bound", worst);
+    /* row invariance: each count n from row 0, and windows that give a row other neighbours */
+    uint32_t cmp = 0, bad = 0;
+    const uint32_t ns[] = {1, 2, 3, 5, 8, 16};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+        for (uint32_t off = 0; off + ns[ni] <= NX; off += ns[ni] == 16 ? 16 : 3 * ns[ni] + 1) {
+            CHECK_OK(muser_cuda_pair_check(rows, cols, wg, wu, ns[ni], x + (size_t)off * cols, 0, y1, &err), &err);
+            for (uint32_t i = 0; i < ns[ni]; i++, cmp++)
+                bad += memcmp(y1 + (size_t)i * rows, y + (size_t)(off + i) * rows, rows * sizeof(float)) != 0;
+        }
+    /* persistent grids of 1 and 3 SMs: other splits of the blocks over warps and CTAs */
+    for (int sm = 1; sm <= 3; sm += 2)
+        for (uint32_t n = 1; n <= 2; n++) {
+            CHECK_OK(muser_cuda_pair_check(rows, cols, wg, wu, n, x + 4 * cols, sm, y1, &err), &err);
+            for (uint32_t i = 0; i < n; i++, cmp++)
+                bad += memcmp(y1 + (size_t)i * rows, y + (size_t)(4 + i) * rows, rows * sizeof(float)) != 0;
+        }
+    CHECKF(bad == 0, "pair: %u of %u rows differ from the same row in the 16-row launch", bad, cmp);
+    /* fail closed: an Inf in row 1 of 3 makes that row NaN and leaves rows 0 and 2 as they were */
+    memcpy(x + (size_t)NX * cols, x + (size_t)2 * cols, cols * sizeof(float));
+    float *x3 = x + (size_t)(NX - 2) * cols; /* rows 14, 15 and the copy of row 2 */
+    const float keep = x3[cols + 300];
+    x3[cols + 300] = INFINITY;
+    CHECK_OK(muser_cuda_pair_check(rows, cols, wg, wu, 3, x3, 0, y1, &err), &err);
+    x3[cols + 300] = keep;
+    uint32_t nan = 0;
+    for (uint32_t r = 0; r < rows; r++) nan += isnan(y1[rows + r]);
+    CHECKF(nan == rows, "pair: %u of %u outputs of the row with an Inf are NaN", nan, rows);
+    CHECKF(!memcmp(y1, y + (size_t)14 * rows, rows * sizeof(float)) &&
+               !memcmp(y1 + 2 * rows, y + (size_t)2 * rows, rows * sizeof(float)),
+           "pair: a neighbour of the row with an Inf changed");
+    printf("pair checks: error %.3g of the bound; %u rows alone or among others, %u differ\n", worst, cmp, bad);
+    free(wf);
+    free(x);
+    free(y);
+    free(y1);
+    free(deq);
+    free(wg);
+    free(wu);
+}
+
 /* The prefill route's GEMM (muser_cuda_gemm_check) per format and layout against the f64 dot of the
  * same bytes, |y − ref| ≤ 1e-5·Σ|w·x|, for 1, 5 and 70 input rows (two row tiles, one partial);
  * and every row's bytes the same whatever rows share the call (row 3 alone against row 3 of 70). */
@@ -492,6 +582,7 @@ int main(void)
     prefill_one(MUSER_ARCH_QWEN3, MUSER_SYNTH_TYPE_MIX, 40);
 #ifdef MUSER_HAVE_CUDA
     matvec_checks();
+    pair_checks();
     gemm_checks();
     topk_checks();
     draw_checks();

@@ -302,6 +302,19 @@ static int up_matrix(uploader *u, const muser_tensor *t, mv_mat *out, bool tc, m
     return MUSER_OK;
 }
 
+/* The rows' exponent bytes of a Q4_KT matrix the gate·up pair reads (mmi.cuh), after its units in
+ * the stream's order: 256-aligned room for them follows the matrix (tensor_dev_bytes). */
+static int up_rexp(uploader *u, mv_mat *m, muser_error *err)
+{
+    if (m->type != MV_T_Q4_KT) return MUSER_OK;
+    uint8_t *e = u->c->weights + u->off;
+    u->off = align256(u->off + m->rows);
+    mmi_rexp_kernel<<<(m->rows + 255) / 256, 256, 0, u->c->st>>>(m->data, m->rows, m->cols / 256, e);
+    CU_TRY(cudaGetLastError(), "row exponents");
+    m->rexp = e;
+    return MUSER_OK;
+}
+
 /* A vector (norm weights) as f32, any stored type. */
 static int up_vector(uploader *u, const muser_tensor *t, float **out, muser_error *err)
 {
@@ -365,6 +378,7 @@ static int upload_weights(cu_ctx *c, muser_error *err)
                                     &L->attn_q_norm, &L->attn_k_norm, &L->attn_output, &L->post_attention_norm,
                                     &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down, &L->post_ffw_norm};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) total += tensor_dev_bytes(ts[i]);
+        total += align256(L->ffn_gate.rows) + align256(L->ffn_up.rows); /* up_rexp */
     }
     c->weights_bytes = total;
     CU_TRY(cudaMalloc((void **)&c->weights, total), "weights allocation");
@@ -397,7 +411,9 @@ static int upload_weights(cu_ctx *c, muser_error *err)
         if (!rc && hp->sandwich) rc = up_vector(&u, &L->post_attention_norm, &D->post_attn_norm, err);
         if (!rc) rc = up_vector(&u, &L->ffn_norm, &D->ffn_norm, err);
         if (!rc) rc = up_matrix(&u, &L->ffn_gate, &D->ffn_gate, true, err);
+        if (!rc) rc = up_rexp(&u, &D->ffn_gate, err);
         if (!rc) rc = up_matrix(&u, &L->ffn_up, &D->ffn_up, true, err);
+        if (!rc) rc = up_rexp(&u, &D->ffn_up, err);
         if (!rc) rc = up_matrix(&u, &L->ffn_down, &D->ffn_down, true, err);
         if (!rc && hp->sandwich) rc = up_vector(&u, &L->post_ffw_norm, &D->post_ffw_norm, err);
         const muser_tensor *ts[] = {&L->attn_norm, &L->attn_q, &L->attn_k, &L->attn_v, &L->attn_gate,
@@ -531,6 +547,7 @@ static cudaError_t tp_gather(cu_ctx *c, cudaStream_t st, float *full, uint32_t r
 #define DIG_X6 2u /* Q6_KT's, in c->x6 */
 #define DIG_XD 4u /* the dense multi-row Q4_KT layout, in c->xd */
 #define DIG_XD6 8u /* the dense multi-row Q6_KT layout, in c->xd6 */
+#define DIG_XI 16u /* the gate·up pair's exact-integer layout (mmi.cuh), in c->xm */
 
 /* x's digits for the c->rn rows of the pass (row r's x at + r·xst floats), one launch */
 template <typename WR>
@@ -572,6 +589,27 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
             else if (c->site == XS_DOWN) mmq6_launch_down(A, st, true);
             else mmq6_launch_auto(A, st, true);
         }
+        return;
+    }
+    if (t == MV_T_Q4_KT && L->n_seg == 1 && L->seg[0].op == MV_OP_SILU_MUL && L->seg[0].a.rexp && L->seg[0].b.rexp) {
+        /* gate·up: exact integers per block, one kernel at every row count (mmi.cuh) */
+        const mv_seg *g = &L->seg[0];
+        const uint32_t K = g->a.cols;
+        if (!(ready & DIG_XI) && !SKIP(c, SK_PREP)) mmi_prep_launch(st, x, c->xm, K, c->prep_pdl, c->rn, xst, c->dig_rs);
+        mmi_args A;
+        memset(&A, 0, sizeof A);
+        A.a = g->a.data;
+        A.b = g->b.data;
+        A.ea = g->a.rexp;
+        A.eb = g->b.rexp;
+        A.rows = g->a.rows;
+        A.K = K;
+        A.x = c->xm;
+        A.xs = c->dig_rs;
+        A.nx = c->rn;
+        A.out = g->out;
+        A.os = g->os;
+        mmi_pair_launch(A, c->n_sm, st, true);
         return;
     }
     if (t == MV_T_Q4_KT) {
@@ -660,7 +698,8 @@ static cu_digits digits_or(cu_digits a, cu_digits b)
 /* The tensor-core layouts (DIG_*) a producer writing d leaves ready. */
 static uint32_t digits_ready(cu_digits d)
 {
-    return (d.q4 ? DIG_XM : 0u) | (d.q6 ? DIG_X6 : 0u) | (d.qd ? DIG_XD : 0u) | (d.qd6 ? DIG_XD6 : 0u);
+    return (d.q4 ? DIG_XM : 0u) | (d.q6 ? DIG_X6 : 0u) | (d.qd ? DIG_XD : 0u) | (d.qd6 ? DIG_XD6 : 0u) |
+           (d.qi ? DIG_XI : 0u);
 }
 
 /* The digits the producer of layer l's attention-projection input must write: the Q4_K layout for
@@ -864,7 +903,9 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, 
         pf_mark(pf, st, PF_TAIL);
         /* this tail writes gate·up's digits, in the layouts gate and up read */
         set_site(c, XS_GU);
-        const cu_digits gd = digits_or(digits_for(c, L->ffn_gate.type), digits_for(c, L->ffn_up.type));
+        cu_digits gd = {NULL, NULL, c->dig_rs, NULL};
+        if (c->gate_up_paired && L->ffn_gate.rexp && L->ffn_up.rexp) gd.qi = c->xm; /* the pair's (mmi.cuh) */
+        else gd = digits_or(digits_for(c, L->ffn_gate.type), digits_for(c, L->ffn_up.type));
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich,
                     E, gd, c->tail_trigger, c->tail_wide, n);
@@ -2731,6 +2772,22 @@ static muser_tensor check_tensor(uint32_t ggml_type, uint32_t rows, uint32_t col
     t.name = "check";
     return t;
 }
+/* A check's launch through the route's dispatch: x (nx floats) in, y (ny floats, NaN first so an
+ * unwritten output shows) out, the rows xst floats apart. */
+static int check_mv_run(cu_ctx *c, const mv_launch *L, const float *x, float *dx, size_t nx, float *dy, float *y, size_t ny,
+                        uint32_t xst, const char *what, muser_error *err)
+{
+    cudaError_t e = cudaMemcpyAsync(dx, x, nx * sizeof(float), cudaMemcpyHostToDevice, c->st);
+    if (!e) e = cudaMemsetAsync(dy, 0xFF, ny * sizeof(float), c->st);
+    if (!e) {
+        mv_go(c, c->st, L, dx, 0, xst);
+        e = cudaGetLastError();
+    }
+    if (!e) e = cudaMemcpyAsync(y, dy, ny * sizeof(float), cudaMemcpyDeviceToHost, c->st);
+    if (!e) e = cudaStreamSynchronize(c->st);
+    return e ? muser_errorf(err, MUSER_E_BACKEND, "cuda: %s check: %s", what, cudaGetErrorString(e)) : MUSER_OK;
+}
+
 extern "C" int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, const float *x,
                                        int tc, int softcap, float scale, float cap, float *y, uint32_t *layout,
                                        muser_error *err)
@@ -2767,15 +2824,61 @@ extern "C" int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32
         seg_set(&L, &mat, dy, softcap ? MV_OP_SOFTCAP : MV_OP_STORE, (uint32_t)mv_rows_per_warp(mat.type));
         L.seg[0].scale = scale;
         L.seg[0].cap = cap;
-        e = cudaMemcpyAsync(dx, x, (size_t)cols * sizeof(float), cudaMemcpyHostToDevice, c->st);
-        if (!e) e = cudaMemsetAsync(dy, 0xFF, (size_t)rows * sizeof(float), c->st); /* NaN: rows never written show */
-        if (!e) {
-            mv_go(c, c->st, &L, dx, 0);
-            e = cudaGetLastError();
-        }
-        if (!e) e = cudaMemcpyAsync(y, dy, (size_t)rows * sizeof(float), cudaMemcpyDeviceToHost, c->st);
-        if (!e) e = cudaStreamSynchronize(c->st);
-        if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: matvec check: %s", cudaGetErrorString(e));
+        rc = check_mv_run(c, &L, x, dx, cols, dy, y, rows, 0, "matvec", err);
+    }
+    up_close(&u);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(c->xm_site[0]);
+    cudaFree(c->weights);
+    if (c->st) cudaStreamDestroy(c->st);
+    free(c);
+    return rc;
+}
+
+/* ---- the gate·up pair, for tests --------------------------------------------------------------- */
+extern "C" int muser_cuda_pair_check(uint32_t rows, uint32_t cols, const void *wg, const void *wu, uint32_t n, const float *x,
+                                     int n_sm, float *y, muser_error *err)
+{
+    if (n == 0 || n > CU_ROWS_MAX || cols % 256 || rows % 16 || rows == 0)
+        return muser_errorf(err, MUSER_E_ARG, "cuda: pair check: %u rows of %u x %u", n, rows, cols);
+    cu_ctx *c = NULL;
+    const int rc0 = check_ctx_new(&c, err);
+    if (rc0) return rc0;
+    if (n_sm > 0) c->n_sm = n_sm;
+    c->rn = n;
+    const muser_tensor tg = check_tensor(12, rows, cols, wg), tu = check_tensor(12, rows, cols, wu);
+    float *dx = NULL, *dy = NULL;
+    uploader u;
+    memset(&u, 0, sizeof u);
+    mv_mat mg, mu;
+    memset(&mg, 0, sizeof mg);
+    memset(&mu, 0, sizeof mu);
+    int rc = MUSER_OK;
+    const size_t wb = align256((size_t)tg.row_bytes * rows) + align256(rows);
+    c->dig_rs = (uint32_t)align256(mmi_x_bytes(cols));
+    cudaError_t e = cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking);
+    if (!e) e = cudaMalloc((void **)&c->weights, 2 * wb);
+    if (!e) e = cudaMalloc((void **)&c->xm_site[0], (size_t)n * c->dig_rs);
+    if (!e) e = cudaMalloc((void **)&dx, (size_t)n * cols * sizeof(float));
+    if (!e) e = cudaMalloc((void **)&dy, (size_t)n * rows * sizeof(float));
+    if (e) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: pair check: %s", cudaGetErrorString(e));
+    if (!rc) {
+        for (int s = 0; s < XS_N; s++) c->xm_site[s] = c->xm_site[0];
+        set_site(c, XS_GU);
+        rc = up_open(&u, c, err);
+    }
+    if (!rc) rc = up_matrix(&u, &tg, &mg, true, err);
+    if (!rc) rc = up_rexp(&u, &mg, err);
+    if (!rc) rc = up_matrix(&u, &tu, &mu, true, err);
+    if (!rc) rc = up_rexp(&u, &mu, err);
+    if (!rc && !(mg.rexp && mu.rexp)) rc = muser_errorf(err, MUSER_E_BACKEND, "cuda: pair check: not the tensor-core layout");
+    if (!rc) {
+        mv_launch L;
+        memset(&L, 0, sizeof L);
+        seg_set(&L, &mg, dy, MV_OP_SILU_MUL, 1, rows);
+        L.seg[0].b = mu;
+        rc = check_mv_run(c, &L, x, dx, (size_t)n * cols, dy, y, (size_t)n * rows, cols, "pair", err);
     }
     up_close(&u);
     cudaFree(dx);

@@ -52,6 +52,12 @@ void muser_cuda_tp_comm_free(void *comm);
 int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, const float *x, int tc,
                             int softcap, float scale, float cap, float *y, uint32_t *layout, muser_error *err);
 
+/* The gate·up pair through the route's dispatch, for tests: gate and up (Q4_K GGUF bytes, rows ×
+ * cols, rows a multiple of 16, cols of 256) against n x rows (x[n][cols]) in one launch, y[n][rows] =
+ * silu(gate·x)·(up·x); n_sm > 0 stands in for the device's SM count (the persistent grid's size). */
+int muser_cuda_pair_check(uint32_t rows, uint32_t cols, const void *wg, const void *wu, uint32_t n, const float *x, int n_sm,
+                          float *y, muser_error *err);
+
 /* The prefill route's matrix product y[n][rows] = x[n][cols] · Wᵀ (prefill.cuh: W unpacked from
  * the tensor-core layout where the format and shape take it, x split per row, three f16 products
  * on tensor cores), for tests; *layout as muser_cuda_matvec_check's. cols a multiple of 32. */

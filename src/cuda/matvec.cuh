@@ -59,6 +59,7 @@ typedef struct mv_mat {
     const uint8_t *data;
     uint32_t type;
     uint32_t rows, cols;
+    const uint8_t *rexp; /* Q4_KT gate and up: each row's largest f16 exponent of d, dmin (mmi.cuh), or NULL */
 } mv_mat;
 
 typedef struct mv_seg {

@@ -100,7 +100,11 @@ __global__ void __launch_bounds__(T)
     }
     __shared__ double sh[2][32];
     __shared__ double slots[2][CL];
-    const uint32_t S = ((E + CL * 32 - 1) / (CL * 32)) * 32; /* slice, a multiple of 32 */
+    __shared__ uint32_t bmax[8]; /* dg.qi: the largest |a| (f32 bits) of each of the slice's blocks */
+    if (threadIdx.x < 8) bmax[threadIdx.x] = 0; /* (visible after the cluster sums' barriers) */
+    /* the slice: a multiple of 32 (a warp a 32-group), of 256 where dg.qi wants whole blocks */
+    static_assert(CL * T * PER >= 8192 && 8192 % (CL * 256) == 0, "a slice of whole blocks fits a CTA");
+    const uint32_t S = dg.qi ? ((E + CL * 256 - 1) / (CL * 256)) * 256 : ((E + CL * 32 - 1) / (CL * 32)) * 32;
     const uint32_t lo = blockIdx.x * S, hi = lo + S < E ? lo + S : E;
     float yv[PER], hv[PER], wp[PER], wn[PER];
     /* the norm weights are constants: loaded before the wait for the matvec that writes y */
@@ -151,7 +155,27 @@ __global__ void __launch_bounds__(T)
         if (i < hi) {
             const float v = hv[k] * r2 * wn[k];
             a[i] = v;
+            yv[k] = v;
             cu_digits_write(dg, v, i, row); /* lo, hi and E multiples of 32: whole warps */
+        }
+    }
+    if (!dg.qi) return;
+    /* the pair's layout: each block's largest |a| over its warps, then its 32-groups; a block lies
+     * in one slice (S and E multiples of 256) */
+    const uint32_t lane = threadIdx.x & 31;
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const uint32_t e = threadIdx.x + k * T, mx = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(yv[k]) & 0x7FFFFFFFu);
+        if (lane == 0 && lo + e < hi) atomicMax(&bmax[e / 256], mx);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const uint32_t e = threadIdx.x + k * T, i = lo + e;
+        if (i < hi) { /* whole warps */
+            float s, inv;
+            mmi_scale(bmax[e / 256], s, inv);
+            mmi_sub_write(yv[k], lane, (e / 32) % 8, s, inv, dg.qi + (size_t)row * dg.rs + (size_t)(i / 256) * MMI_XBLK);
         }
     }
 }
@@ -180,7 +204,7 @@ void cu_tail(cudaStream_t st, const float *y, float *h, float *a, const float *w
     /* E <= 8192 is checked at context creation. The blocks may start while the matvec before them
      * runs (it triggers at its start, and the tail is its programmatic dependent); they read only
      * the norm weights before griddepcontrol.wait, and write nothing before it. */
-    const mv_mat none = {NULL, 0, 0, 0};
+    const mv_mat none = {NULL, 0, 0, 0, NULL};
     const tail_fn k = wide ? k_tail<false, TAIL_CL_WIDE, TAIL_T_WIDE> : k_tail<false>;
     cudaLaunchAttribute at[2];
     cudaLaunchConfig_t cfg = tail_cfg(wide, st, true, at, n);

@@ -19,6 +19,7 @@
 #include "cuda/mmq6.cuh"
 #include "cuda/mmqd.cuh"
 #include "cuda/mmqd6.cuh"
+#include "cuda/mmi.cuh"
 
 /* KV plane metadata as the kernels see it (SPEC §3; mirrors kv_plane after this token's append). */
 typedef struct cu_plane_meta {
@@ -59,6 +60,9 @@ typedef struct cu_digits {
     uint32_t rs;     /* bytes between the rows' digits in a multi-row pass (every layout) */
     uint8_t *qd;     /* the dense multi-row Q4_K layout (mmqd.cuh), or NULL */
     uint8_t *qd6 = NULL; /* the dense multi-row Q6_K layout (mmqd6.cuh), or NULL */
+    /* the exact-integer layout of the Q4_K gate·up pair (mmi.cuh), or NULL: one power of two per
+     * 256-block, so only a writer that sees whole blocks takes it (the tails, cu_tail) */
+    uint8_t *qi = NULL;
 } cu_digits;
 
 /* One 32-group's digits: all 32 lanes of a warp call it, lane l with v = x[p], p = 32g + l
