@@ -25,6 +25,7 @@
 #include "cuda/matvec.cuh"
 #include "mvq.cuh"
 #include "cuda/mmq.cuh"
+#include "mpp.cuh"
 
 #include "kbench.cuh"
 

@@ -591,8 +591,9 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
         }
         return;
     }
-    if (t == MV_T_Q4_KT && L->n_seg == 1 && L->seg[0].op == MV_OP_SILU_MUL && L->seg[0].a.rexp && L->seg[0].b.rexp) {
-        /* gate·up: exact integers per block, one kernel at every row count (mmi.cuh) */
+    if (t == MV_T_Q4_KT && L->seg[0].op == MV_OP_SILU_MUL) {
+        /* gate·up (a launch of its own, its rows' exponent bytes made at upload: up_rexp): exact
+         * integers per block summed on a grid, a kernel shape per row count (mmi.cuh) */
         const mv_seg *g = &L->seg[0];
         const uint32_t K = g->a.cols;
         if (!(ready & DIG_XI) && !SKIP(c, SK_PREP)) mmi_prep_launch(st, x, c->xm, K, c->prep_pdl, c->rn, xst, c->dig_rs);
@@ -613,41 +614,29 @@ static void mv_go(cu_ctx *c, cudaStream_t st, const mv_launch *L, const float *x
         return;
     }
     if (t == MV_T_Q4_KT) {
-        /* several rows: the dense kernels (mmqd.cuh) on their digits in its layout */
+        /* one matrix a segment: one row on mmq.cuh's kernels, several on the dense ones (mmqd.cuh),
+         * each on x's digits in its layout */
         const uint32_t K = L->seg[0].a.cols;
         const bool dense = c->rn > 1 && c->xd;
         if (dense && !(ready & DIG_XD) && !SKIP(c, SK_PREP)) prep_rows<mmqd_prep>(c, st, x, c->xd, K, xst);
         if (!dense && !(ready & DIG_XM) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q4>(c, st, x, c->xm, K, xst);
         for (uint32_t i = 0; i < L->n_seg; i++) {
             const mv_seg *g = &L->seg[i];
-            const bool pair = g->op == MV_OP_SILU_MUL;
             mmq_args A;
             memset(&A, 0, sizeof A);
             A.a = g->a.data;
-            A.b = pair ? g->b.data : NULL;
             A.rows = g->a.rows;
             A.K = K;
-            A.x = c->xm;
+            A.x = dense ? c->xd : c->xm;
             A.out = g->out;
-            A.op = pair ? (uint32_t)MV_OP_STORE : g->op;
+            A.op = g->op;
             A.scale = g->scale;
             A.cap = g->cap;
             A.nx = c->rn;
             A.xs = c->dig_rs;
             A.os = g->os;
-            if (dense) {
-                mmq_args D = A;
-                D.x = c->xd;
-                if (!pair) {
-                    mmqd_launch_auto(D, st, true);
-                    continue;
-                }
-                if (mmqd_pair_launch(D, c->n_sm, st, true)) continue;
-                /* a CTA's sums do not fit its shared memory: the one-row layout's kernels */
-                if (!(ready & DIG_XM) && !SKIP(c, SK_PREP)) prep_rows<mmq_prep_q4>(c, st, x, c->xm, K, xst);
-            }
-            /* gate·up on a persistent grid where its tiles fit a CTA's shared memory */
-            if (!(pair && mmq_pair_persist_launch(A, c->n_sm, st, true))) mmq_launch_auto(A, pair, st, true, c->n_sm);
+            if (dense) mmqd_launch_auto(A, st, true);
+            else mmq_launch_auto(A, false, st, true, c->n_sm);
         }
         return;
     }

@@ -1,4 +1,5 @@
-/* mmqd.cuh — the Q4_K gate·up pair of a multi-row pass on tensor cores, x rows as the columns.
+/* mmqd.cuh — the Q4_K matrices of a multi-row pass on tensor cores, x rows as the columns (the
+ * stacked attention projections, o_proj; the gate·up pair is mmi.cuh's).
  *
  * mmq.cuh's kernels give each x row its own mma columns: 8 columns (4 sub-blocks × 2 digits) of
  * which each is non-zero on half the k, and a raw and a masked "twin" product per digit pair, so a
@@ -9,9 +10,7 @@
  *
  * Same bits as mmq_block (row invariance, docs/routes.md): the products are exact integers either
  * way, so each (row, sub-block) gets the same P = Σ q·X; the fold (mmq_fold) and every sum after it
- * — the per-lane f32 of one block's two sub-blocks, the f64 sums over a warp's blocks of a tile,
- * ((t0 + t1) + (t2 + t3)) over the four lanes' sub-block pairs, the warps in order — are
- * mmq_pair_persist's, over the same blocks in the same order (the same persistent grid split).
+ * are the one-row kernel's, over the same blocks in the same order (mmqd_body, below).
  *
  * Weights: the Q4_KT units as they are. Lane (g, t) loads the words it loads in mmq_block: pair
  * P = 2G + (t >> 1) of group G, positions 8c + 4(t & 1) + i (c = 0..3). An mma over one pair needs
@@ -174,139 +173,6 @@ __device__ __forceinline__ void mmqd_stage_x(uint32_t dst, const uint8_t *x, uin
         const uint32_t r = c / CH, o = 16 * (c % CH);
         tc_cp16(dst + r * MMQD_XBLK + o, x + (size_t)r * xs + (size_t)b * MMQD_XBLK + o, true);
     }
-}
-
-/* mpp_body (mmq.cuh) with mmqd_block: the same persistent split, walk and sums; NQ quads of x rows
- * (row group grp, mmq_group); red: [tiles][4·NQ rows][8 warps][32] doubles; sx: per warp two
- * stages of its item's x rows. Each warp copies its next item's x rows (4·NQ × MMQD_XBLK bytes) into
- * its own stage by cp.async while it computes this one, so the products read x from shared memory
- * instead of waiting on L2 (+3% at 4 rows, +5.5% at 16, a whole pass: bench/RESULTS.md). The
- * one-matrix kernels measured no gain from the same staging (bench/kernels/NOTES.md). */
-template <int NQ>
-__device__ __forceinline__ void mpd_body(const mmq_args &A0, uint32_t cta, uint32_t grid, double *red, uint32_t grp,
-                                         uint8_t *sx)
-{
-    constexpr int NX = 4 * NQ;
-    constexpr uint32_t XST = NX * MMQD_XBLK;
-    cu_pdl_trigger();
-    mmq_args A = A0;
-    const uint32_t nx = mmq_group<mmq_args, NX>(A, grp);
-    const uint32_t wid = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = A.K / 256, ntile = A.rows / 16;
-    const uint32_t g = lane >> 2, t = lane & 3;
-    const uint32_t t0 = (uint32_t)((uint64_t)cta * ntile / grid);
-    const uint32_t t1 = (uint32_t)((uint64_t)(cta + 1) * ntile / grid);
-    const uint32_t u1 = t1 * nb;
-    uint32_t u = t0 * nb + wid;
-    mmqd_w W[2];
-    if (u < u1) {
-        mmqd_load(A.a + (size_t)u * MMQ_UNIT, lane, W[0]);
-        mmqd_load(A.b + (size_t)u * MMQ_UNIT, lane, W[1]);
-    }
-    for (uint32_t i = threadIdx.x; i < (t1 - t0) * 256 * NX; i += blockDim.x) red[i] = 0;
-    __syncthreads();
-    uint8_t *xs = sx + (size_t)wid * 2 * XST;
-    const uint32_t xs_a = (uint32_t)__cvta_generic_to_shared(xs);
-    /* item v's x rows (its block's) into stage st (v ≥ u1: none), then one commit group */
-    auto issue = [&](uint32_t v, uint32_t st) {
-        if (v < u1) mmqd_stage_x(xs_a + st * XST, A.x, A.xs, v % nb, nx, lane);
-        tc_commit();
-    };
-    uint32_t key = 0xFFFFFFFFu;
-    double sum[NQ][2][4][2];
-#pragma unroll
-    for (int Q = 0; Q < NQ; Q++)
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-#pragma unroll
-            for (int k = 0; k < 4; k++) sum[Q][r][k][0] = sum[Q][r][k][1] = 0;
-    /* a tile's sums of this warp, for the lane's x rows: ((t0 + t1) + (t2 + t3)) in f64 as
-     * mmq_rows_f64 adds the four lanes, then zeroed */
-    auto flush = [&](uint32_t tile) {
-#pragma unroll
-        for (int Q = 0; Q < NQ; Q++) {
-            const uint32_t n = 4 * Q + t;
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const double v = (sum[Q][r][0][h] + sum[Q][r][1][h]) + (sum[Q][r][2][h] + sum[Q][r][3][h]);
-                    if (n < nx) red[(((tile - t0) * NX + n) * 8 + wid) * 32 + 16 * r + g + 8 * h] = v;
-                    for (int k = 0; k < 4; k++) sum[Q][r][k][h] = 0;
-                }
-        }
-    };
-    cu_pdl_wait(); /* x is the previous kernel's output */
-    issue(u, 0);
-    for (uint32_t i = 0; u < u1; u += 8, i++) {
-        tc_wait<0>();
-        __syncwarp();
-        issue(u + 8, (i + 1) & 1);
-        const uint32_t tile = u / nb;
-        if (tile != key) {
-            if (key != 0xFFFFFFFFu) flush(key);
-            key = tile;
-        }
-        float acc[NQ][2][4][2];
-#pragma unroll
-        for (int Q = 0; Q < NQ; Q++)
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int k = 0; k < 4; k++) acc[Q][r][k][0] = acc[Q][r][k][1] = 0.f;
-        mmqd_block<NQ, 2, true>(W, xs + (i & 1) * XST, MMQD_XBLK, nx, lane, acc);
-#pragma unroll
-        for (int Q = 0; Q < NQ; Q++)
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) sum[Q][r][k][h] += (double)acc[Q][r][k][h];
-        if (u + 8 < u1) {
-            mmqd_load(A.a + (size_t)(u + 8) * MMQ_UNIT, lane, W[0]);
-            mmqd_load(A.b + (size_t)(u + 8) * MMQ_UNIT, lane, W[1]);
-        }
-    }
-    if (key != 0xFFFFFFFFu) flush(key);
-    __syncthreads();
-    mpp_epilogue<NX>(A, red, t0, t1, nx);
-}
-
-template <int NQ>
-static __global__ void __launch_bounds__(256, 1) mmqd_pair_persist(const mmq_args A, uint32_t grid)
-{
-    CU_TL_SCOPE(TL_MMQ_PAIR);
-    extern __shared__ double mpd_red[];
-    const uint32_t ntile = A.rows / 16, most = (ntile + grid - 1) / grid; /* the red's tiles, then the stages */
-    mpd_body<NQ>(A, mmq_cta(A.ng), grid, mpd_red, mmq_grp(A.ng), (uint8_t *)(mpd_red + (size_t)most * 256 * 4 * NQ));
-}
-
-/* The gate·up pair of A.nx > 1 rows (x in mmqd's layout, A.xs apart) on mmq_pair_persist's grid:
- * one quad of rows per CTA up to 4 rows, two up to 8, more as row groups. false (nothing
- * launched) when a CTA's sums and x stages do not fit its shared memory. */
-static inline bool mmqd_pair_launch(const mmq_args &A0, int n_sm, cudaStream_t st, bool pdl)
-{
-    const uint32_t ntile = A0.rows / 16, grid = (uint32_t)n_sm * MPP_CTAS_PER_SM, most = (ntile + grid - 1) / grid;
-    /* the CTA's sums, then its warps' x stages; two quads of rows a CTA where they fit, else one
-     * (more row groups: the same bytes a row) */
-    auto smem_of = [&](uint32_t nq) { return (size_t)most * 256 * 4 * nq * sizeof(double) + (size_t)2 * 8 * 4 * nq * MMQD_XBLK; };
-    uint32_t NQ = A0.nx <= 4 ? 1 : 2;
-    if (NQ == 2 && smem_of(2) > 224 * 1024) NQ = 1;
-    const size_t smem = smem_of(NQ);
-    if (smem > 224 * 1024) return false;
-    mmq_args A = A0;
-    A.ng = (A.nx + 4 * NQ - 1) / (4 * NQ);
-    cudaLaunchAttribute at[1];
-    cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(grid * A.ng), dim3(256), st, pdl, at);
-    cfg.dynamicSmemBytes = smem;
-    if (NQ == 1) {
-        cudaFuncSetAttribute(mmqd_pair_persist<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 224 * 1024);
-        cudaLaunchKernelEx(&cfg, mmqd_pair_persist<1>, A, grid);
-    } else {
-        cudaFuncSetAttribute(mmqd_pair_persist<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 224 * 1024);
-        cudaLaunchKernelEx(&cfg, mmqd_pair_persist<2>, A, grid);
-    }
-    return true;
 }
 
 /* ---- one matrix ------------------------------------------------------------------------------ */
