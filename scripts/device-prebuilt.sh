@@ -6,7 +6,7 @@
 #   scripts/device-prebuilt.sh --stage          # copies them into .devbin/ (git-ignored)
 # then on the device, from the repository root, carrying .deps and .devbin:
 #   bash scripts/device-prebuilt.sh [steps...]  # steps: tests rows parity kbench bench (default: all),
-#                                               # and glimmer, rows, parallel, verify, spec, serve-spec, prefill, engine, serve, topp, host, handoff, dflash, mmh, mmi, pfgemm, ncu-pfgemm, pfshort, prefill-llama, tests-quick, tp, pfcpu-start … pfcpu-end,
+#                                               # and glimmer, rows, parallel, verify, spec, serve-spec, prefill, engine, serve, topp, host, handoff, dflash, mmh, mmi, pair, pfgemm, ncu-pfgemm, pfshort, prefill-llama, tests-quick, tp, pfcpu-start … pfcpu-end,
 #                                               # skip, ab, abm,
 #                                               # ncu, timeline (below)
 # The device tool copies at most 64 MiB (working tree + carry); the staged binaries are ~45 MB, so
@@ -21,7 +21,7 @@ if [ "${1:-}" = "--stage" ] || [ "${1:-}" = "--pack" ]; then
     cp "$B/muser" "$B/tests/test_cuda" "$B/tests/test_fail_closed" "$B/tests/test_cuda_attn" "$B/tests/test_rows" "$B/tests/test_engine" \
         "$B/tests/test_spec" "$B/tests/test_handoff" "$B/tests/test_dflash" "$B/tests/test_tp" "$B/bench/bench_serve" "$B/bench/bench_sampler" "$B/bench/kbench_matvec" \
         "$B/bench/kbench_mma" "$B/bench/kbench_mma6" "$B/bench/kbench_mmh" "$B/bench/kbench_mmi" "$B/bench/kbench_mmi6" "$B/bench/kbench_pfgemm" "$B/bench/kbench_stream" "$B/bench/kbench_attention" \
-        "$B/bench/kbench_persist" "$B/bench/kbench_allreduce" .devbin/
+        "$B/bench/kbench_persist" "$B/bench/kbench_allreduce" "$B/bench/kbench_pair" .devbin/
     # the timeline build (cmake -B build-cuda-tl -DMUSER_CUDA_TIMELINE=ON), when there is one
     TL=${MUSER_TL_BUILD_DIR:-build-cuda-tl}
     if [ -x "$TL/muser" ]; then cp "$TL/muser" .devbin/muser-tl; else rm -f .devbin/muser-tl; fi
@@ -497,6 +497,13 @@ for step in $steps; do
             grep -E '^  (engine|[0-9]+ n-tiles|x staged|x, units|vs f64|row inv)|^[0-9]+ x ' "$OUT/kbench_$k.log" |
                 sed 's/^/    /' >>"$S"
         done
+        ;;
+    pair)
+        # the route's gate·up pair alone (bench/kernels/pair.cu): µs per launch at 1 .. 16 rows and
+        # every row's bytes in a 16-row launch against the row alone; run beside `mmi` to compare
+        timeout -k 5 200 "$D/kbench_pair" ${PAIR_REPS:-9} >"$OUT/kbench_pair.log" 2>&1
+        note "kbench_pair rc=$?"
+        grep -E '^(device|streaming|gate|rows?|[0-9]+ )' "$OUT/kbench_pair.log" | sed 's/^/    /' >>"$S"
         ;;
     bench)
         [ -f /tmp/g.gguf ] || timeout -k 5 90 "$D/muser" synth --preset glimmer -o /tmp/g.gguf >/dev/null 2>&1
