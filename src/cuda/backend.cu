@@ -893,7 +893,7 @@ static int route_enqueue_n(cu_ctx *c, cu_seq *sq, uint32_t n, bool bench_token, 
         /* this tail writes gate·up's digits, in the layouts gate and up read */
         set_site(c, XS_GU);
         cu_digits gd = {NULL, NULL, c->dig_rs, NULL};
-        if (c->gate_up_paired && L->ffn_gate.rexp && L->ffn_up.rexp) gd.qi = c->xm; /* the pair's (mmi.cuh) */
+        if (c->gate_up_paired && L->ffn_gate.type == MV_T_Q4_KT) gd.qi = c->xm; /* the pair's (mmi.cuh, as mv_go picks it) */
         else gd = digits_or(digits_for(c, L->ffn_gate.type), digits_for(c, L->ffn_up.type));
         if (!SKIP(c, SK_TAIL))
             cu_tail(st, c->y, c->h, c->a, L->post_attn_norm, hp->post_norm_eps, L->ffn_norm, hp->rms_eps, hp->sandwich,
@@ -2777,6 +2777,18 @@ static int check_mv_run(cu_ctx *c, const mv_launch *L, const float *x, float *dx
     return e ? muser_errorf(err, MUSER_E_BACKEND, "cuda: %s check: %s", what, cudaGetErrorString(e)) : MUSER_OK;
 }
 
+/* A matvec or pair check's teardown: its uploader, x and y, the digit buffer, the weights, the context */
+static void check_mv_free(cu_ctx *c, uploader *u, float *dx, float *dy)
+{
+    up_close(u);
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(c->xm_site[0]);
+    cudaFree(c->weights);
+    if (c->st) cudaStreamDestroy(c->st);
+    free(c);
+}
+
 extern "C" int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32_t cols, const void *w, const float *x,
                                        int tc, int softcap, float scale, float cap, float *y, uint32_t *layout,
                                        muser_error *err)
@@ -2815,13 +2827,7 @@ extern "C" int muser_cuda_matvec_check(uint32_t ggml_type, uint32_t rows, uint32
         L.seg[0].cap = cap;
         rc = check_mv_run(c, &L, x, dx, cols, dy, y, rows, 0, "matvec", err);
     }
-    up_close(&u);
-    cudaFree(dx);
-    cudaFree(dy);
-    cudaFree(c->xm_site[0]);
-    cudaFree(c->weights);
-    if (c->st) cudaStreamDestroy(c->st);
-    free(c);
+    check_mv_free(c, &u, dx, dy);
     return rc;
 }
 
@@ -2869,13 +2875,7 @@ extern "C" int muser_cuda_pair_check(uint32_t rows, uint32_t cols, const void *w
         L.seg[0].b = mu;
         rc = check_mv_run(c, &L, x, dx, (size_t)n * cols, dy, y, (size_t)n * rows, cols, "pair", err);
     }
-    up_close(&u);
-    cudaFree(dx);
-    cudaFree(dy);
-    cudaFree(c->xm_site[0]);
-    cudaFree(c->weights);
-    if (c->st) cudaStreamDestroy(c->st);
-    free(c);
+    check_mv_free(c, &u, dx, dy);
     return rc;
 }
 
