@@ -8,7 +8,11 @@
  * Per row count (1, 2, 3, 4, 8, 16): µs per launch (kb_time_launches: bursts of 8 on rotating
  * copies, the queue kept full as in the graph) and the weights' read at that time against the
  * streaming read. Then every row of the 16-row launch against its bytes alone (nx 1): the grid sums
- * make the bytes independent of the kernel shape, so any difference is a defect. */
+ * make the bytes independent of the kernel shape, so any difference is a defect.
+ *
+ * Contenders for the multi-row kernel (mmi_pair_rows<NT, KW, MINB, NU> in other shapes than the
+ * route picks) at 4, 8 and 16 rows, each timed beside the route's launch and its output compared
+ * byte for byte with the route's at that row count. */
 #include "cuda/mmi.cuh"
 
 #include "kbench_q4k.cuh"
@@ -67,6 +71,38 @@ int main(int argc, char **argv)
         const double gbs = 2 * wbytes / (ms * 1e-3) / 1e9;
         printf("%-6u %10.1f %10.1f %7.1f%%\n", nx, ms * 1e3, gbs, 100 * gbs / read_gbs);
     }
+    /* the contenders: every row's bytes against the route's launch of the same rows */
+    struct contender {
+        const char *name;
+        uint32_t nx;
+        void (*launch)(const mmi_args &, cudaStream_t, bool);
+    };
+#define MMI_C(NX, NT, KW, MB, NU) {"NT " #NT " KW " #KW " " #MB "/SM NU " #NU, NX, mmi_rows_launch<NT, KW, MB, NU>}
+    const contender cs[] = {MMI_C(4, 1, 4, 3, 1),  MMI_C(4, 2, 2, 2, 1),  MMI_C(4, 1, 2, 3, 1),  MMI_C(4, 2, 4, 2, 2),
+                            MMI_C(8, 4, 2, 2, 1),  MMI_C(8, 2, 2, 2, 2),  MMI_C(8, 2, 2, 2, 1),  MMI_C(8, 2, 4, 2, 1),
+                            MMI_C(16, 8, 2, 1, 1), MMI_C(16, 4, 1, 2, 1), MMI_C(16, 4, 4, 2, 1), MMI_C(16, 2, 2, 2, 2),
+                            MMI_C(16, 2, 4, 2, 2), MMI_C(16, 4, 2, 1, 2), MMI_C(16, 2, 2, 3, 1)};
+#undef MMI_C
+    float *yr, *yc;
+    CK(cudaMalloc(&yr, (size_t)NX * rows * sizeof(float)));
+    CK(cudaMalloc(&yc, (size_t)NX * rows * sizeof(float)));
+    std::vector<float> hr((size_t)NX * rows), hc((size_t)NX * rows);
+    printf("\ncontenders (the route's launch at the same rows timed beside each)\n");
+    printf("%-6s %-24s %10s %10s %8s %s\n", "rows", "kernel", "us", "route us", "ratio", "bytes");
+    uint32_t cbad = 0;
+    for (const contender &c : cs) {
+        const float ms_c = kb_time_launches([&](int k) { c.launch(args(k, xm, c.nx, y16), 0, false); }, ncopy, reps);
+        const float ms_r = kb_time_launches([&](int k) { mmi_pair_launch(args(k, xm, c.nx, y16), n_sm, 0, false); }, ncopy, reps);
+        mmi_pair_launch(args(0, xm, c.nx, yr), n_sm, 0, false);
+        c.launch(args(0, xm, c.nx, yc), 0, false);
+        CK(cudaMemcpy(hr.data(), yr, (size_t)c.nx * rows * sizeof(float), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hc.data(), yc, (size_t)c.nx * rows * sizeof(float), cudaMemcpyDeviceToHost));
+        const bool same = !memcmp(hr.data(), hc.data(), (size_t)c.nx * rows * sizeof(float));
+        cbad += !same;
+        printf("%-6u %-24s %10.1f %10.1f %8.3f %s\n", c.nx, c.name, ms_c * 1e3, ms_r * 1e3, ms_c / ms_r, same ? "same" : "DIFFER");
+    }
+    CK(cudaFree(yr));
+    CK(cudaFree(yc));
     /* row invariance: each row of a 16-row launch against the same row alone */
     mmi_pair_launch(args(0, xm, NX, y16), n_sm, 0, false);
     std::vector<float> h16((size_t)NX * rows), h1(rows);
@@ -79,7 +115,8 @@ int main(int argc, char **argv)
         for (uint32_t i = 0; i < rows; i++) nonfinite += !isfinite(h1[i]);
     }
     CK(cudaGetLastError());
-    printf("row bytes, 16 rows against each alone: %u of %u rows differ; %u non-finite outputs\n", bad, NX, nonfinite);
+    printf("row bytes, 16 rows against each alone: %u of %u rows differ; %u non-finite outputs; %u contenders differ\n", bad, NX,
+           nonfinite, cbad);
     for (int k = 0; k < ncopy; k++) {
         CK(cudaFree(eg[k]));
         CK(cudaFree(eu[k]));
@@ -90,5 +127,5 @@ int main(int argc, char **argv)
     CK(cudaFree(xm));
     CK(cudaFree(y16));
     CK(cudaFree(y1));
-    return bad || nonfinite ? 1 : 0;
+    return bad || nonfinite || cbad ? 1 : 0;
 }

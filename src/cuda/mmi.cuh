@@ -389,29 +389,42 @@ static __global__ void __launch_bounds__(256, MMI_PP) mmi_pair_persist(const mmi
 }
 
 /* ---- three to sixteen rows: a CTA per KW-split tile pair -------------------------------------------
- * 8 warps: 8 / KW sets of KW warps (warp kw of a set takes blocks kw, kw + KW, …), set s the gate
- * (s even) or up (s odd) tile blockIdx.x·(4 / KW) + s / 2; a warp does NT n-tiles (2 x rows each),
- * blockIdx.y the group of 2·NT x rows. */
-template <int NT, int KW, int MINB>
+ * 8 warps: 8 / KW sets of KW warps (warp kw of a set takes blocks kw, kw + KW, …). NU 1: set s the
+ * gate (s even) or up (s odd) unit of tile pair s / 2; NU 2: set s both units of its tile, against x
+ * loaded once. A warp does NT n-tiles (2 x rows each); a group of 2·NT x rows a CTA, the groups of a
+ * tile range in consecutive CTAs (the later ones read the weights from L2). */
+template <int NT, int KW, int MINB, int NU = 1>
 static __global__ void __launch_bounds__(256, MINB) mmi_pair_rows(const mmi_args A)
 {
     CU_TL_SCOPE(TL_MMQ_PAIR);
     cu_pdl_trigger(); /* weights first, then wait for x */
-    constexpr int SETS = 8 / KW, TPC = SETS / 2;
-    __shared__ long long red[SETS][KW][NT][32];
+    constexpr int SETS = 8 / KW, TPC = NU == 2 ? SETS : SETS / 2;
+    __shared__ long long red[SETS][KW][NU][NT][32];
     const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = warp % KW, set = warp / KW, g = lane >> 2, t = lane & 3;
-    const uint32_t nb = A.K / 256, x0 = blockIdx.y * 2 * NT, nx = A.nx - x0, ntile = A.rows / 16, L = mmi_lbits(nb);
-    uint32_t tile = blockIdx.x * TPC + set / 2;
+    const uint32_t ngrp = (A.nx + 2 * NT - 1) / (2 * NT), grp = blockIdx.x % ngrp;
+    const uint32_t nb = A.K / 256, x0 = grp * 2 * NT, nx = A.nx - x0, ntile = A.rows / 16, L = mmi_lbits(nb);
+    uint32_t tile = blockIdx.x / ngrp * TPC + (NU == 2 ? set : set / 2);
     const bool live = tile < ntile;
-    if (!live) tile = ntile - 1; /* the last CTA's second pair: recompute, store nothing */
-    const uint8_t *unit = ((set & 1) ? A.b : A.a) + ((size_t)tile * nb + kw) * MMQ_UNIT;
-    const uint8_t *xb = A.x + (size_t)x0 * A.xs + (size_t)kw * MMI_XBLK;
-    const uint32_t ew[1] = {((set & 1) ? A.eb : A.ea)[tile * 16 + g + 8 * (t & 1)]};
-    long long acc[1][NT];
+    if (!live) tile = ntile - 1; /* the last CTA's later tiles: recompute, store nothing */
+    const uint8_t *unit[NU];
+    uint32_t ew[NU];
+    const uint32_t row = tile * 16 + g + 8 * (t & 1);
 #pragma unroll
-    for (int n = 0; n < NT; n++) acc[0][n] = 0;
-    mmi_w W[1];
-    if (kw < nb) mmi_load(unit, lane, W[0]);
+    for (int u = 0; u < NU; u++) {
+        const bool up = NU == 2 ? u == 1 : (set & 1);
+        unit[u] = (up ? A.b : A.a) + ((size_t)tile * nb + kw) * MMQ_UNIT;
+        ew[u] = (up ? A.eb : A.ea)[row];
+    }
+    const uint8_t *xb = A.x + (size_t)x0 * A.xs + (size_t)kw * MMI_XBLK;
+    long long acc[NU][NT];
+#pragma unroll
+    for (int u = 0; u < NU; u++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) acc[u][n] = 0;
+    mmi_w W[NU];
+    if (kw < nb)
+#pragma unroll
+        for (int u = 0; u < NU; u++) mmi_load(unit[u], lane, W[u]);
     cu_pdl_wait();
     __shared__ uint32_t kx[2 * NT]; /* Sb of the group's x rows, a warp per row */
     for (uint32_t r = warp; r < 2 * NT; r += 8)
@@ -421,29 +434,47 @@ static __global__ void __launch_bounds__(256, MINB) mmi_pair_rows(const mmi_args
         }
     __syncthreads();
     for (uint32_t b = kw; b < nb; b += KW) {
-        mmi_block<NT, 1>(W, xb, A.xs, nx, lane, kx, ew, L, acc);
+        mmi_block<NT, NU>(W, xb, A.xs, nx, lane, kx, ew, L, acc);
         if (b + KW >= nb) break;
-        unit += (size_t)KW * MMQ_UNIT;
         xb += (size_t)KW * MMI_XBLK;
-        mmi_load(unit, lane, W[0]);
+#pragma unroll
+        for (int u = 0; u < NU; u++) {
+            unit[u] += (size_t)KW * MMQ_UNIT;
+            mmi_load(unit[u], lane, W[u]);
+        }
     }
 #pragma unroll
-    for (int n = 0; n < NT; n++) red[set][kw][n][lane] = acc[0][n];
+    for (int u = 0; u < NU; u++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) red[set][kw][u][n][lane] = acc[u][n];
     __syncthreads();
-    /* the up set's warp 0 sums both sets' KW warps (integers: any order) and stores silu(g)·u */
-    if (kw != 0 || !(set & 1) || !live) return;
-    const uint32_t eg = A.ea[tile * 16 + g + 8 * (t & 1)];
+    /* warp 0 of the set holding up sums the KW warps of gate and up (integers: any order) and stores
+     * silu(g)·u */
+    if (kw != 0 || (NU == 1 && !(set & 1)) || !live) return;
+    const uint32_t gs_set = NU == 2 ? set : set - 1, gu = 0, uu = NU == 2 ? 1 : 0;
+    const uint32_t eg = A.ea[row], eu = A.eb[row];
 #pragma unroll
     for (int n = 0; n < NT; n++) {
         const uint32_t xr = 2 * n + (t >> 1);
         long long gs = 0, us = 0;
 #pragma unroll
         for (int k = 0; k < KW; k++) {
-            gs += red[set - 1][k][n][lane];
-            us += red[set][k][n][lane];
+            gs += red[gs_set][k][gu][n][lane];
+            us += red[set][k][uu][n][lane];
         }
-        if (xr < nx) A.out[(size_t)(x0 + xr) * A.os + tile * 16 + g + 8 * (t & 1)] = mmi_silu_mul(gs, us, kx[xr], eg, ew[0], L);
+        if (xr < nx) A.out[(size_t)(x0 + xr) * A.os + row] = mmi_silu_mul(gs, us, kx[xr], eg, eu, L);
     }
+}
+
+/* One launch of mmi_pair_rows over A.nx x rows (groups of 2·NT) */
+template <int NT, int KW, int MINB, int NU>
+static inline void mmi_rows_launch(const mmi_args &A, cudaStream_t st, bool pdl)
+{
+    constexpr uint32_t TPC = NU == 2 ? 8 / KW : 4 / KW;
+    cudaLaunchAttribute at[1];
+    const uint32_t ntile = A.rows / 16, ngrp = (A.nx + 2 * NT - 1) / (2 * NT);
+    const cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3((ntile + TPC - 1) / TPC * ngrp), dim3(256), st, pdl, at);
+    cudaLaunchKernelEx(&cfg, mmi_pair_rows<NT, KW, MINB, NU>, A);
 }
 
 /* The pair over A.nx (1 ≤ nx) x rows: the persistent kernel for one or two rows (where its CTAs'
@@ -451,22 +482,21 @@ static __global__ void __launch_bounds__(256, MINB) mmi_pair_rows(const mmi_args
  * the same bytes (the grid sums). */
 static inline void mmi_pair_launch(const mmi_args &A, int n_sm, cudaStream_t st, bool pdl)
 {
-    cudaLaunchAttribute at[1];
     const uint32_t ntile = A.rows / 16, grid = (uint32_t)n_sm * MMI_PP, most = (ntile + grid - 1) / grid;
     const size_t smem = (size_t)most * 64 * sizeof(long long);
     if (A.nx <= 2 && smem <= 48 * 1024) {
+        cudaLaunchAttribute at[1];
         cudaLaunchConfig_t cfg = cu_pdl_cfg(dim3(grid), dim3(256), st, pdl, at);
         cfg.dynamicSmemBytes = smem;
         cudaLaunchKernelEx(&cfg, mmi_pair_persist, A, grid);
         return;
     }
-    const uint32_t nt = A.nx <= 2 ? 1 : A.nx <= 4 ? 2 : A.nx <= 8 ? 4 : 8, kw = nt == 8 ? 2 : 4, tpc = 4 / kw;
-    const cudaLaunchConfig_t cfg =
-        cu_pdl_cfg(dim3((ntile + tpc - 1) / tpc, (A.nx + 2 * nt - 1) / (2 * nt)), dim3(256), st, pdl, at);
-    if (nt == 1) cudaLaunchKernelEx(&cfg, mmi_pair_rows<1, 4, 3>, A);
-    else if (nt == 2) cudaLaunchKernelEx(&cfg, mmi_pair_rows<2, 4, 2>, A);
-    else if (nt == 4) cudaLaunchKernelEx(&cfg, mmi_pair_rows<4, 4, 2>, A);
-    else cudaLaunchKernelEx(&cfg, mmi_pair_rows<8, 2, 1>, A);
+    /* kbench_pair's fastest shape per row count (H100): 3–4 rows 62 µs, 5–8 91, 9–16 153 (two
+     * groups of 8 rows in consecutive CTAs) */
+    if (A.nx <= 2) mmi_rows_launch<1, 4, 3, 1>(A, st, pdl);
+    else if (A.nx <= 4) mmi_rows_launch<2, 4, 2, 1>(A, st, pdl);
+    else if (A.nx <= 8) mmi_rows_launch<2, 4, 2, 2>(A, st, pdl);
+    else mmi_rows_launch<4, 2, 2, 1>(A, st, pdl);
 }
 
 #endif
