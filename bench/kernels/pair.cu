@@ -81,7 +81,7 @@ int main(int argc, char **argv)
     const contender cs[] = {MMI_C(4, 1, 4, 3, 1),  MMI_C(4, 2, 2, 2, 1),  MMI_C(4, 1, 2, 3, 1),  MMI_C(4, 2, 4, 2, 2),
                             MMI_C(8, 4, 2, 2, 1),  MMI_C(8, 2, 2, 2, 2),  MMI_C(8, 2, 2, 2, 1),  MMI_C(8, 2, 4, 2, 1),
                             MMI_C(16, 8, 2, 1, 1), MMI_C(16, 4, 1, 2, 1), MMI_C(16, 4, 4, 2, 1), MMI_C(16, 2, 2, 2, 2),
-                            MMI_C(16, 2, 4, 2, 2), MMI_C(16, 4, 2, 1, 2), MMI_C(16, 2, 2, 3, 1)};
+                            MMI_C(16, 2, 4, 2, 2), MMI_C(16, 4, 2, 1, 2), MMI_C(16, 2, 2, 3, 1), MMI_C(16, 2, 4, 3, 1)};
 #undef MMI_C
     float *yr, *yc;
     CK(cudaMalloc(&yr, (size_t)NX * rows * sizeof(float)));
