@@ -391,9 +391,10 @@ static void pair_checks(void)
             if (!(d <= worst)) worst = d; /* NaN (an unwritten output) sticks */
         }
     CHECKF(worst <= 1.0, "pair: error %.3g of the bound", worst);
-    /* row invariance: each count n from row 0, and windows that give a row other neighbours */
+    /* row invariance: each count n from row 0, and windows that give a row other neighbours; every
+     * launch shape of mmi_pair_launch (1–2, 3–4, 5–8 rows; 9 and 12: a full group of 8 and a part) */
     uint32_t cmp = 0, bad = 0;
-    const uint32_t ns[] = {1, 2, 3, 5, 8, 16};
+    const uint32_t ns[] = {1, 2, 3, 5, 8, 9, 12, 16};
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
         for (uint32_t off = 0; off + ns[ni] <= NX; off += ns[ni] == 16 ? 16 : 3 * ns[ni] + 1) {
             CHECK_OK(muser_cuda_pair_check(rows, cols, wg, wu, ns[ni], x + (size_t)off * cols, 0, y1, &err), &err);

@@ -42,6 +42,7 @@
  *   beside the 16-row references) */
 #include <cooperative_groups.h>
 
+#include "cuda/tc.cuh"
 #include "cuda/wgmma.cuh"
 #include "mmi.cuh"
 
@@ -920,8 +921,20 @@ __global__ void __launch_bounds__(256, MINB)
  * NQ) with each warp's next block of x copied into shared memory by cp.async while it computes this
  * one (two stages a warp, no barrier: a warp reads only its own copies), and its next unit loaded
  * into registers a block ahead. mmqd_block's arithmetic in mmqd_body's order, so the engine's bytes.
- * Measured (H100, 2026-12-07): the same bytes, 10–16% slower than mmqd_body at 4–16 rows; the
- * staging that landed is the gate·up pair's (mpd_body). */
+ * Measured (H100, 2026-12-07): the same bytes, 10–16% slower than mmqd_body at 4–16 rows (the one
+ * staging that paid was the old gate·up pair's, mpd_body, since replaced by mmi.cuh's pair). */
+
+/* One warp: block b's x of rows 0 .. nx − 1 (x + r·xs, mmqd's layout) copied by cp.async to the shared
+ * address dst, rows MMQD_XBLK apart (the caller commits the group) */
+__device__ __forceinline__ void mmqd_stage_x(uint32_t dst, const uint8_t *x, uint32_t xs, uint32_t b, uint32_t nx, uint32_t lane)
+{
+    constexpr uint32_t CH = MMQD_XBLK / 16;
+    for (uint32_t c = lane; c < nx * CH; c += 32) {
+        const uint32_t r = c / CH, o = 16 * (c % CH);
+        tc_cp16(dst + r * MMQD_XBLK + o, x + (size_t)r * xs + (size_t)b * MMQD_XBLK + o, true);
+    }
+}
+
 template <int NQ> constexpr size_t mmqd_sx_smem() { return (size_t)2 * 8 * 4 * NQ * MMQD_XBLK; }
 
 template <int NQ, int MINB>

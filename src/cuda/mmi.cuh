@@ -327,7 +327,7 @@ __device__ __forceinline__ float mmi_silu_mul(long long gs, long long us, uint32
 }
 
 /* ---- one or two rows: the persistent pair --------------------------------------------------------
- * MMI_PP CTAs an SM, each a contiguous range of whole tiles (as mmq_pair_persist); items (tile, block)
+ * MMI_PP CTAs an SM, each a contiguous range of whole tiles (as the workbench's mmq_pair_persist, bench/kernels/mpp.cuh); items (tile, block)
  * in tile-major order, warp w taking items u0 + w, u0 + w + 8, …, the gate and up units of one block
  * against x loaded once. A lane's grid sums of a tile go to shared memory by integer atomics when its
  * next item is in another tile (any order: the same sums). */

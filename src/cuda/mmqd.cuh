@@ -24,7 +24,6 @@
 #define MUSER_CUDA_MMQD_CUH
 
 #include "cuda/mmq.cuh"
-#include "cuda/tc.cuh"
 
 #define MMQD_XBLK 1088u /* x bytes of one row's block */
 #define MMQD_XS 1024u   /* the (s, S) pairs within it */
@@ -161,17 +160,6 @@ __device__ __forceinline__ void mmqd_block(const mmqd_w *W, const uint8_t *xb, u
                 }
             }
         }
-    }
-}
-
-/* One warp: block b's x of rows 0 .. nx − 1 (x + r·xs, mmqd's layout) copied by cp.async to the shared
- * address dst, rows MMQD_XBLK apart (the caller commits the group) */
-__device__ __forceinline__ void mmqd_stage_x(uint32_t dst, const uint8_t *x, uint32_t xs, uint32_t b, uint32_t nx, uint32_t lane)
-{
-    constexpr uint32_t CH = MMQD_XBLK / 16;
-    for (uint32_t c = lane; c < nx * CH; c += 32) {
-        const uint32_t r = c / CH, o = 16 * (c % CH);
-        tc_cp16(dst + r * MMQD_XBLK + o, x + (size_t)r * xs + (size_t)b * MMQD_XBLK + o, true);
     }
 }
 
